@@ -1,0 +1,12 @@
+"""fastckpt: fast, asynchronous, crash-consistent checkpoints for PyTorch.
+
+The shared backend of the Lightning and DeepSpeed plugins. It imports neither
+framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors.
+"""
+from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,
+                     NoCheckpointError, StateMismatchError, UnsafeCheckpointError)
+from .single_file import load, save
+
+__all__ = ["save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
+           "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "UnsafeCheckpointError"]
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""Creation of native engines (staging pool + copy/writer threads) and their sizing."""
+from __future__ import annotations
+
+import os
+
+from . import _native
+
+MiB = 1 << 20
+
+
+def hardware_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def new_engine(chunk_mb: int, writers: int, copy_threads: int | None = None) -> "_native.Engine":
+    chunk = int(chunk_mb * MiB) // 4096 * 4096
+    if chunk <= 0:
+        raise ValueError(f"chunk_mb={chunk_mb} is too small (need at least 4 KiB)")
+    return _native.Engine(chunk, copy_threads or min(4, hardware_threads()), max(1, writers))
+
+
+_default = None
+
+
+def default_engine() -> "_native.Engine":
+    """The engine behind the one-file fastckpt.save(): 64 MiB chunks, 4 writers, 4 chunks."""
+    global _default
+    if _default is None:
+        _default = new_engine(64, 4)
+        _default.pool.grow(4)
+    return _default

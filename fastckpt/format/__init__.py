@@ -1,0 +1,42 @@
+"""On-disk formats: torch's zip archive (default) and safetensors, planned up front.
+
+plan_file(state, fmt) -> FilePlan for the writer; load_file(path) -> state,
+picking the reader from the file's own bytes (zip or safetensors).
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .plan import FilePlan
+
+FORMATS = ("torch", "safetensors")
+
+
+def plan_file(state, fmt: str = "torch") -> FilePlan:
+    if fmt == "torch":
+        from .torch_format import plan_torch
+        return plan_torch(state)
+    if fmt == "safetensors":
+        from .safetensors_format import plan_safetensors
+        return plan_safetensors(state)
+    raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def sniff(path: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04":
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{":
+        return "safetensors"
+    from ..errors import CorruptCheckpointError
+    raise CorruptCheckpointError(f"{path}: neither a torch zip archive nor a safetensors file")
+
+
+def load_file(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
+              expect_crc: int | None = None):
+    fmt = sniff(path)
+    if fmt == "torch":
+        from .torch_format import read_torch
+        return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc)
+    from .safetensors_format import read_safetensors
+    return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc)

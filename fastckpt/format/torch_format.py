@@ -1,0 +1,162 @@
+"""The default format: torch.save's zip archive, planned and read in parallel.
+
+Owns turning a state into a FilePlan (data.pkl, the small records torch
+writes, one 4096-aligned record per storage, the directory) and turning a
+file back into a state: every record read in parallel with its CRC checked,
+then data.pkl unpickled by the restricted unpickler.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+import zlib
+
+import torch
+
+from .. import _native
+from ..errors import CorruptCheckpointError
+from . import zip_layout as zl
+from .plan import ALIGN, DataRecord, FilePlan
+from .safe_unpickler import unpickle
+from .torch_pickle import pickle_state
+from .zip_reader import ZipIndex, read_index
+
+PREFIX = "archive/"
+
+
+def plan_torch(state) -> FilePlan:
+    pkl, refs = pickle_state(state)
+    serial = f"{time.time_ns() % 10**20:020d}{os.getpid() % 10**10:010d}{id(pkl) % 10**10:010d}"
+    head = [zl.Record(PREFIX + "data.pkl", len(pkl), blob=pkl),
+            zl.Record(PREFIX + ".format_version", 1, blob=b"1"),
+            zl.Record(PREFIX + ".storage_alignment", 2, blob=b"64"),
+            zl.Record(PREFIX + "byteorder", len(sys.byteorder), blob=sys.byteorder.encode())]
+    data = [zl.Record(f"{PREFIX}data/{r.key}", r.nbytes, align=ALIGN, source=r) for r in refs]
+    tail = [zl.Record(PREFIX + "version", 2, blob=b"3\n"),
+            zl.Record(PREFIX + ".data/serialization_id", len(serial), blob=serial.encode())]
+    records = head + data + tail
+    cd_offset = zl.place(records)
+    for r in head + tail:
+        r.crc = zlib.crc32(r.blob)
+    file_size = cd_offset + zl.tail_size(records, cd_offset)
+    data_begin = data[0].data_off if data else cd_offset
+    data_end = data[-1].data_off + data[-1].size if data else cd_offset
+
+    def finish(crcs: list[int]) -> tuple[list[tuple[int, bytes]], int]:
+        for r, c in zip(data, crcs):
+            r.crc = c
+        blobs: list[tuple[int, bytes]] = []
+        file_crc = 0
+        for r in records:
+            header = r.local_header()
+            if r.blob is not None:
+                blobs.append((r.header_off, header + r.blob))
+                file_crc = zlib.crc32(header + r.blob, file_crc)
+            else:
+                blobs.append((r.header_off, header))
+                file_crc = _native.crc32_concat(zlib.crc32(header, file_crc), r.crc, r.size)
+        tail_bytes = zl.tail_bytes(records, cd_offset)
+        file_crc = zlib.crc32(tail_bytes, file_crc)
+        blobs.append((cd_offset, tail_bytes + zl.comment_for(file_crc)))
+        return blobs, file_crc
+
+    recs = [DataRecord(r.name, r.data_off, r.size, r.source.storage) for r in data]
+    return FilePlan("torch", recs, data_begin, data_end, file_size, finish)
+
+
+def _restore(storage: torch.UntypedStorage, location: str, map_location):
+    if map_location is None:
+        target = location
+    elif isinstance(map_location, dict):
+        target = map_location.get(location, location)
+    elif callable(map_location):
+        out = map_location(storage, location)
+        return storage if out is None else out
+    else:
+        target = str(map_location)
+    if target == "cpu" or target.startswith("cpu"):
+        return storage
+    return storage.to(torch.device(target))
+
+
+def read_torch(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
+               threads: int = 4, index: ZipIndex | None = None, expect_crc: int | None = None):
+    """Loads a torch-format file (ours or torch.save's) without executing code from it."""
+    idx = index or read_index(path)
+    if "data.pkl" not in idx.entries:
+        raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
+    bufs: dict[str, torch.Tensor] = {}
+    order = idx.ordered()
+    ranges = []
+    for e in order:
+        rest = e.name[len(idx.prefix):]
+        buf = torch.empty(e.size, dtype=torch.uint8)
+        bufs[rest] = buf
+        ranges.append((buf.data_ptr(), e.data_off, e.size))
+    crcs = _native.read_ranges(path, ranges, threads, 32 << 20, verify)
+    if verify:
+        _check_crcs(path, idx, order, crcs)
+        if expect_crc is not None and idx.file_crc != expect_crc:
+            raise CorruptCheckpointError(
+                f"{path}: file CRC-32 {idx.file_crc!r} differs from its commit record ({expect_crc:08x})")
+    pkl = bufs["data.pkl"].numpy().tobytes()
+    loaded: dict[str, torch.storage.TypedStorage] = {}
+
+    def persistent_load(pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise CorruptCheckpointError(f"{path}: unexpected persistent id in data.pkl")
+        storage_type, key, location, numel = pid[1:]
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else _storage_dtype(storage_type)
+        if key not in loaded:
+            buf = bufs.get(f"data/{key}")
+            nbytes = numel * torch._utils._element_size(dtype)
+            if buf is None or buf.numel() != nbytes:
+                raise CorruptCheckpointError(
+                    f"{path}: storage {key} should hold {nbytes} bytes but its record "
+                    f"{'is missing' if buf is None else f'has {buf.numel()}'}")
+            storage = _restore(buf.untyped_storage(), location, map_location)
+            loaded[key] = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+        return loaded[key]
+
+    return unpickle(pkl, persistent_load, path, weights_only)
+
+
+def _check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
+    for e, c in zip(order, crcs):
+        if c != e.crc:
+            raise CorruptCheckpointError(
+                f"{path}: record {e.name!r} (bytes {e.data_off}..{e.data_off + e.size}) fails its "
+                f"CRC-32 check (stored {e.crc:08x}, computed {c:08x})")
+    if idx.file_crc is None:
+        return
+    file_crc = 0
+    cursor = 0
+    with open(path, "rb") as f:
+        for e, c in zip(order, crcs):
+            file_crc = _crc_range(f, cursor, e.data_off, file_crc)
+            file_crc = _native.crc32_concat(file_crc, c, e.size)
+            cursor = e.data_off + e.size
+        file_crc = _crc_range(f, cursor, idx.comment_off, file_crc)
+    if file_crc != idx.file_crc:
+        raise CorruptCheckpointError(
+            f"{path}: headers or directory are damaged (file CRC-32 {file_crc:08x}, "
+            f"recorded {idx.file_crc:08x})")
+
+
+def _crc_range(f, start: int, end: int, crc: int) -> int:
+    f.seek(start)
+    while start < end:
+        block = f.read(min(end - start, 1 << 20))
+        if not block:
+            raise CorruptCheckpointError(f"{f.name}: file is shorter than its directory says")
+        crc = zlib.crc32(block, crc)
+        start += len(block)
+    return crc
+
+
+def _storage_dtype(storage_type) -> torch.dtype:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation, as torch.load does
+        return storage_type.dtype

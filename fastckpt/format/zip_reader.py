@@ -1,0 +1,166 @@
+"""The one validator for zip archives (ours and torch.save's).
+
+Owns: finding the end record, reading the central directory and every local
+header with bounds checked against the file size *before* anything is
+allocated, and refusing what torch's format never contains (compression,
+encryption, overlapping records). Produces an index a loader can trust.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from ..errors import CorruptCheckpointError
+from . import zip_layout as zl
+
+MAX_CD_ENTRIES = 10_000_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # full name, with the archive's top folder
+    header_off: int
+    data_off: int
+    size: int
+    crc: int
+
+
+@dataclass(frozen=True)
+class ZipIndex:
+    path: str
+    file_size: int
+    prefix: str  # "archive/" or the top folder torch picked
+    entries: dict[str, Entry]  # keyed by the name below the prefix
+    cd_offset: int
+    tail_offset: int  # where the central directory starts (all bytes after are the tail)
+    file_crc: int | None  # CRC-32 of bytes [0, comment) if fastckpt wrote the file
+    comment_off: int
+
+    def ordered(self) -> list[Entry]:
+        return sorted(self.entries.values(), key=lambda e: e.header_off)
+
+
+def _bad(path: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{path}: not a valid checkpoint archive ({why})")
+
+
+def _pread(fd: int, n: int, off: int, path: str, size: int) -> bytes:
+    if off < 0 or n < 0 or off + n > size:
+        raise _bad(path, f"a field points past the end of the file (offset {off}, length {n})")
+    data = os.pread(fd, n, off)
+    if len(data) != n:
+        raise _bad(path, "short read: the file changed while being read")
+    return data
+
+
+def _find_eocd(fd: int, path: str, size: int) -> tuple[int, bytes]:
+    if size < 22:
+        raise _bad(path, f"{size} bytes is too small for a zip archive (truncated?)")
+    n = min(size, 22 + 0xFFFF)
+    tail = _pread(fd, n, size - n, path, size)
+    for i in range(len(tail) - 22, -1, -1):
+        if tail[i:i + 4] == b"PK\x05\x06":
+            (clen,) = struct.unpack_from("<H", tail, i + 20)
+            if i + 22 + clen == len(tail):
+                return size - n + i, tail[i + 22:]
+    raise _bad(path, "no end-of-archive record (truncated or not a zip file)")
+
+
+def _zip64_extra(extra: bytes, want: list[str], path: str) -> dict[str, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        hid, hlen = struct.unpack_from("<HH", extra, i)
+        if hid == zl.ZIP64_EXTRA_ID:
+            if hlen < 8 * len(want) or i + 4 + hlen > len(extra):
+                raise _bad(path, "short ZIP64 extra field")
+            vals = struct.unpack_from(f"<{len(want)}Q", extra, i + 4)
+            return dict(zip(want, vals))
+        i += 4 + hlen
+    raise _bad(path, "ZIP64 sizes announced but missing")
+
+
+def read_index(path: str) -> ZipIndex:
+    """Parses and cross-checks the archive's structure (not its data)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
+    try:
+        size = os.fstat(fd).st_size
+        eocd_off, comment = _find_eocd(fd, path, size)
+        eocd = _pread(fd, 22, eocd_off, path, size)
+        _, disk, cd_disk, n_here, n, cd_size, cd_off, _ = struct.unpack("<IHHHHIIH", eocd)
+        if disk != 0 or cd_disk != 0 or n_here != n:
+            raise _bad(path, "multi-disk archives are not supported")
+        tail_start = eocd_off
+        if n == zl.U16_MAX or cd_size == zl.U32_MAX or cd_off == zl.U32_MAX:
+            loc = _pread(fd, 20, eocd_off - 20, path, size)
+            sig, _, z64_off, _ = struct.unpack("<IIQI", loc)
+            if sig != zl.ZIP64_LOCATOR_SIG:
+                raise _bad(path, "ZIP64 locator missing")
+            rec = _pread(fd, 56, z64_off, path, size)
+            (sig, _, _, _, _, _, _, n, cd_size, cd_off) = struct.unpack("<IQHHIIQQQQ", rec)
+            if sig != zl.ZIP64_EOCD_SIG:
+                raise _bad(path, "ZIP64 end record missing")
+            tail_start = z64_off
+        if cd_off + cd_size > tail_start or n > MAX_CD_ENTRIES or n * 46 > cd_size:
+            raise _bad(path, "central directory does not fit the file")
+        cd = _pread(fd, cd_size, cd_off, path, size)
+        entries: dict[str, Entry] = {}
+        prefix = None
+        i = 0
+        for _ in range(n):
+            if i + 46 > len(cd) or struct.unpack_from("<I", cd, i)[0] != zl.CENTRAL_SIG:
+                raise _bad(path, "damaged central directory")
+            (_, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _,
+             hoff) = struct.unpack_from("<IHHHHHHIIIHHHHHII", cd, i)
+            if i + 46 + nlen + elen + clen > len(cd):
+                raise _bad(path, "damaged central directory")
+            name = cd[i + 46:i + 46 + nlen].decode("utf-8", "replace")
+            extra = cd[i + 46 + nlen:i + 46 + nlen + elen]
+            i += 46 + nlen + elen + clen
+            if method != 0 or flags & 0x1:
+                raise _bad(path, f"record {name!r} is compressed or encrypted")
+            want = [k for k, v in (("usize", usize), ("csize", csize), ("hoff", hoff)) if v == zl.U32_MAX]
+            z64 = _zip64_extra(extra, want, path) if want else {}
+            usize, csize, hoff = z64.get("usize", usize), z64.get("csize", csize), z64.get("hoff", hoff)
+            if usize != csize:
+                raise _bad(path, f"record {name!r} has inconsistent sizes")
+            local = _pread(fd, 30, hoff, path, size)
+            (sig, _, lflags, lmethod, _, _, lcrc, lcs, lus, lnlen, lelen) = struct.unpack("<IHHHHHIIIHH", local)
+            lname = _pread(fd, lnlen, hoff + 30, path, size).decode("utf-8", "replace")
+            if sig != zl.LOCAL_SIG or lname != name or lmethod != 0:
+                raise _bad(path, f"local header of record {name!r} does not match the directory")
+            if not lflags & 0x8 and (lcrc != crc or (lus != zl.U32_MAX and lus != usize)):
+                raise _bad(path, f"local header of record {name!r} disagrees with the directory")
+            data_off = hoff + 30 + lnlen + lelen
+            if data_off + usize > cd_off:
+                raise _bad(path, f"record {name!r} runs into the central directory")
+            top, sep, rest = name.partition("/")
+            if not sep:
+                raise _bad(path, f"record {name!r} is outside a top folder")
+            prefix = prefix or top + "/"
+            if top + "/" != prefix:
+                raise _bad(path, "records under more than one top folder")
+            if rest in entries:
+                raise _bad(path, f"record {name!r} appears twice")
+            entries[rest] = Entry(name, hoff, data_off, usize, crc)
+        spans = sorted((e.header_off, e.data_off + e.size) for e in entries.values())
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            if start < end:
+                raise _bad(path, "records overlap")
+        file_crc = None
+        if comment.startswith(zl.COMMENT_PREFIX):
+            try:
+                file_crc = int(comment[len(zl.COMMENT_PREFIX):], 16)
+            except ValueError:
+                raise _bad(path, "damaged fastckpt comment") from None
+            if len(comment) != len(zl.COMMENT_PREFIX) + 8:
+                raise _bad(path, "damaged fastckpt comment")
+        elif comment:
+            file_crc = None
+        return ZipIndex(path, size, prefix or "archive/", entries, cd_off, cd_off, file_crc,
+                        size - len(comment))
+    finally:
+        os.close(fd)

@@ -1,0 +1,85 @@
+"""Strategies G / C / D for one planned file on the CPU (LightCheck §III-A).
+
+Owns taking the bytes of a FilePlan from live tensors into the native writer:
+  c  copy threads fill bounded staging chunks; writers drain them (pipelined);
+  g  a full second copy first (on CPU this is just a second host copy: the
+     "spare device memory" of LightCheck is host memory here), then written;
+  d  writers write straight from the live tensors; the gate holds until the
+     bytes are in the file.
+CUDA tensors go through fastckpt.cuda_snapshot instead.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from . import _native
+from .format.plan import FilePlan
+
+STRATEGIES = ("c", "g", "d")
+
+
+@dataclass
+class FileResult:
+    path: str
+    bytes: int
+    file_crc: int
+    record_crcs: list[int]
+    spans: list[tuple[int, int, int, int]]  # (record, file offset, length, crc)
+    direct_io: bool
+
+
+class FileWrite:
+    """One file in flight. copied() releases the caller's gate; finish() makes it durable."""
+
+    def __init__(self, engine: "_native.Engine", plan: FilePlan, path: str, strategy: str,
+                 direct_io: bool):
+        self.plan, self.path = plan, path
+        self._copied = threading.Event()
+        self._error: BaseException | None = None
+        self._job = None
+        self._keep: list[torch.Tensor] = []
+        pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i)
+                  for i, r in enumerate(plan.records) if r.nbytes]
+        args = (plan.data_begin, plan.data_end, plan.file_size)
+        n = len(plan.records)
+        if strategy == "c":
+            self._job = engine.submit(path, pieces, *args, _native.Mode.Stage, direct_io, n)
+        elif strategy == "d":
+            self._job = engine.submit(path, pieces, *args, _native.Mode.Direct, direct_io, n)
+        elif strategy == "g":
+            copies = []
+            for (src, nbytes, off, i) in pieces:
+                buf = torch.empty(nbytes, dtype=torch.uint8)
+                _native.copy(buf.data_ptr(), src, nbytes, engine.copy_threads)
+                self._keep.append(buf)
+                copies.append((buf.data_ptr(), nbytes, off, i))
+            self._copied.set()
+            self._job = engine.submit(path, copies, *args, _native.Mode.Direct, direct_io, n)
+        else:
+            raise ValueError(f"unknown strategy {strategy!r}")
+
+    def wait_copied(self, timeout: float | None = None) -> bool:
+        if self._copied.is_set():
+            return True
+        done = self._job.wait_copied(-1.0 if timeout is None else timeout)
+        if done:
+            self._copied.set()
+        return done
+
+    def finish(self) -> FileResult:
+        """Waits for the data, writes headers/directory, ftruncate + fdatasync."""
+        self._job.wait_written(-1.0)
+        self._copied.set()
+        crcs = list(self._job.record_crcs())
+        blobs, file_crc = self.plan.finish(crcs)
+        self._job.finalize(blobs, self.plan.file_size)
+        self._keep.clear()
+        return FileResult(self.path, self.plan.file_size, file_crc, crcs,
+                          [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io)
+
+    def abort(self, why: str) -> None:
+        if self._job is not None:
+            self._job.abort(why)

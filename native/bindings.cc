@@ -1,0 +1,136 @@
+// bindings.cc — the pybind11 face of the native core. Only integers (raw
+// addresses, sizes, offsets), strings and bytes cross it; every wait releases
+// the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <zlib.h>
+
+#include "crc.h"
+#include "engine.h"
+#include "file_io.h"
+#include "reader.h"
+
+namespace py = pybind11;
+using namespace fastckpt;
+
+namespace {
+
+py::dict features() {
+  py::dict d;
+  d["o_direct"] = has_o_direct();
+  d["fallocate"] = true;
+  d["io_uring"] = false;
+  d["libpmem2"] = false;
+  d["crc32"] = std::string("zlib ") + zlibVersion();
+  d["hardware_threads"] = std::thread::hardware_concurrency();
+  return d;
+}
+
+std::vector<Piece> to_pieces(const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& in) {
+  std::vector<Piece> out;
+  out.reserve(in.size());
+  for (const auto& [src, len, off, rec] : in) out.push_back({src, len, off, rec});
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "fastckpt native core: staging pool, copy/CRC/write pipeline, parallel reads";
+  static py::exception<IoError> io_error(m, "NativeIOError", PyExc_OSError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const IoError& e) {
+      PyObject* args = Py_BuildValue("(is)", e.err(), e.what());
+      PyErr_SetObject(io_error.ptr(), args);
+      Py_XDECREF(args);
+    }
+  });
+
+  m.def("features", &features);
+  m.def("crc32", [](uintptr_t addr, uint64_t n, uint32_t crc) {
+    py::gil_scoped_release nogil;
+    return crc32_update(crc, reinterpret_cast<const void*>(addr), n);
+  }, py::arg("addr"), py::arg("n"), py::arg("crc") = 0);
+  m.def("crc32_concat", &crc32_concat);
+  m.def("copy", [](uintptr_t dst, uintptr_t src, uint64_t n, size_t threads) {
+    py::gil_scoped_release nogil;
+    copy_parallel(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n, threads);
+  });
+  m.def("read_ranges", [](const std::string& path,
+                          const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& ranges,
+                          size_t threads, uint64_t split_bytes, bool with_crc) {
+    std::vector<ReadRange> rr;
+    for (const auto& [dst, off, len] : ranges) rr.push_back({dst, off, len});
+    py::gil_scoped_release nogil;
+    return read_ranges(path, rr, threads, split_bytes, with_crc);
+  });
+  m.def("fdatasync_path", [](const std::string& path) {
+    py::gil_scoped_release nogil;
+    int fd = open_or_throw(path, O_RDONLY);
+    try {
+      fdatasync_or_throw(fd, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  });
+
+  py::enum_<Mode>(m, "Mode")
+      .value("Stage", Mode::Stage)
+      .value("Direct", Mode::Direct)
+      .value("External", Mode::External);
+
+  py::class_<StagingPool>(m, "StagingPool")
+      .def("grow", &StagingPool::grow)
+      .def("acquire", &StagingPool::acquire, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("release", &StagingPool::release)
+      .def("address", [](const StagingPool& p, int slot) {
+        return reinterpret_cast<uintptr_t>(p.data(slot));
+      })
+      .def("addresses", &StagingPool::addresses)
+      .def("free_all", &StagingPool::free_all)
+      .def_property_readonly("chunk_bytes", &StagingPool::chunk_bytes)
+      .def_property_readonly("capacity", &StagingPool::capacity)
+      .def_property_readonly("free_count", &StagingPool::free_count);
+
+  py::class_<WriteJob, std::shared_ptr<WriteJob>>(m, "WriteJob")
+      .def("wait_copied", &WriteJob::wait_copied, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("wait_written", &WriteJob::wait_written, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("push_chunk", &WriteJob::push_chunk)
+      .def("finalize", [](WriteJob& j, const std::vector<std::pair<uint64_t, py::bytes>>& blobs,
+                          uint64_t file_size) {
+        std::vector<std::pair<uint64_t, std::string>> b;
+        for (const auto& [off, bytes] : blobs) b.emplace_back(off, std::string(bytes));
+        py::gil_scoped_release nogil;
+        j.finalize(b, file_size);
+      })
+      .def("abort", &WriteJob::abort)
+      .def("record_crcs", &WriteJob::record_crcs)
+      .def("span_crcs", &WriteJob::span_crcs)
+      .def("chunk_layout", &WriteJob::chunk_layout)
+      .def("chunk_begin", &WriteJob::chunk_begin)
+      .def("chunk_len", &WriteJob::chunk_len)
+      .def_property_readonly("n_chunks", &WriteJob::n_chunks)
+      .def_property_readonly("used_direct_io", &WriteJob::used_direct_io);
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<size_t, size_t, size_t>(), py::arg("chunk_bytes"), py::arg("copy_threads"),
+           py::arg("write_threads"))
+      .def("submit", [](Engine& e, const std::string& path,
+                        const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
+                        uint64_t data_begin, uint64_t data_end, uint64_t file_size, Mode mode,
+                        bool direct_io, uint32_t n_records) {
+        auto p = to_pieces(pieces);
+        py::gil_scoped_release nogil;
+        return e.submit(path, std::move(p), data_begin, data_end, file_size, mode, direct_io, n_records);
+      })
+      .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
+      .def_property_readonly("copy_threads", &Engine::copy_threads)
+      .def_property_readonly("write_threads", &Engine::write_threads);
+}

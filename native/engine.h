@@ -1,0 +1,38 @@
+// engine.h — what one Checkpointer owns natively: the staging pool, the copy
+// threads and the writer threads, shared by every file it has in flight.
+#pragma once
+#include <memory>
+
+#include "staging_pool.h"
+#include "thread_pool.h"
+#include "write_job.h"
+
+namespace fastckpt {
+
+class Engine {
+ public:
+  Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
+      : pool_(chunk_bytes), writers_(write_threads), copiers_(copy_threads) {}
+
+  std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
+                                   uint64_t data_begin, uint64_t data_end, uint64_t file_size,
+                                   Mode mode, bool direct_io, uint32_t n_records) {
+    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_}, path,
+                                          std::move(pieces), data_begin, data_end, file_size, mode,
+                                          direct_io, pool_.chunk_bytes(), n_records);
+    job->start();
+    return job;
+  }
+  StagingPool& pool() { return pool_; }
+  size_t copy_threads() const { return copiers_.size(); }
+  size_t write_threads() const { return writers_.size(); }
+
+ private:
+  // Destruction runs bottom-up: copiers drain first (they feed writers), then
+  // writers (they release chunks), then the pool frees memory.
+  StagingPool pool_;
+  ThreadPool writers_;
+  ThreadPool copiers_;
+};
+
+}  // namespace fastckpt

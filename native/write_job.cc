@@ -1,0 +1,269 @@
+// write_job.cc — the copy/CRC/write pipeline of one checkpoint file.
+#include "write_job.h"
+
+#include <algorithm>
+
+namespace fastckpt {
+
+WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
+                   uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io,
+                   uint64_t split_bytes, uint32_t n_records)
+    : w_(w), path_(std::move(path)), data_begin_(data_begin), data_end_(data_end),
+      chunk_bytes_(mode == Mode::Direct ? split_bytes : w.pool->chunk_bytes()), mode_(mode),
+      n_records_(n_records) {
+  if (chunk_bytes_ == 0 || chunk_bytes_ % kAlign != 0)
+    throw std::invalid_argument("chunk size must be a positive multiple of 4096");
+  if (mode != Mode::Direct && data_begin % kAlign != 0)
+    throw std::invalid_argument("data must start 4096-aligned");
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.file_off < b.file_off; });
+  uint64_t prev_end = data_begin;
+  for (const Piece& p : pieces) {
+    if (p.file_off < prev_end || p.file_off + p.len > data_end || p.record >= n_records)
+      throw std::invalid_argument("pieces overlap or fall outside the data extent");
+    prev_end = p.file_off + p.len;
+  }
+  if (data_end > file_size) throw std::invalid_argument("data extent past end of file");
+  n_chunks_ = data_end > data_begin ? (data_end - data_begin + chunk_bytes_ - 1) / chunk_bytes_ : 0;
+  // Cut pieces at chunk boundaries (direct mode: every chunk_bytes of a piece).
+  chunk_first_span_.assign(n_chunks_ + 1, 0);
+  for (const Piece& p : pieces) {
+    uint64_t off = p.file_off, left = p.len;
+    while (left > 0) {
+      uint64_t c = (off - data_begin) / chunk_bytes_;
+      uint64_t room = mode == Mode::Direct ? chunk_bytes_ : chunk_begin(c) + chunk_bytes_ - off;
+      uint64_t n = std::min(left, room);
+      spans_.push_back({p.src + (off - p.file_off), n, off, p.record});
+      off += n;
+      left -= n;
+    }
+  }
+  if (pieces.empty()) n_chunks_ = 0;
+  if (mode != Mode::Direct) {
+    size_t s = 0;
+    for (size_t c = 0; c < n_chunks_; ++c) {
+      chunk_first_span_[c] = s;
+      while (s < spans_.size() && spans_[s].file_off < chunk_begin(c) + chunk_bytes_) ++s;
+    }
+    chunk_first_span_[n_chunks_] = spans_.size();
+  }
+  span_crc_.assign(spans_.size(), 0);
+  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
+  try {
+    preallocate(fd_, file_size, path_);
+  } catch (...) {
+    close_fds();
+    throw;
+  }
+  if (direct_io) fd_direct_ = open_direct(path_);
+  if (mode == Mode::Direct) {
+    copies_left_ = writes_left_ = spans_.size();
+  } else {
+    copies_left_ = mode == Mode::Stage ? n_chunks_ : 0;
+    writes_left_ = n_chunks_;
+  }
+}
+
+WriteJob::~WriteJob() { close_fds(); }
+
+void WriteJob::close_fds() {
+  if (fd_direct_ >= 0) ::close(fd_direct_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd_direct_ = -1;
+}
+
+uint64_t WriteJob::chunk_len(size_t c) const {
+  return std::min(chunk_bytes_, data_end_ - chunk_begin(c));
+}
+
+void WriteJob::start() {
+  auto self = shared_from_this();
+  if (mode_ == Mode::Stage) {
+    for (size_t c = 0; c < n_chunks_; ++c) w_.copiers->submit([self, c] { self->copy_chunk(c); });
+  } else if (mode_ == Mode::Direct) {
+    for (size_t i = 0; i < spans_.size(); ++i) w_.writers->submit([self, i] { self->write_span(i); });
+  }
+}
+
+void WriteJob::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!failed_) {
+    failed_ = true;
+    error_ = why;
+  }
+  cv_.notify_all();
+}
+
+void WriteJob::abort(const std::string& why) { fail(why); }
+
+void WriteJob::count_copied() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (--copies_left_ == 0) cv_.notify_all();
+}
+
+void WriteJob::count_written() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (--writes_left_ == 0) cv_.notify_all();
+}
+
+void WriteJob::fill_chunk(size_t c, uint8_t* buf) {
+  const uint64_t base = chunk_begin(c);
+  uint64_t cursor = 0;
+  for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s) {
+    const Span& sp = spans_[s];
+    uint64_t at = sp.file_off - base;
+    if (at > cursor) std::memset(buf + cursor, 0, at - cursor);
+    std::memcpy(buf + at, reinterpret_cast<const void*>(sp.src), sp.len);
+    cursor = at + sp.len;
+  }
+  uint64_t end = round_up(chunk_len(c), kAlign);
+  if (end > cursor) std::memset(buf + cursor, 0, end - cursor);
+}
+
+void WriteJob::copy_chunk(size_t c) {
+  bool skip;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    skip = failed_;
+  }
+  if (skip) {
+    count_copied();
+    count_written();
+    return;
+  }
+  int slot = w_.pool->acquire(-1.0);
+  fill_chunk(c, w_.pool->data(slot));
+  count_copied();
+  auto self = shared_from_this();
+  w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
+}
+
+void WriteJob::push_chunk(size_t c, int slot) {
+  if (mode_ != Mode::External) throw std::logic_error("push_chunk is only for external jobs");
+  if (c >= n_chunks_) throw std::out_of_range("chunk index out of range");
+  auto self = shared_from_this();
+  w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
+}
+
+// Writes one block; O_DIRECT when allowed, buffered otherwise (and for good
+// once the kernel has refused O_DIRECT on this file).
+bool WriteJob::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {
+  if (may_direct && fd_direct_ >= 0 && !direct_refused_.load()) {
+    if (pwrite_full(fd_direct_, buf, round_up(len, kAlign), off, path_, true)) {
+      direct_used_ = true;
+      return true;
+    }
+    direct_refused_ = true;  // the fd stays open until close_fds(): other writers may hold it
+  }
+  pwrite_full(fd_, buf, len, off, path_);
+  return false;
+}
+
+void WriteJob::write_chunk(size_t c, int slot) {
+  try {
+    bool skip;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      skip = failed_;
+    }
+    if (!skip) {
+      const uint8_t* buf = w_.pool->data(slot);
+      const uint64_t base = chunk_begin(c);
+      for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
+        span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
+      write_block(buf, chunk_len(c), base, true);
+    }
+  } catch (const IoError& e) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!failed_) error_errno_ = e.err();
+    }
+    fail(e.what());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  w_.pool->release(slot);
+  count_written();
+}
+
+void WriteJob::write_span(size_t i) {
+  try {
+    bool skip;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      skip = failed_;
+    }
+    if (!skip) {
+      const Span& sp = spans_[i];
+      const void* src = reinterpret_cast<const void*>(sp.src);
+      span_crc_[i] = crc32_update(0, src, sp.len);
+      bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
+      write_block(src, sp.len, sp.file_off, aligned);
+    }
+  } catch (const IoError& e) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!failed_) error_errno_ = e.err();
+    }
+    fail(e.what());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  count_copied();
+  count_written();
+}
+
+bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto ready = [&] { return failed_ || left == 0; };
+  if (timeout_s < 0) {
+    cv_.wait(lk, ready);
+  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
+    return false;
+  }
+  if (failed_) {
+    if (error_errno_ != 0) throw IoError(error_, error_errno_);
+    throw std::runtime_error(error_);
+  }
+  return true;
+}
+
+bool WriteJob::wait_copied(double timeout_s) { return wait_latch(copies_left_, timeout_s); }
+
+bool WriteJob::wait_written(double timeout_s) { return wait_latch(writes_left_, timeout_s); }
+
+void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs,
+                        uint64_t file_size) {
+  wait_written(-1.0);
+  if (finalized_) throw std::logic_error("job already finalized");
+  for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
+  if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
+  fdatasync_or_throw(fd_, path_);
+  finalized_ = true;
+  close_fds();
+}
+
+std::vector<uint32_t> WriteJob::record_crcs() const {
+  std::vector<uint32_t> out(n_records_, 0);
+  for (size_t s = 0; s < spans_.size(); ++s)
+    out[spans_[s].record] = crc32_concat(out[spans_[s].record], span_crc_[s], spans_[s].len);
+  return out;
+}
+
+std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> WriteJob::span_crcs() const {
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> out;
+  out.reserve(spans_.size());
+  for (size_t s = 0; s < spans_.size(); ++s)
+    out.emplace_back(spans_[s].record, spans_[s].file_off, spans_[s].len, span_crc_[s]);
+  return out;
+}
+
+std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> WriteJob::chunk_layout(size_t c) const {
+  std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> out;
+  const uint64_t base = chunk_begin(c);
+  for (size_t s = chunk_first_span_.at(c); s < chunk_first_span_.at(c + 1); ++s)
+    out.emplace_back(spans_[s].src, spans_[s].file_off - base, spans_[s].len);
+  return out;
+}
+
+}  // namespace fastckpt

@@ -1,0 +1,109 @@
+// write_job.h — one checkpoint file being written: its layout (pieces of raw
+// memory and where they go in the file), the copy of those pieces into
+// staging chunks (or none, in direct mode), the CRC of every byte, the writes,
+// and the final header blobs + fdatasync. Progress is two latches: "copied"
+// (the caller may overwrite its tensors) and "written" (all data is in the file).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "crc.h"
+#include "file_io.h"
+#include "staging_pool.h"
+#include "thread_pool.h"
+
+namespace fastckpt {
+
+// A contiguous run of source bytes and its place in the file.
+struct Piece {
+  uintptr_t src;
+  uint64_t len;
+  uint64_t file_off;
+  uint32_t record;
+};
+
+enum class Mode : int {
+  Stage = 0,     // copy threads fill staging chunks, writers drain them
+  Direct = 1,    // writers write straight from the source memory
+  External = 2,  // the caller fills staging chunks (e.g. a CUDA stream) and pushes them
+};
+
+struct Workers {
+  StagingPool* pool;
+  ThreadPool* copiers;
+  ThreadPool* writers;
+};
+
+class WriteJob : public std::enable_shared_from_this<WriteJob> {
+ public:
+  WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
+           uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io, uint64_t split_bytes,
+           uint32_t n_records);
+  ~WriteJob();
+
+  void start();
+  void push_chunk(size_t chunk, int slot);  // External mode
+  bool wait_copied(double timeout_s);       // true when copied (throws the job's error)
+  bool wait_written(double timeout_s);      // true when written (throws the job's error)
+  void finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size);
+  void abort(const std::string& why);
+
+  size_t n_chunks() const { return n_chunks_; }
+  uint64_t chunk_begin(size_t c) const { return data_begin_ + c * chunk_bytes_; }
+  uint64_t chunk_len(size_t c) const;
+  std::vector<uint32_t> record_crcs() const;
+  // (record, file offset, length, crc) of every span, in file order.
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> span_crcs() const;
+  bool used_direct_io() const { return direct_used_.load(); }
+  // The spans of chunk c as (source address, offset inside the chunk, length).
+  std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> chunk_layout(size_t c) const;
+
+ private:
+  struct Span {
+    uintptr_t src;
+    uint64_t len;
+    uint64_t file_off;
+    uint32_t record;
+  };
+  void copy_chunk(size_t c);
+  void write_chunk(size_t c, int slot);
+  void write_span(size_t i);
+  void fill_chunk(size_t c, uint8_t* buf);
+  void fail(const std::string& why);
+  void count_copied();
+  void count_written();
+  bool wait_latch(const size_t& left, double timeout_s);
+  bool write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct);
+  void close_fds();
+
+  Workers w_;
+  std::string path_;
+  std::vector<Span> spans_;
+  std::vector<size_t> chunk_first_span_;  // spans_[chunk_first_span_[c] .. [c+1])
+  std::vector<uint32_t> span_crc_;
+  uint64_t data_begin_, data_end_;
+  uint64_t chunk_bytes_;
+  size_t n_chunks_ = 0;
+  Mode mode_;
+  uint32_t n_records_;
+  int fd_ = -1, fd_direct_ = -1;
+  std::atomic<bool> direct_used_{false};
+  std::atomic<bool> direct_refused_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  size_t copies_left_ = 0, writes_left_ = 0;
+  bool failed_ = false;
+  std::string error_;
+  int error_errno_ = 0;
+  bool finalized_ = false;
+};
+
+}  // namespace fastckpt
