@@ -5,8 +5,11 @@ framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors.
 """
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,
                      NoCheckpointError, StateMismatchError, UnsafeCheckpointError)
+from .checkpointer import Checkpointer
+from .commit import CommitInfo
+from .pending import Pending
 from .single_file import load, save
 
-__all__ = ["save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
+__all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
            "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "UnsafeCheckpointError"]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ import os
 from .engine import default_engine
 from .format import load_file, plan_file
 from .fsutil import fsync_dir
-from .snapshot import FileWrite
+from .snapshot import start_write
 
 
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c") -> int:
@@ -22,7 +22,7 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
         raise FileNotFoundError(f"cannot save to {path!r}: directory {parent!r} does not exist")
     plan = plan_file(state, format)
     tmp = path + ".tmp"
-    w = FileWrite(default_engine(), plan, tmp, strategy, direct_io=True)
+    w = start_write(default_engine(), plan, tmp, strategy, direct_io=True)
     try:
         res = w.finish()
     except BaseException:

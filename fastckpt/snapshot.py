@@ -29,6 +29,7 @@ class FileResult:
     record_crcs: list[int]
     spans: list[tuple[int, int, int, int]]  # (record, file offset, length, crc)
     direct_io: bool
+    names: list[str] = None  # record names, by index
 
 
 class FileWrite:
@@ -78,8 +79,21 @@ class FileWrite:
         self._job.finalize(blobs, self.plan.file_size)
         self._keep.clear()
         return FileResult(self.path, self.plan.file_size, file_crc, crcs,
-                          [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io)
+                          [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io,
+                          [r.name for r in self.plan.records])
 
     def abort(self, why: str) -> None:
         if self._job is not None:
             self._job.abort(why)
+
+
+def start_write(engine, plan: FilePlan, path: str, strategy: str, direct_io: bool):
+    """FileWrite for host tensors, CudaFileWrite when any storage lives on a GPU."""
+    if "cuda" in plan.devices():
+        from .cuda_snapshot import CudaFileWrite
+        return CudaFileWrite(engine, plan, path, strategy, direct_io)
+    other = plan.devices() - {"cpu"}
+    if other:
+        raise ValueError(f"cannot checkpoint tensors on device type(s) {sorted(other)}; "
+                         "move them to CPU or CUDA first")
+    return FileWrite(engine, plan, path, strategy, direct_io)

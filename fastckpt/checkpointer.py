@@ -1,0 +1,303 @@
+"""Checkpointer: up to N concurrent, crash-consistent checkpoints under one root (PCcheck).
+
+Owns the life of a checkpoint: save() plans the file, reserves a concurrency
+slot and staging, issues the snapshot and returns; a commit thread per
+checkpoint finishes the file, then — in counter order, agreed by all ranks —
+writes the commit record, moves `latest` forward and applies retention.
+Errors of background writes are raised by Pending.wait() and, if nobody looked,
+by the next save(), wait() or close().
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+import weakref
+
+from . import commit
+from .commit import CommitInfo, FileEntry
+from .distributed import make_agreement
+from .engine import MiB, new_engine, physical_memory
+from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
+from .format import FORMATS, load_file, plan_file
+from .pending import Pending
+from .snapshot import STRATEGIES, start_write
+from .store import STORES, open_store
+
+log = logging.getLogger("fastckpt")
+POLICIES = ("wait", "skip")
+_open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+class Checkpointer:
+    """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
+
+    def __init__(self, root, strategy: str = "c", concurrency: int = 2, writers: int = 4,
+                 chunk_mb: int = 64, staging_mb: int | None = None, store: str = "file",
+                 format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
+                 direct_io: bool = True, commit_timeout_s: float = 600.0):
+        _check_choice("strategy", strategy, STRATEGIES)
+        _check_choice("store", store, STORES)
+        _check_choice("format", format, FORMATS)
+        _check_choice("policy", policy, POLICIES)
+        for name, val, low in (("concurrency", concurrency, 1), ("writers", writers, 1),
+                               ("chunk_mb", chunk_mb, 1), ("keep", keep, 0)):
+            if not isinstance(val, int) or val < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {val!r}")
+        if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < chunk_mb):
+            raise ConfigError(f"staging_mb must be None or an integer >= chunk_mb ({chunk_mb}), got {staging_mb!r}")
+        self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
+        self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
+        self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
+        self.store = open_store(store, root)
+        self.root = self.store.root
+        self._agree = make_agreement(commit_timeout_s)
+        self.rank, self.world_size = self._agree.rank, self._agree.world_size
+        self._slots = threading.Semaphore(concurrency)
+        self._lock = threading.Lock()
+        self._inflight: dict[int, tuple[Pending, str, threading.Thread]] = {}
+        self._last: Pending | None = None
+        self._unobserved: list[Pending] = []
+        self._engine = None
+        self._counter: int | None = None
+        self._closed = False
+        self.stats = {"saves": 0, "skipped": 0, "save_call_s": [], "pinned": False}
+        _open_checkpointers.add(self)
+
+    # -- saving ----------------------------------------------------------
+    def save(self, state, step: int, meta: dict | None = None) -> Pending:
+        """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued."""
+        t0 = time.perf_counter()
+        self._check_open()
+        self._raise_background_errors()
+        got = self._slots.acquire(blocking=self.policy == "wait")
+        try:
+            if self._engine is None:
+                self._start_writing()
+            plan = plan_file(state, self.format)
+            if got and self.strategy == "c":
+                got = self._ensure_staging(plan)
+        except BaseException:
+            if got:
+                self._slots.release()
+            raise
+        if self.policy == "skip" and not self._agree.all_ok(got):
+            if got:
+                self._slots.release()
+            self.stats["skipped"] += 1
+            warnings.warn(f"fastckpt: skipped the checkpoint of step {step}: {self.concurrency} "
+                          "checkpoints are in flight or staging memory is full (policy='skip')",
+                          stacklevel=2)
+            return Pending(step, -1, skipped=True)
+        counter = self._counter
+        self._counter += 1
+        ckpt_dir = self.store.new_dir(step, counter)
+        path = os.path.join(ckpt_dir, self.store.file_name(self.rank, self.format))
+        pending = Pending(step, counter, prev=self._last)
+        write, error = None, None
+        try:
+            write = start_write(self._engine, plan, path, self.strategy, self.direct_io)
+        except OSError as e:
+            error = CheckpointWriteError(f"cannot write the checkpoint of step {step} to {path}: {e}; "
+                                         "the previous checkpoint is intact")
+        thread = threading.Thread(target=self._drain, args=(pending, write, error, ckpt_dir, meta),
+                                  name=f"fastckpt-commit-{counter}", daemon=True)
+        with self._lock:
+            self._inflight[counter] = (pending, ckpt_dir, thread)
+            self._last = pending
+        thread.start()
+        self.stats["saves"] += 1
+        self.stats["save_call_s"].append(time.perf_counter() - t0)
+        if error is not None:
+            pending.observed = True
+            raise error
+        return pending
+
+    def _start_writing(self) -> None:
+        self.store.prepare()
+        if self.rank == 0:
+            self.store.remove_uncommitted()
+        self._counter = self._agree.broadcast(self.store.next_counter())
+        self._engine = new_engine(self.chunk_mb, self.writers * self.concurrency)
+
+    def _ensure_staging(self, plan) -> bool:
+        """Grows the pool to its bound; False when policy='skip' and it is too full now."""
+        pool = self._engine.pool
+        need = max(1, math.ceil((plan.data_end - plan.data_begin) / pool.chunk_bytes))
+        if self.staging_mb is None:
+            cap = min(self.concurrency * need, max(1, physical_memory() // 2 // pool.chunk_bytes))
+        else:
+            cap = max(1, self.staging_mb * MiB // pool.chunk_bytes)
+        if pool.capacity < cap:
+            new = pool.grow(cap - pool.capacity)
+            from .cuda_snapshot import pin_host_memory
+            self.stats["pinned"] = pin_host_memory(new, pool.chunk_bytes) or self.stats["pinned"]
+        return self.policy == "wait" or pool.free_count >= min(need, pool.capacity)
+
+    def _drain(self, pending: Pending, write, error, ckpt_dir: str, meta) -> None:
+        """Commit thread of one checkpoint: finish the file, then commit in counter order."""
+        result, info = None, None
+        if write is not None:
+            try:
+                write.wait_copied()
+                pending._copied.set()
+                result = write.finish()
+            except BaseException as e:  # surfaced through Pending, never swallowed
+                write.abort(str(e))
+                error = _as_write_error(e, pending.step)
+        pending._copied.set()
+        if pending.prev is not None:
+            pending.prev._done.wait()
+        try:
+            if self._agree.all_ok(error is None, background=True):
+                info = self._commit(pending, result, ckpt_dir, meta)
+            elif error is None:
+                error = CheckpointWriteError(
+                    f"another rank failed to write its part of step {pending.step}; "
+                    "the previous checkpoint stays the latest")
+        except BaseException as e:
+            error = error or _as_write_error(e, pending.step)
+        if error is not None and self.rank == 0:
+            self.store.remove(ckpt_dir)
+        pending._finish(info if error is None else None, error)
+        with self._lock:
+            self._inflight.pop(pending.counter, None)
+            if error is not None and not pending.observed:
+                self._unobserved.append(pending)
+        self._slots.release()
+
+    def _commit(self, pending: Pending, result, ckpt_dir: str, meta) -> CommitInfo | None:
+        entry = FileEntry(os.path.basename(result.path), self.rank, result.bytes, result.file_crc,
+                          [list(s) for s in result.spans], result.names or [])
+        entries = self._agree.gather(entry, background=True)
+        info = CommitInfo(pending.step, ckpt_dir, sum(e.bytes for e in entries), pending.counter,
+                          time.time(), self.world_size, self.format, tuple(entries), meta or {})
+        ok = True
+        if self.rank == 0:
+            try:
+                self.store.write_commit(info)
+                self.store.move_latest(info)
+            except OSError as e:
+                ok, err = False, e
+        if not self._agree.all_ok(ok, background=True):
+            raise CheckpointWriteError(f"writing the commit record of step {pending.step} failed"
+                                       + (f": {err}" if self.rank == 0 else " on rank 0"))
+        if self.rank == 0:
+            with self._lock:
+                busy = {d for (_, d, _) in self._inflight.values()}
+            self.store.retain(self.keep, busy)
+        return info
+
+    # -- waiting ---------------------------------------------------------
+    def gate(self, timeout: float | None = None) -> None:
+        """Blocks until every snapshot in flight has finished *copying* the caller's tensors.
+
+        Call it before the optimizer step (or anything else that overwrites the saved tensors).
+        """
+        with self._lock:
+            pendings = [p for (p, _, _) in self._inflight.values()]
+        for p in pendings:
+            if not p.wait_copied(timeout):
+                raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
+
+    def wait(self) -> None:
+        """Blocks until every checkpoint in flight is committed; raises the first error."""
+        while True:
+            with self._lock:
+                items = list(self._inflight.values())
+            if not items:
+                break
+            for _, _, thread in items:
+                thread.join()
+        self._raise_background_errors()
+
+    def _raise_background_errors(self) -> None:
+        with self._lock:
+            errs, self._unobserved = self._unobserved, []
+        for p in errs:
+            p.observed = True
+        if errs:
+            raise errs[0].error
+
+    # -- reading ---------------------------------------------------------
+    def latest(self) -> CommitInfo | None:
+        """The newest committed checkpoint whose record and file sizes check out, or None."""
+        committed = self.store.committed()
+        return committed[0] if committed else None
+
+    def list(self) -> list[CommitInfo]:
+        return self.store.committed()
+
+    def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
+             verify: bool | None = None, weights_only: bool = True):
+        """Returns the state of the newest valid checkpoint (or of `step`), falling back past corrupt ones."""
+        verify = self.verify if verify is None else verify
+        rank = self.rank if rank is None else rank
+        candidates = [c for c in self.store.committed(warn=True) if step is None or c.step == step]
+        errors = []
+        for info in candidates:
+            state, err = None, None
+            try:
+                state = load_file(info.file_for(rank), map_location, verify, weights_only,
+                                  expect_crc=info.entry_for(rank).crc32 if verify else None)
+            except (CorruptCheckpointError, OSError) as e:
+                err = e
+            if self._agree.all_ok(err is None):
+                if errors:
+                    warnings.warn(f"fastckpt: {errors[-1]}; loaded step {info.step} instead", stacklevel=2)
+                return state
+            errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
+        what = f"step {step}" if step is not None else "any checkpoint"
+        raise NoCheckpointError(f"no valid checkpoint for {what} under {self.root}"
+                                + (": " + "; ".join(errors) if errors else ""))
+
+    # -- closing ---------------------------------------------------------
+    def close(self) -> None:
+        """Waits for everything in flight, then releases staging memory and threads."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            _open_checkpointers.discard(self)
+            if self._engine is not None:
+                from .cuda_snapshot import unpin_host_memory
+                unpin_host_memory(self._engine.pool.addresses())
+                self._engine.pool.free_all()
+                self._engine = None
+            self._agree.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Checkpointer is closed")
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+
+
+def _as_write_error(e: BaseException, step: int) -> BaseException:
+    if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
+        return CheckpointWriteError(f"checkpoint of step {step} failed: {e}; the previous checkpoint is intact")
+    return e
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    for ck in list(_open_checkpointers):
+        try:
+            ck.close()
+        except Exception as e:  # noqa: BLE001 - reported, interpreter is exiting
+            log.error("fastckpt: a checkpoint failed at exit: %s", e)

@@ -1,0 +1,105 @@
+"""The commit record: the one small file whose durable presence makes a checkpoint real.
+
+Owns its JSON encoding with a CRC-32 over its own canonical bytes, the checks
+that a record and the files it names are intact (sizes; full CRCs are the
+loader's job), and CommitInfo, what callers see of a committed checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+
+from .errors import CorruptCheckpointError
+
+COMMIT_NAME = "COMMIT"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str  # relative to the checkpoint directory
+    rank: int
+    bytes: int
+    crc32: int
+    spans: list = field(default_factory=list, compare=False)  # [record, offset, length, crc]
+    records: list = field(default_factory=list, compare=False)  # record names, by index
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A committed checkpoint: its step, directory, size and when it was written."""
+
+    step: int
+    path: str
+    bytes: int
+    counter: int
+    time: float
+    world_size: int
+    format: str
+    files: tuple[FileEntry, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def file_for(self, rank: int) -> str:
+        for f in self.files:
+            if f.rank == rank:
+                return os.path.join(self.path, f.name)
+        raise CorruptCheckpointError(f"checkpoint {self.path} has no file for rank {rank}")
+
+    def entry_for(self, rank: int) -> FileEntry:
+        for f in self.files:
+            if f.rank == rank:
+                return f
+        raise CorruptCheckpointError(f"checkpoint {self.path} has no file for rank {rank}")
+
+
+def encode(info: CommitInfo) -> bytes:
+    body = {"version": VERSION, "step": info.step, "counter": info.counter, "time": info.time,
+            "world_size": info.world_size, "format": info.format, "bytes": info.bytes,
+            "meta": info.meta,
+            "files": [{"name": f.name, "rank": f.rank, "bytes": f.bytes, "crc32": f.crc32,
+                       "records": f.records, "spans": f.spans} for f in info.files]}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"crc32": zlib.crc32(canon.encode()), "body": body}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def decode(raw: bytes, path: str) -> CommitInfo:
+    try:
+        outer = json.loads(raw)
+        body = outer["body"]
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        if zlib.crc32(canon.encode()) != outer["crc32"]:
+            raise CorruptCheckpointError(f"commit record {path} is damaged (CRC mismatch)")
+        if body["version"] != VERSION:
+            raise CorruptCheckpointError(f"commit record {path} has unknown version {body['version']}")
+        files = tuple(FileEntry(f["name"], int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
+                                f.get("spans", []), f.get("records", [])) for f in body["files"])
+        return CommitInfo(int(body["step"]), os.path.dirname(path), int(body["bytes"]),
+                          int(body["counter"]), float(body["time"]), int(body["world_size"]),
+                          str(body["format"]), files, body.get("meta", {}))
+    except CorruptCheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(f"commit record {path} is damaged ({e})") from None
+
+
+def read(ckpt_dir: str) -> CommitInfo:
+    """The commit record of ckpt_dir, with its files' presence and sizes checked."""
+    path = os.path.join(ckpt_dir, COMMIT_NAME)
+    with open(path, "rb") as f:
+        raw = f.read(64 << 20)
+    info = decode(raw, path)
+    if len({f.rank for f in info.files}) != info.world_size:
+        raise CorruptCheckpointError(f"{path}: names {len(info.files)} files for {info.world_size} ranks")
+    for f in info.files:
+        fp = os.path.join(ckpt_dir, f.name)
+        try:
+            size = os.path.getsize(fp)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{ckpt_dir}: file {f.name} named by the commit record is missing") from None
+        if size != f.bytes:
+            raise CorruptCheckpointError(
+                f"{ckpt_dir}: file {f.name} has {size} bytes, the commit record says {f.bytes} (truncated?)")
+    return info

@@ -1,0 +1,231 @@
+"""Snapshots of CUDA tensors: side stream + events, pinned staging, spare device memory, GDS.
+
+Owns the GPU half of strategies (LightCheck §III-A):
+  c  D2H copies on a side stream into pinned staging chunks, one event per
+     chunk; a feeder thread hands each chunk to the native writers as soon as
+     its event completes (copy and write pipelined);
+  g  one device-to-device copy into spare GPU memory (gate released when that
+     event completes), then drained like c; falls back to c if memory is short;
+  d  kvikio CuFile writes straight from device memory (GDS, or kvikio's compat
+     mode); the gate holds until written. Without kvikio: c with the gate held.
+Everything here is inert without CUDA; pin_host_memory() is a no-op then.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections import deque
+
+import numpy as np
+import torch
+
+from . import _native
+from .format.plan import FilePlan
+from .snapshot import FileResult
+
+log = logging.getLogger("fastckpt")
+_pinned: set[int] = set()
+
+
+def pin_host_memory(addresses: list[int], nbytes: int) -> bool:
+    """cudaHostRegister on staging chunks (so D2H copies run async at full speed)."""
+    if not addresses or not torch.cuda.is_available():
+        return False
+    cudart = torch.cuda.cudart()
+    for a in addresses:
+        if int(cudart.cudaHostRegister(a, nbytes, 0)) != 0:
+            log.warning("fastckpt: cudaHostRegister failed; staging stays pageable")
+            return False
+        _pinned.add(a)
+    return True
+
+
+def unpin_host_memory(addresses: list[int]) -> None:
+    if not _pinned:
+        return
+    cudart = torch.cuda.cudart()
+    for a in addresses:
+        if a in _pinned:
+            cudart.cudaHostUnregister(a)
+            _pinned.discard(a)
+
+
+def kvikio_mode() -> str | None:
+    """'gds', 'compat' or None (kvikio missing or no usable driver)."""
+    try:
+        import kvikio
+        import kvikio.defaults
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return None
+    try:
+        compat = kvikio.defaults.get("compat_mode") if hasattr(kvikio.defaults, "get") else kvikio.defaults.compat_mode()
+    except Exception:  # noqa: BLE001
+        return None
+    return "compat" if str(compat).lower() not in ("false", "compatmode.off", "0") else "gds"
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _host_view(addr: int, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))
+
+
+class CudaFileWrite:
+    """Same interface as snapshot.FileWrite, for plans holding CUDA storages."""
+
+    def __init__(self, engine, plan: FilePlan, path: str, strategy: str, direct_io: bool):
+        self.plan, self.path, self.engine = plan, path, engine
+        dev = next(r.storage.device for r in plan.records if r.storage.device.type == "cuda")
+        self.stream = torch.cuda.Stream(dev)
+        self.stream.wait_stream(torch.cuda.current_stream(dev))  # see the values as of save()
+        self._copied = threading.Event()
+        self._error: BaseException | None = None
+        self._hold_gate = strategy == "d"
+        self.sources = [r.storage for r in plan.records]
+        self.mode = "pinned-staging"
+        self._kvikio = strategy == "d" and kvikio_mode() is not None
+        if strategy == "d" and not self._kvikio:
+            log.warning("fastckpt: strategy 'd' needs kvikio for CUDA tensors; using pinned bounce "
+                        "buffers with the gate held until written")
+        if strategy == "g":
+            self._device_copy(dev)
+        self._job = None
+        if not self._kvikio:
+            pieces = [(0, r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
+            self._job = engine.submit(path, pieces, plan.data_begin, plan.data_end, plan.file_size,
+                                      _native.Mode.External, direct_io, len(plan.records))
+        self._thread = threading.Thread(target=self._run, name="fastckpt-cuda-feeder", daemon=True)
+        self._thread.start()
+
+    def _device_copy(self, dev) -> None:
+        need = sum(r.nbytes for r in self.plan.records if r.storage.device.type == "cuda")
+        free, _ = torch.cuda.mem_get_info(dev)
+        if need * 1.1 > free:
+            log.warning("fastckpt: strategy 'g' needs %d MiB of spare GPU memory, %d MiB free; "
+                        "using 'c' for this checkpoint", need >> 20, free >> 20)
+            return
+        copies = []
+        with torch.cuda.stream(self.stream):
+            for s in self.sources:
+                if s.device.type == "cuda" and s.nbytes():
+                    buf = torch.empty(s.nbytes(), dtype=torch.uint8, device=s.device)
+                    buf.copy_(_bytes_of(s), non_blocking=True)
+                    copies.append(buf.untyped_storage())
+                else:
+                    copies.append(s)
+        self._g_event = torch.cuda.Event()
+        self._g_event.record(self.stream)
+        self.sources, self.mode = copies, "device-copy"
+
+    def _chunk_pieces(self, c: int):
+        b = self._job.chunk_begin(c)
+        e = b + self._job.chunk_len(c)
+        for r, s in zip(self.plan.records, self.sources):
+            lo, hi = max(b, r.file_off), min(e, r.file_off + r.nbytes)
+            if lo < hi:
+                yield s, lo - r.file_off, lo - b, hi - lo
+
+    def _run(self) -> None:
+        try:
+            if getattr(self, "_g_event", None) is not None:
+                self._g_event.synchronize()
+                self._copied.set()
+            if self._kvikio:
+                self._write_kvikio()
+            else:
+                self._feed()
+            if not self._hold_gate:
+                self._copied.set()
+        except BaseException as e:  # noqa: BLE001 - raised again by finish()
+            self._error = e
+            if self._job is not None:
+                self._job.abort(str(e))
+            self._copied.set()
+
+    def _feed(self) -> None:
+        pool = self.engine.pool
+        queue: deque = deque()
+        for c in range(self._job.n_chunks):
+            slot = pool.acquire()
+            dst = _host_view(pool.address(slot), pool.chunk_bytes)
+            with torch.cuda.stream(self.stream):
+                for s, src_off, dst_off, n in self._chunk_pieces(c):
+                    dst[dst_off:dst_off + n].copy_(_bytes_of(s)[src_off:src_off + n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+            queue.append((c, slot, ev))
+            while len(queue) > 2:
+                self._push(*queue.popleft())
+        while queue:
+            self._push(*queue.popleft())
+
+    def _push(self, c: int, slot: int, ev) -> None:
+        ev.synchronize()
+        self._job.push_chunk(c, slot)
+
+    def _write_kvikio(self) -> None:
+        import kvikio
+        with kvikio.CuFile(self.path, "w") as f:
+            futures = []
+            for r, s in zip(self.plan.records, self.sources):
+                if r.nbytes:
+                    buf = _bytes_of(s)
+                    if buf.device.type == "cpu":
+                        buf = buf.numpy()
+                    futures.append(f.pwrite(buf, r.nbytes, r.file_off))
+            torch.cuda.current_stream().synchronize()
+            for fu in futures:
+                fu.get()
+        self.mode = f"kvikio-{kvikio_mode()}"
+
+    def wait_copied(self, timeout: float | None = None) -> bool:
+        return self._copied.wait(timeout)
+
+    def finish(self) -> FileResult:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._job is not None:
+            self._job.wait_written(-1.0)
+            crcs = list(self._job.record_crcs())
+            blobs, file_crc = self.plan.finish(crcs)
+            self._job.finalize(blobs, self.plan.file_size)
+            spans = [tuple(s) for s in self._job.span_crcs()]
+            direct = self._job.used_direct_io
+        else:  # kvikio wrote the data: CRCs come from reading it back, off the critical path
+            crcs = self._crc_back()
+            blobs, file_crc = self.plan.finish(crcs)
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                for off, data in blobs:
+                    os.pwrite(fd, data, off)
+                os.ftruncate(fd, self.plan.file_size)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(self.plan.records, crcs))]
+            direct = False
+        self._copied.set()
+        self.sources = []
+        return FileResult(self.path, self.plan.file_size, file_crc, crcs, spans, direct,
+                          [r.name for r in self.plan.records])
+
+    def _crc_back(self) -> list[int]:
+        bounce = torch.empty(64 << 20, dtype=torch.uint8)
+        out = []
+        for r in self.plan.records:
+            crc, off = 0, 0
+            while off < r.nbytes:
+                n = min(bounce.numel(), r.nbytes - off)
+                (c,) = _native.read_ranges(self.path, [(bounce.data_ptr(), r.file_off + off, n)], 4, 16 << 20, True)
+                crc, off = _native.crc32_concat(crc, c, n), off + n
+            out.append(crc)
+        return out
+
+    def abort(self, why: str) -> None:
+        if self._job is not None:
+            self._job.abort(why)

@@ -1,0 +1,133 @@
+"""The file store: one directory per checkpoint under a root, plus a `latest` pointer.
+
+Layout:  ROOT/step-00000100.c000007/{rank-0.pt, rank-1.pt, COMMIT}  and  ROOT/latest
+Owns naming (the counter in the name orders checkpoints even when steps
+repeat), listing committed checkpoints, moving `latest` forward atomically,
+retention (`keep`), and removing directories that never committed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+
+from .. import commit
+from ..commit import CommitInfo
+from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..fsutil import fsync_dir, write_atomic
+
+DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
+LATEST = "latest"
+EXT = {"torch": "pt", "safetensors": "safetensors"}
+
+
+class FileStore:
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.fspath(root))
+
+    # -- writing ---------------------------------------------------------
+    def prepare(self) -> None:
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create checkpoint root {self.root!r}: {e.strerror}") from e
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise CheckpointWriteError(f"checkpoint root {self.root!r} is not writable; "
+                                       "choose another directory or fix its permissions")
+
+    def next_counter(self) -> int:
+        return 1 + max((c for _, c, _ in self._dirs()), default=0)
+
+    def new_dir(self, step: int, counter: int) -> str:
+        path = os.path.join(self.root, f"step-{step:08d}.c{counter:06d}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    @staticmethod
+    def file_name(rank: int, fmt: str) -> str:
+        return f"rank-{rank}.{EXT[fmt]}"
+
+    def write_commit(self, info: CommitInfo) -> None:
+        write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
+
+    def move_latest(self, info: CommitInfo) -> None:
+        """Points `latest` at info, only forward (by counter), atomically and durably."""
+        current = self.read_latest()
+        if current is not None and current.get("counter", -1) >= info.counter:
+            return
+        body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
+        write_atomic(os.path.join(self.root, LATEST), json.dumps(body).encode())
+
+    def read_latest(self) -> dict | None:
+        try:
+            with open(os.path.join(self.root, LATEST), "rb") as f:
+                body = json.loads(f.read(4096))
+            return body if isinstance(body, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def remove(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            fsync_dir(self.root)
+        except OSError:
+            pass
+
+    def retain(self, keep: int, in_flight: set[str]) -> None:
+        """Deletes committed checkpoints beyond the newest `keep`, and dead partial ones."""
+        committed = self.committed()
+        newest = committed[0].counter if committed else 0
+        for info in committed[max(1, keep):] if keep > 0 else []:
+            if info.path not in in_flight:
+                self.remove(info.path)
+        for step, counter, path in self._dirs():
+            if counter < newest and path not in in_flight and not os.path.exists(
+                    os.path.join(path, commit.COMMIT_NAME)):
+                self.remove(path)
+
+    def remove_uncommitted(self) -> None:
+        """At the start of a writing session: drop directories a dead writer left."""
+        for _, _, path in self._dirs():
+            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+                self.remove(path)
+
+    # -- reading ---------------------------------------------------------
+    def _dirs(self) -> list[tuple[int, int, str]]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            m = DIR_RE.match(n)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2)), os.path.join(self.root, n)))
+        return out
+
+    def committed(self, warn: bool = False) -> list[CommitInfo]:
+        """Valid commit records, newest first (by counter)."""
+        out = []
+        for _, counter, path in sorted(self._dirs(), key=lambda d: -d[1]):
+            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+                continue
+            try:
+                out.append(commit.read(path))
+            except (CorruptCheckpointError, OSError) as e:
+                if warn:
+                    warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=3)
+        return out
+
+    def listing(self) -> list[tuple[str, CommitInfo | None, str]]:
+        """Every checkpoint directory: (path, info or None, status text)."""
+        rows = []
+        for _, _, path in sorted(self._dirs(), key=lambda d: -d[1]):
+            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+                rows.append((path, None, "incomplete (never committed)"))
+                continue
+            try:
+                rows.append((path, commit.read(path), "committed"))
+            except (CorruptCheckpointError, OSError) as e:
+                rows.append((path, None, f"invalid: {e}"))
+        return rows
