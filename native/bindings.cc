@@ -117,7 +117,8 @@ PYBIND11_MODULE(_native, m) {
       .def("chunk_begin", &WriteJob::chunk_begin)
       .def("chunk_len", &WriteJob::chunk_len)
       .def_property_readonly("n_chunks", &WriteJob::n_chunks)
-      .def_property_readonly("used_direct_io", &WriteJob::used_direct_io);
+      .def_property_readonly("used_direct_io", &WriteJob::used_direct_io)
+      .def_property_readonly("bytes_written", &WriteJob::bytes_written);
 
   py::class_<Engine>(m, "Engine")
       .def(py::init<size_t, size_t, size_t>(), py::arg("chunk_bytes"), py::arg("copy_threads"),

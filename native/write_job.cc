@@ -172,6 +172,7 @@ void WriteJob::write_chunk(size_t c, int slot) {
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
         span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
       write_block(buf, chunk_len(c), base, true);
+      bytes_written_ += chunk_len(c);
     }
   } catch (const IoError& e) {
     {
@@ -199,6 +200,7 @@ void WriteJob::write_span(size_t i) {
       span_crc_[i] = crc32_update(0, src, sp.len);
       bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
       write_block(src, sp.len, sp.file_off, aligned);
+      bytes_written_ += sp.len;
     }
   } catch (const IoError& e) {
     {

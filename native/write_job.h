@@ -62,6 +62,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   // (record, file offset, length, crc) of every span, in file order.
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> span_crcs() const;
   bool used_direct_io() const { return direct_used_.load(); }
+  uint64_t bytes_written() const { return bytes_written_.load(); }
   // The spans of chunk c as (source address, offset inside the chunk, length).
   std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> chunk_layout(size_t c) const;
 
@@ -96,6 +97,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   int fd_ = -1, fd_direct_ = -1;
   std::atomic<bool> direct_used_{false};
   std::atomic<bool> direct_refused_{false};
+  std::atomic<uint64_t> bytes_written_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -188,7 +188,7 @@ def read_safetensors(path: str, map_location=None, verify: bool = True, weights_
     ranges = [(bufs[n].data_ptr(), data_begin + header[n]["data_offsets"][0], bufs[n].numel()) for n in names]
     crcs = _native.read_ranges(path, ranges, threads, 32 << 20, verify)
     if verify and CRC_KEY in meta:
-        _check(path, meta, head_bytes, names, crcs, bufs, expect_crc)
+        check_crcs(path, meta, head_bytes, names, crcs, [bufs[n].numel() for n in names], expect_crc)
     out = {}
     for n in names:
         info = header[n]
@@ -199,7 +199,7 @@ def read_safetensors(path: str, map_location=None, verify: bool = True, weights_
     return _rebuild(json.loads(meta[SKELETON_KEY]), out, device, weights_only)
 
 
-def _check(path, meta, head_bytes, names, crcs, bufs, expect_crc) -> None:
+def check_crcs(path, meta, head_bytes, names, crcs, sizes, expect_crc) -> None:
     stored = meta.get(RECORDS_KEY, "")
     if len(stored) != 8 * len(names):
         raise _bad(path, "per-entry CRC list does not match the entries")
@@ -215,8 +215,8 @@ def _check(path, meta, head_bytes, names, crcs, bufs, expect_crc) -> None:
         raise CorruptCheckpointError(f"{path}: the header is damaged (header CRC-32 mismatch)")
     if expect_crc is not None:
         file_crc = zlib.crc32(head_bytes)
-        for n, c in zip(names, crcs):
-            file_crc = _native.crc32_concat(file_crc, c, bufs[n].numel())
+        for n, c in zip(sizes, crcs):
+            file_crc = _native.crc32_concat(file_crc, c, n)
         if file_crc != expect_crc:
             raise CorruptCheckpointError(f"{path}: file CRC-32 differs from its commit record")
 

@@ -97,7 +97,7 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
         ranges.append((buf.data_ptr(), e.data_off, e.size))
     crcs = _native.read_ranges(path, ranges, threads, 32 << 20, verify)
     if verify:
-        _check_crcs(path, idx, order, crcs)
+        check_crcs(path, idx, order, crcs)
         if expect_crc is not None and idx.file_crc != expect_crc:
             raise CorruptCheckpointError(
                 f"{path}: file CRC-32 {idx.file_crc!r} differs from its commit record ({expect_crc:08x})")
@@ -123,7 +123,7 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
     return unpickle(pkl, persistent_load, path, weights_only)
 
 
-def _check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
+def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
     for e, c in zip(order, crcs):
         if c != e.crc:
             raise CorruptCheckpointError(

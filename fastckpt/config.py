@@ -1,0 +1,82 @@
+"""One spelling of every setting: a dataclass, the Hydra YAML in configs/, plugin kwargs.
+
+instantiate(cfg) builds a Checkpointer from a Hydra/OmegaConf config (groups
+`strategy` and `store`, optional top-level overrides like `concurrency=4`) or
+from a plain dict; unknown keys are a ConfigError naming the valid ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass
+class CheckpointerConfig:
+    root: str = "checkpoints"
+    strategy: str = "c"
+    concurrency: int = 2
+    writers: int = 4
+    chunk_mb: int = 64
+    staging_mb: int | None = None
+    store: str = "file"
+    format: str = "torch"
+    keep: int = 2
+    verify: bool = True
+    policy: str = "wait"
+    direct_io: bool = True
+    commit_timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ConfigError(f"unknown fastckpt setting(s) {unknown}; valid: {sorted(fields)}")
+        return cls(**d)
+
+
+GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"), "store": ("direct_io",)}
+NON_CHECKPOINTER = {"demo", "hydra"}
+
+
+def flatten(cfg) -> dict[str, Any]:
+    """Hydra layout (groups with a `name`) -> flat constructor kwargs; top-level wins when set."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:
+        pass
+    cfg = dict(cfg)
+    flat: dict[str, Any] = {}
+    for group, keys in GROUP_KEYS.items():
+        node = cfg.pop(group, None)
+        if isinstance(node, dict):
+            node = dict(node)
+            flat[group] = node.pop("name", group)
+            extra = sorted(set(node) - set(keys))
+            if extra:
+                raise ConfigError(f"unknown key(s) {extra} in the {group} group; valid: {list(keys)}")
+            flat.update(node)
+        elif node is not None:
+            flat[group] = node
+    for k, v in cfg.items():
+        if k in NON_CHECKPOINTER or k.startswith("_"):
+            continue
+        if v is None and k in ("concurrency", "writers", "chunk_mb", "direct_io"):
+            continue  # unset top-level override: the group's value stands
+        flat[k] = v
+    return flat
+
+
+def instantiate(cfg):
+    """A Checkpointer from a Hydra config, a dict, or a CheckpointerConfig."""
+    from .checkpointer import Checkpointer
+    if isinstance(cfg, CheckpointerConfig):
+        c = cfg
+    else:
+        c = CheckpointerConfig.from_dict(flatten(cfg))
+    return Checkpointer(**dataclasses.asdict(c))

@@ -1,0 +1,132 @@
+"""Verification of checkpoint files and directories without loading their state.
+
+Owns reading every byte once (bounded memory: a 64 MiB bounce buffer), checking
+each record's CRC-32, the headers/directory (whole-file CRC), the commit record,
+and naming what is damaged down to the chunk when the commit record has spans.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import _native, commit
+from .commit import FileEntry
+from .errors import CorruptCheckpointError
+from .format import sniff
+
+BOUNCE = 64 << 20
+
+
+@dataclass
+class Report:
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+
+    def bad(self, msg: str) -> None:
+        self.ok = False
+        self.lines.append("CORRUPT " + msg)
+
+    def good(self, msg: str) -> None:
+        self.lines.append("ok      " + msg)
+
+
+def range_crcs(path: str, ranges: list[tuple[int, int]]) -> list[int]:
+    """CRC-32 of each (offset, length) range of a file, reading through one bounce buffer."""
+    bounce = torch.empty(BOUNCE, dtype=torch.uint8)
+    out = []
+    for off, n in ranges:
+        crc, done = 0, 0
+        while done < n or (n == 0 and done == 0):
+            k = min(BOUNCE, n - done)
+            (c,) = _native.read_ranges(path, [(bounce.data_ptr(), off + done, k)], 4, 16 << 20, True)
+            crc, done = _native.crc32_concat(crc, c, k), done + k
+            if n == 0:
+                break
+        out.append(crc)
+    return out
+
+
+def verify_file(path: str, entry: FileEntry | None = None) -> str:
+    """Raises CorruptCheckpointError naming the damage; returns a one-line summary."""
+    fmt = sniff(path)
+    if fmt == "torch":
+        from .format.torch_format import check_crcs
+        from .format.zip_reader import read_index
+        idx = read_index(path)
+        order = idx.ordered()
+        crcs = range_crcs(path, [(e.data_off, e.size) for e in order])
+        try:
+            check_crcs(path, idx, order, crcs)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
+        file_crc, n = idx.file_crc, len(order)
+        note = "" if file_crc is not None else " (written by torch.save: record CRCs only)"
+    else:
+        from .format.safetensors_format import CRC_KEY, check_crcs, read_header
+        header, data_begin, head = read_header(path)
+        meta = header.get("__metadata__", {})
+        names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+        spans = [(data_begin + header[k]["data_offsets"][0],
+                  header[k]["data_offsets"][1] - header[k]["data_offsets"][0]) for k in names]
+        crcs = range_crcs(path, spans)
+        if CRC_KEY not in meta:
+            return f"{path}: safetensors file without fastckpt checksums (structure checked only)"
+        try:
+            check_crcs(path, meta, head, names, crcs, [n for _, n in spans], entry.crc32 if entry else None)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
+        file_crc, n, note = None, len(names), ""
+    if entry is not None and file_crc is not None and file_crc != entry.crc32:
+        raise CorruptCheckpointError(f"{path}: file CRC-32 {file_crc:08x} differs from the commit record ({entry.crc32:08x})")
+    return f"{path}: {n} records, {os.path.getsize(path)} bytes{note}"
+
+
+def _bad_chunk(path: str, entry: FileEntry | None) -> str:
+    if entry is None or not entry.spans:
+        return ""
+    crcs = range_crcs(path, [(off, n) for _, off, n, _ in entry.spans])
+    for i, ((rec, off, n, want), got) in enumerate(zip(entry.spans, crcs)):
+        if want != got:
+            name = entry.records[rec] if rec < len(entry.records) else f"#{rec}"
+            return f"; first bad chunk: {i} (record {name}, file bytes {off}..{off + n})"
+    return ""
+
+
+def verify_dir(ckpt_dir: str, report: Report) -> None:
+    try:
+        info = commit.read(ckpt_dir)
+    except (CorruptCheckpointError, OSError) as e:
+        report.bad(f"{ckpt_dir}: {e}")
+        return
+    for f in info.files:
+        try:
+            report.good(f"step {info.step}: " + verify_file(os.path.join(ckpt_dir, f.name), f))
+        except (CorruptCheckpointError, OSError) as e:
+            report.bad(f"step {info.step}: {e}")
+
+
+def verify_path(path: str) -> Report:
+    """A file, one checkpoint directory, or a whole root."""
+    report = Report()
+    if os.path.isfile(path):
+        try:
+            report.good(verify_file(path))
+        except (CorruptCheckpointError, OSError) as e:
+            report.bad(str(e))
+    elif os.path.isfile(os.path.join(path, commit.COMMIT_NAME)):
+        verify_dir(path, report)
+    elif os.path.isdir(path):
+        from .store.file_store import FileStore
+        rows = FileStore(path).listing()
+        if not rows:
+            report.bad(f"{path}: no checkpoints here")
+        for ckpt_dir, _, status in rows:
+            if status.startswith("incomplete"):
+                report.lines.append(f"skip    {ckpt_dir}: {status}")
+            else:
+                verify_dir(ckpt_dir, report)
+    else:
+        report.bad(f"{path}: no such file or directory")
+    return report
