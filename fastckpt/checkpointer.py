@@ -185,7 +185,8 @@ class Checkpointer:
                 ok, err = False, e
         if not self._agree.all_ok(ok, background=True):
             raise CheckpointWriteError(f"writing the commit record of step {pending.step} failed"
-                                       + (f": {err}" if self.rank == 0 else " on rank 0"))
+                                       + (f": {err}" if self.rank == 0 else " on rank 0")
+                                       + "; the previous checkpoint stays the latest")
         if self.rank == 0:
             with self._lock:
                 busy = {d for (_, d, _) in self._inflight.values()}
@@ -217,7 +218,7 @@ class Checkpointer:
 
     def _raise_background_errors(self) -> None:
         with self._lock:
-            errs, self._unobserved = self._unobserved, []
+            errs, self._unobserved = [p for p in self._unobserved if not p.observed], []
         for p in errs:
             p.observed = True
         if errs:
@@ -233,8 +234,12 @@ class Checkpointer:
         return self.store.committed()
 
     def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
-             verify: bool | None = None, weights_only: bool = True):
-        """Returns the state of the newest valid checkpoint (or of `step`), falling back past corrupt ones."""
+             verify: bool | None = None, weights_only: bool = True, into=None):
+        """Returns the state of the newest valid checkpoint (or of `step`), falling back past corrupt ones.
+
+        With into=<a state of the same structure>, shapes and dtypes are checked and the
+        values copied into its tensors in place (a StateMismatchError lists every difference).
+        """
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
         candidates = [c for c in self.store.committed(warn=True) if step is None or c.step == step]
@@ -249,6 +254,9 @@ class Checkpointer:
             if self._agree.all_ok(err is None):
                 if errors:
                     warnings.warn(f"fastckpt: {errors[-1]}; loaded step {info.step} instead", stacklevel=2)
+                if into is not None:
+                    from .into import copy_into
+                    return copy_into(into, state, f"checkpoint step {info.step} in {info.path}")
                 return state
             errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
         what = f"step {step}" if step is not None else "any checkpoint"

@@ -22,8 +22,14 @@ def plan_file(state, fmt: str = "torch") -> FilePlan:
 
 
 def sniff(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(9)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{path!r} is a directory; pass a checkpoint file "
+                                "(or use fastckpt.Checkpointer(root).load())") from None
     if head[:4] == b"PK\x03\x04":
         return "torch"
     if len(head) == 9 and head[8:9] == b"{":

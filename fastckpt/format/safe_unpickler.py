@@ -49,6 +49,8 @@ def _allowed_global(module: str, name: str) -> Any:
         return torch.device
     if module == "torch.nn.parameter" and name == "Parameter":
         return torch.nn.Parameter
+    if module in ("torch", "torch.storage") and name == "UntypedStorage":
+        return torch.UntypedStorage
     if module == "torch" and name == "Tensor":
         return torch.Tensor
     if module == "torch":

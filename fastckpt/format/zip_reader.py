@@ -159,7 +159,7 @@ def read_index(path: str) -> ZipIndex:
             if len(comment) != len(zl.COMMENT_PREFIX) + 8:
                 raise _bad(path, "damaged fastckpt comment")
         elif comment:
-            file_crc = None
+            raise _bad(path, "unrecognised archive comment (damaged end record?)")
         return ZipIndex(path, size, prefix or "archive/", entries, cd_off, cd_off, file_crc,
                         size - len(comment))
     finally:
