@@ -69,6 +69,12 @@ class FileStore:
             return None
 
     def remove(self, path: str) -> None:
+        """Un-commits first (a crash mid-removal leaves an uncommitted dir, never a hollow commit)."""
+        try:
+            os.unlink(os.path.join(path, commit.COMMIT_NAME))
+            fsync_dir(path)
+        except OSError:
+            pass
         shutil.rmtree(path, ignore_errors=True)
         try:
             fsync_dir(self.root)

@@ -1,0 +1,38 @@
+"""Child process of the crash tests: saves in a loop and reports each commit on stdout.
+
+Usage: python crash_child.py ROOT [concurrency] [format]
+Prints "ready", then "committed STEP" for every checkpoint whose wait() returned.
+Each state is derived from its step, so a loaded checkpoint can be checked exactly.
+"""
+import sys
+
+import torch
+
+import fastckpt
+
+
+def state_for(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"model": {f"w{i}": torch.randn(64, 1024, generator=g) for i in range(6)},
+            "optim": {"state": {0: {"step": torch.tensor(float(step))}}}, "step": step}
+
+
+def main() -> None:
+    root = sys.argv[1]
+    concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    fmt = sys.argv[3] if len(sys.argv) > 3 else "torch"
+    ck = fastckpt.Checkpointer(root, concurrency=concurrency, chunk_mb=1, keep=2, format=fmt)
+    latest = ck.latest()
+    step = latest.step + 1 if latest else 1
+    print("ready", flush=True)
+    pending = []
+    while True:
+        pending.append(ck.save(state_for(step), step=step))
+        step += 1
+        while pending and (len(pending) >= concurrency or pending[0].done()):
+            info = pending.pop(0).wait()
+            print(f"committed {info.step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""One rank of the 2-rank gloo tests. Usage: dist_worker.py MODE ROOT (env: RANK, WORLD_SIZE, MASTER_*)."""
+import sys
+
+import torch
+import torch.distributed as dist
+
+import fastckpt
+
+
+def state_for(rank: int, step: int) -> dict:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return {"w": torch.randn(128, 512, generator=g), "rank": rank, "step": step}
+
+
+def main() -> None:
+    mode, root = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ck = fastckpt.Checkpointer(root, concurrency=2, chunk_mb=1, keep=3, commit_timeout_s=20)
+    if mode == "roundtrip":
+        for step in range(1, 6):
+            ck.save(state_for(rank, step), step=step)
+        ck.wait()
+        info = ck.latest()
+        steps = [None, None]
+        dist.all_gather_object(steps, info.step)
+        assert steps == [5, 5], steps
+        out = ck.load()
+        assert torch.equal(out["w"], state_for(rank, 5)["w"]) and out["rank"] == rank
+        assert ck.load(step=4)["step"] == 4
+        assert info.world_size == 2 and len(info.files) == 2
+        print(f"rank {rank} OK {info.step}", flush=True)
+    elif mode == "loop":
+        step = 1
+        print("ready", flush=True)
+        pending = []
+        while True:
+            pending.append(ck.save(state_for(rank, step), step=step))
+            step += 1
+            while pending and (len(pending) >= 2 or pending[0].done()):
+                print(f"committed {pending.pop(0).wait().step}", flush=True)
+    ck.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Hydra groups and overrides build the Checkpointer; bad values give clear errors."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+
+import fastckpt
+from fastckpt.config import CheckpointerConfig, flatten, instantiate
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+
+
+def make(overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_defaults(tmp_path):
+    cfg = make([f"root={tmp_path}"])
+    ck = instantiate(cfg)
+    assert (ck.strategy, ck.concurrency, ck.writers, ck.chunk_mb) == ("c", 2, 4, 64)
+    ck.close()
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["strategy=d"], ("d", 2)),
+    (["strategy=g", "strategy.concurrency=4"], ("g", 4)),
+    (["strategy=c", "concurrency=3"], ("c", 3)),
+])
+def test_overrides(tmp_path, overrides, expect):
+    ck = instantiate(make([f"root={tmp_path}"] + overrides))
+    assert (ck.strategy, ck.concurrency) == expect
+    ck.close()
+
+
+def test_unknown_group_value_is_hydras_error():
+    with pytest.raises(MissingConfigException, match="strategy"):
+        make(["strategy=zz"])
+
+
+def test_unknown_keys_are_clear_errors(tmp_path):
+    with pytest.raises(fastckpt.ConfigError, match="unknown fastckpt setting"):
+        instantiate({"root": str(tmp_path), "concurency": 2})
+    with pytest.raises(fastckpt.ConfigError, match="strategy group"):
+        instantiate({"root": str(tmp_path), "strategy": {"name": "c", "speed": 1}})
+
+
+def test_same_fields_everywhere():
+    import dataclasses
+    import inspect
+    ctor = set(inspect.signature(fastckpt.Checkpointer.__init__).parameters) - {"self"}
+    assert ctor == {f.name for f in dataclasses.fields(CheckpointerConfig)}
+    flat = flatten(make([]))
+    assert set(flat) <= ctor
