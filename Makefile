@@ -1,0 +1,33 @@
+# fastckpt — everyday commands. Each sets up what it needs in .venv first.
+PY      ?= python3
+VENV    ?= .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup demo test test-many bench clean
+
+$(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	# the local CPU build of torch first, so nothing below can pull a CUDA torch
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q pybind11 setuptools wheel
+	$(VPY) -m pip install -q --no-build-isolation -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) -m fastckpt.demo $(ARGS)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests $(ARGS)
+
+test-many: $(STAMP)
+	$(VPY) -m pytest -q tests/test_crash.py --many
+
+bench: $(STAMP)
+	$(VPY) benchmarks/save_load.py $(ARGS)
+
+clean:
+	rm -rf build *.egg-info fastckpt/*.so .pytest_cache

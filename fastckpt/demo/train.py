@@ -1,0 +1,104 @@
+"""One training run of the demo, in its own process: a small transformer LM on synthetic tokens.
+
+Everything that matters for an exact resume is in the checkpoint: model,
+optimizer, LR scheduler, the RNG state (dropout) and the step; the data of
+step i is a pure function of (seed, i). Reports progress through a queue.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int, d_model: int, layers: int, heads: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
+        return self.head(self.encoder(self.embed(tokens), mask=mask, is_causal=True))
+
+
+def batch(step: int, d: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(d["seed"] * 1_000_003 + step)
+    start = torch.randint(0, d["vocab"], (d["batch"], 1), generator=g)
+    stride = torch.randint(1, 7, (d["batch"], 1), generator=g)
+    seq = (start + stride * torch.arange(d["seq"] + 1)) % d["vocab"]
+    return seq[:, :-1], seq[:, 1:]
+
+
+def digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
+    """mode: 'fastckpt' (resumes from ckpt root if there is a checkpoint) or 'torch.save' (reference)."""
+    torch.set_num_threads(d["threads"])
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(d["seed"])
+    model = TinyLM(d["vocab"], d["d_model"], d["layers"], d["heads"])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
+    ck, start = None, 1
+    if mode == "fastckpt":
+        from fastckpt.config import instantiate
+        ck = instantiate(ckpt)
+        if ck.latest() is not None:
+            state = ck.load()
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+            start = state["step"] + 1
+            queue.put(("resumed", state["step"]))
+    else:
+        os.makedirs(d["torch_dir"], exist_ok=True)
+    params = sum(p.numel() for p in model.parameters())
+    queue.put(("start", start, params))
+    stalls, t_begin, pending_stall = [], time.perf_counter(), 0.0
+    for step in range(start, d["steps"] + 1):
+        x, y = batch(step, d)
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        if ck is not None:
+            t0 = time.perf_counter()
+            ck.gate()  # the snapshot must be copied before the optimizer overwrites the weights
+            pending_stall += time.perf_counter() - t0
+            if pending_stall:
+                stalls.append(pending_stall) if step > start and (step - 1) % d["every"] == 0 else None
+            pending_stall = 0.0
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % d["every"] == 0:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step}
+            t0 = time.perf_counter()
+            if ck is not None:
+                ck.save(state, step=step)
+                pending_stall = time.perf_counter() - t0
+            else:
+                path = os.path.join(d["torch_dir"], f"step-{step}.pt")
+                torch.save(state, path)
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+                stalls.append(time.perf_counter() - t0)
+        queue.put(("step", step, loss.item()))
+    if ck is not None:
+        ck.wait()
+        ck.close()
+    elapsed = time.perf_counter() - t_begin
+    queue.put(("done", {"steps": d["steps"] - start + 1, "seconds": elapsed, "stalls": stalls,
+                        "digest": digest(model), "loss": loss.item()}))

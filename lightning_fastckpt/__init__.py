@@ -1,0 +1,1 @@
+"""Lightning plugins over the fastckpt backend (FastCheckpointIO, TensorOffload): the Lightning issue."""
