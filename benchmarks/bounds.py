@@ -1,0 +1,83 @@
+"""Physical bounds measured in the same run as the peers: memcpy, O_DIRECT write and read."""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import torch
+
+BLOCK = 64 << 20
+
+
+def memcpy_seconds(state: dict[str, torch.Tensor]) -> float:
+    dst = {k: torch.empty_like(v) for k, v in state.items()}
+    for v in dst.values():
+        v.fill_(0)  # fault the pages in: we time the copy, not the allocation
+    t0 = time.perf_counter()
+    for k, v in state.items():
+        dst[k].copy_(v)
+    return time.perf_counter() - t0
+
+
+def drop_cache(path: str) -> None:
+    """Evicts a file's pages (clean pages go without root: fdatasync first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _direct_io(path: str, nbytes: int, threads: int, write: bool) -> float:
+    buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT wants
+    buf.write(os.urandom(1 << 20) * (BLOCK >> 20))
+    flags = (os.O_WRONLY | os.O_CREAT) if write else os.O_RDONLY
+    fd = os.open(path, flags | os.O_DIRECT, 0o644)
+    if write:
+        os.posix_fallocate(fd, 0, nbytes)
+    blocks = list(range(0, nbytes, BLOCK))
+    lock = threading.Lock()
+
+    def work():
+        local = mmap.mmap(-1, BLOCK)
+        local.write(buf[:])
+        while True:
+            with lock:
+                if not blocks:
+                    return
+                off = blocks.pop(0)
+            n = min(BLOCK, nbytes - off)
+            n = -(-n // 4096) * 4096
+            if write:
+                os.pwritev(fd, [memoryview(local)[:n]], off)
+            else:
+                os.preadv(fd, [memoryview(local)[:n]], off)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if write:
+        os.fdatasync(fd)
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    return dt
+
+
+def direct_write_seconds(path: str, nbytes: int) -> float:
+    """Best of 1 and 4 threads: the faster a plain O_DIRECT writer gets, the stricter the bound."""
+    best = float("inf")
+    for threads in (1, 4):
+        if os.path.exists(path):
+            os.unlink(path)
+        best = min(best, _direct_io(path, nbytes, threads, True))
+    return best
+
+
+def direct_read_seconds(path: str, nbytes: int) -> float:
+    return min(_direct_io(path, nbytes, t, False) for t in (1, 4))

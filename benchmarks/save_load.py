@@ -1,0 +1,180 @@
+"""Save/load of a training state: fastckpt vs torch.save/load, DCP, Lightning-style async save,
+and the physical bounds (O_DIRECT write/read, memcpy) measured in the same run.
+
+    python benchmarks/save_load.py --sizes 0.125 1 4 --runs 3
+
+Prints a table of medians and ratios, writes JSON to benchmarks/out/, and rewrites its own
+section of benchmarks/RESULTS.md (between the save_load markers) with the figures it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bounds  # noqa: E402
+import peers  # noqa: E402
+
+import fastckpt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_state(gib: float) -> dict[str, torch.Tensor]:
+    per = 16 << 20  # 16 MiB tensors, like the layers of a mid-sized model
+    n = max(1, int(gib * (1 << 30)) // per)
+    g = torch.Generator().manual_seed(0)
+    return {f"layer{i}.weight": torch.randn(per // 4, generator=g) for i in range(n)}
+
+
+def fastckpt_save(state, root: str, strategy: str) -> dict:
+    shutil.rmtree(root, ignore_errors=True)
+    with fastckpt.Checkpointer(root, strategy=strategy, concurrency=1, keep=1) as ck:
+        t0 = time.perf_counter()
+        p = ck.save(state, step=1)
+        t_call = time.perf_counter() - t0
+        ck.gate()
+        t_gate = time.perf_counter() - t0
+        info = p.wait()
+        t_done = time.perf_counter() - t0
+    return {"call": t_call, "blocking": t_gate, "durable": t_done, "path": info.file_for(0)}
+
+
+def fastckpt_load(root: str) -> float:
+    ck = fastckpt.Checkpointer(root)
+    t0 = time.perf_counter()
+    ck.load()
+    return time.perf_counter() - t0
+
+
+def one_size(gib: float, runs: int, out_dir: str) -> dict:
+    state = make_state(gib)
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    os.makedirs(out_dir, exist_ok=True)
+    rows: dict[str, list[float]] = {}
+
+    def add(k, v):
+        rows.setdefault(k, []).append(v)
+
+    for r in range(runs):
+        add("memcpy", bounds.memcpy_seconds(state))
+        raw = os.path.join(out_dir, "raw.bin")
+        add("odirect_write", bounds.direct_write_seconds(raw, nbytes))
+        bounds.drop_cache(raw)
+        add("odirect_read", bounds.direct_read_seconds(raw, nbytes))
+        os.unlink(raw)
+        for strategy in ("c", "d"):
+            res = fastckpt_save(state, os.path.join(out_dir, f"fc_{strategy}"), strategy)
+            add(f"fastckpt_{strategy}_blocking", res["blocking"])
+            add(f"fastckpt_{strategy}_durable", res["durable"])
+        path = res["path"]
+        bounds.drop_cache(path)
+        add("fastckpt_load_cold", fastckpt_load(os.path.join(out_dir, "fc_d")))
+        add("fastckpt_load_warm", fastckpt_load(os.path.join(out_dir, "fc_d")))
+        tpath = os.path.join(out_dir, "torch.pt")
+        add("torch_save", peers.torch_save(state, tpath))
+        bounds.drop_cache(tpath)
+        add("torch_load_cold", peers.torch_load(tpath))
+        add("torch_load_warm", peers.torch_load(tpath))
+        os.unlink(tpath)
+        add("dcp_save", peers.dcp_save(state, os.path.join(out_dir, "dcp")))
+        b, t = peers.dcp_async_save(state, os.path.join(out_dir, "dcp_async"))
+        add("dcp_async_blocking", b)
+        add("dcp_async_durable", t)
+        b, t = peers.clone_thread_save(state, os.path.join(out_dir, "lightning.pt"))
+        add("clone_thread_blocking", b)
+        add("clone_thread_durable", t)
+        for d in ("fc_c", "fc_d", "dcp", "dcp_async", "lightning.pt"):
+            p = os.path.join(out_dir, d)
+            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.path.exists(p) and os.unlink(p)
+        print(f"  run {r + 1}/{runs} of {gib} GiB done", flush=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows}
+
+
+def table(res: dict) -> str:
+    m, gb = res["median_s"], res["bytes"] / 1e9
+    bw = lambda k: gb / m[k]  # noqa: E731
+    lines = [f"### {res['gib']} GiB state ({res['bytes'] / 2**30:.3f} GiB, median of {res['runs']} runs)", "",
+             "| measure | seconds | GB/s | ratio |", "|---|---:|---:|---|"]
+
+    def row(name, k, ratio=""):
+        lines.append(f"| {name} | {m[k]:.3f} | {bw(k):.2f} | {ratio} |")
+
+    row("memcpy (bound)", "memcpy")
+    row("O_DIRECT write + fdatasync (bound)", "odirect_write")
+    row("O_DIRECT read, cold (bound)", "odirect_read")
+    for s in ("c", "d"):
+        row(f"fastckpt save `{s}`, until durable", f"fastckpt_{s}_durable",
+            f"{m['odirect_write'] / m[f'fastckpt_{s}_durable']:.2f}x O_DIRECT write; "
+            f"{m['torch_save'] / m[f'fastckpt_{s}_durable']:.2f}x torch.save+fsync")
+    row("fastckpt save `c`, blocking (save+gate)", "fastckpt_c_blocking",
+        f"{m['fastckpt_c_blocking'] / m['memcpy']:.2f}x memcpy")
+    row("fastckpt save `d`, blocking (save+gate)", "fastckpt_d_blocking", "")
+    row("torch.save + fsync", "torch_save")
+    row("DCP save", "dcp_save")
+    row("DCP async_save, blocking", "dcp_async_blocking", f"{m['dcp_async_blocking'] / m['memcpy']:.2f}x memcpy")
+    row("DCP async_save, until durable", "dcp_async_durable")
+    row("clone + thread save (Lightning-style), blocking", "clone_thread_blocking",
+        f"{m['clone_thread_blocking'] / m['memcpy']:.2f}x memcpy")
+    row("clone + thread save, until durable", "clone_thread_durable")
+    row("fastckpt load (verified), cold", "fastckpt_load_cold",
+        f"{m['torch_load_cold'] / m['fastckpt_load_cold']:.2f}x torch.load cold")
+    row("fastckpt load (verified), warm", "fastckpt_load_warm",
+        f"{m['torch_load_warm'] / m['fastckpt_load_warm']:.2f}x torch.load warm")
+    row("torch.load, cold", "torch_load_cold")
+    row("torch.load, warm", "torch_load_warm")
+    return "\n".join(lines)
+
+
+def write_results(text: str) -> None:
+    path = os.path.join(HERE, "RESULTS.md")
+    begin, end = "<!-- save_load:begin -->", "<!-- save_load:end -->"
+    old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(new)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=float, nargs="+", default=[0.125, 1.0, 4.0], help="GiB")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--no-results", action="store_true", help="do not rewrite RESULTS.md")
+    args = ap.parse_args()
+    if not dist.is_initialized():  # DCP wants a process group; one gloo rank
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    results = []
+    for gib in args.sizes:
+        print(f"== {gib} GiB ==", flush=True)
+        results.append(one_size(gib, args.runs, args.out))
+        print(table(results[-1]), flush=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    header = (f"## save_load.py — {stamp}, {platform.node()} ({os.cpu_count()} cores, torch "
+              f"{torch.__version__}, CPU only), `python benchmarks/save_load.py --sizes "
+              f"{' '.join(str(s) for s in args.sizes)} --runs {args.runs}`")
+    with open(os.path.join(args.out, "save_load.json"), "w") as f:
+        json.dump({"when": stamp, "results": results}, f, indent=1)
+    if not args.no_results:
+        write_results(header + "\n\n" + "\n\n".join(table(r) for r in results))
+
+
+if __name__ == "__main__":
+    main()
