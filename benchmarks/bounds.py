@@ -40,26 +40,31 @@ def _direct_io(path: str, nbytes: int, threads: int, write: bool) -> float:
         os.posix_fallocate(fd, 0, nbytes)
     blocks = list(range(0, nbytes, BLOCK))
     lock = threading.Lock()
+    locals_ = []
+    for _ in range(threads):  # buffers ready and faulted in before the clock starts
+        m = mmap.mmap(-1, BLOCK)
+        m.write(buf[:])
+        locals_.append(m)
+    start = threading.Barrier(threads + 1)
 
-    def work():
-        local = mmap.mmap(-1, BLOCK)
-        local.write(buf[:])
+    def work(local):
+        start.wait()
         while True:
             with lock:
                 if not blocks:
                     return
                 off = blocks.pop(0)
-            n = min(BLOCK, nbytes - off)
-            n = -(-n // 4096) * 4096
+            n = -(-min(BLOCK, nbytes - off) // 4096) * 4096
             if write:
                 os.pwritev(fd, [memoryview(local)[:n]], off)
             else:
                 os.preadv(fd, [memoryview(local)[:n]], off)
 
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=work) for _ in range(threads)]
+    ts = [threading.Thread(target=work, args=(m,)) for m in locals_]
     for t in ts:
         t.start()
+    start.wait()
+    t0 = time.perf_counter()
     for t in ts:
         t.join()
     if write:

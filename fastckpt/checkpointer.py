@@ -152,6 +152,7 @@ class Checkpointer:
         pending._copied.set()
         if pending.prev is not None:
             pending.prev._done.wait()
+            pending.prev = None  # a long run must not keep a chain of every past checkpoint
         try:
             if self._agree.all_ok(error is None, background=True):
                 info = self._commit(pending, result, ckpt_dir, meta)

@@ -142,3 +142,17 @@ def test_no_threads_left_after_close(tmp_path):
         for s in range(4):
             ck.save(model_state(s), step=s)
     assert not [t for t in threading.enumerate() if t.name.startswith("fastckpt")]
+
+
+def test_finished_checkpoints_are_not_kept_alive(tmp_path):
+    import gc
+    import weakref
+    with fastckpt.Checkpointer(tmp_path, concurrency=2) as ck:
+        first = ck.save(model_state(1, n=1), step=1)
+        ref = weakref.ref(first)
+        del first
+        for s in range(2, 6):
+            ck.save(model_state(s, n=1), step=s)
+        ck.wait()
+        gc.collect()
+        assert ref() is None
