@@ -169,6 +169,8 @@ class Checkpointer:
             self._inflight.pop(pending.counter, None)
             if error is not None and not pending.observed:
                 self._unobserved.append(pending)
+        if error is None:
+            self._retain()
         self._slots.release()
 
     def _commit(self, pending: Pending, result, ckpt_dir: str, meta) -> CommitInfo | None:
@@ -188,11 +190,18 @@ class Checkpointer:
             raise CheckpointWriteError(f"writing the commit record of step {pending.step} failed"
                                        + (f": {err}" if self.rank == 0 else " on rank 0")
                                        + "; the previous checkpoint stays the latest")
-        if self.rank == 0:
-            with self._lock:
-                busy = {d for (_, d, _) in self._inflight.values()}
-            self.store.retain(self.keep, busy)
         return info
+
+    def _retain(self) -> None:
+        """Retention after the commit is reported: deleting old files is not part of durability."""
+        if self.rank != 0:
+            return
+        with self._lock:
+            busy = {d for (_, d, _) in self._inflight.values()}
+        try:
+            self.store.retain(self.keep, busy)
+        except OSError as e:  # a failed cleanup never fails a committed checkpoint
+            log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
     # -- waiting ---------------------------------------------------------
     def gate(self, timeout: float | None = None) -> None:
@@ -235,7 +244,8 @@ class Checkpointer:
         return self.store.committed()
 
     def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
-             verify: bool | None = None, weights_only: bool = True, into=None):
+             verify: bool | None = None, weights_only: bool = True, into=None,
+             mmap: bool | None = None):
         """Returns the state of the newest valid checkpoint (or of `step`), falling back past corrupt ones.
 
         With into=<a state of the same structure>, shapes and dtypes are checked and the
@@ -249,7 +259,7 @@ class Checkpointer:
             state, err = None, None
             try:
                 state = load_file(info.file_for(rank), map_location, verify, weights_only,
-                                  expect_crc=info.entry_for(rank).crc32 if verify else None)
+                                  expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
             except (CorruptCheckpointError, OSError) as e:
                 err = e
             if self._agree.all_ok(err is None):

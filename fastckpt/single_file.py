@@ -37,7 +37,13 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     return res.bytes
 
 
-def load(path: str | os.PathLike, map_location=None, verify: bool = True, weights_only: bool = True):
-    """Reads a checkpoint file (fastckpt's or torch.save's or a safetensors file)."""
+def load(path: str | os.PathLike, map_location=None, verify: bool = True, weights_only: bool = True,
+         mmap: bool | None = None):
+    """Reads a checkpoint file (fastckpt's or torch.save's or a safetensors file).
+
+    By default CPU tensors are views of a private, copy-on-write mapping of the file (as with
+    torch.load(mmap=True)); with verify=True every byte has been read and checked on return.
+    mmap=False copies into anonymous memory instead.
+    """
     return load_file(os.fspath(path), map_location=map_location, verify=verify,
-                     weights_only=weights_only)
+                     weights_only=weights_only, mmap=mmap)

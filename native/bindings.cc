@@ -66,6 +66,11 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return read_ranges(path, rr, threads, split_bytes, with_crc);
   });
+  m.def("crc_ranges", [](const std::vector<std::pair<uintptr_t, uint64_t>>& ranges, size_t threads,
+                         uint64_t split_bytes) {
+    py::gil_scoped_release nogil;
+    return crc_ranges(ranges, threads, split_bytes);
+  });
   m.def("fdatasync_path", [](const std::string& path) {
     py::gil_scoped_release nogil;
     int fd = open_or_throw(path, O_RDONLY);

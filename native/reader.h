@@ -74,6 +74,36 @@ inline std::vector<uint32_t> read_ranges(const std::string& path, const std::vec
   return out;
 }
 
+// CRC-32 of each (address, length) range of memory (e.g. a mapped file), in
+// parallel: large ranges are split so every thread has work.
+inline std::vector<uint32_t> crc_ranges(const std::vector<std::pair<uintptr_t, uint64_t>>& ranges,
+                                        size_t threads, uint64_t split_bytes) {
+  struct Part {
+    size_t range;
+    uint64_t off, len;
+  };
+  std::vector<Part> parts;
+  for (size_t r = 0; r < ranges.size(); ++r)
+    for (uint64_t o = 0; o < ranges[r].second; o += split_bytes)
+      parts.push_back({r, o, std::min(split_bytes, ranges[r].second - o)});
+  std::vector<uint32_t> part_crc(parts.size(), 0);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < parts.size(); i = next++)
+      part_crc[i] = crc32_update(0, reinterpret_cast<const void*>(ranges[parts[i].range].first + parts[i].off),
+                                 parts[i].len);
+  };
+  size_t n = std::max<size_t>(1, std::min(threads, parts.size()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  std::vector<uint32_t> out(ranges.size(), 0);
+  for (size_t i = 0; i < parts.size(); ++i)
+    out[parts[i].range] = crc32_concat(out[parts[i].range], part_crc[i], parts[i].len);
+  return out;
+}
+
 // Copies n bytes with `threads` threads (a second host copy of a tensor).
 inline void copy_parallel(void* dst, const void* src, size_t n, size_t threads) {
   const size_t min_part = size_t(4) << 20;

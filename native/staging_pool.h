@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -35,6 +36,7 @@ class StagingPool {
     for (size_t i = 0; i < n; ++i) {
       void* p = nullptr;
       if (posix_memalign(&p, kAlign, chunk_bytes_) != 0) throw std::bad_alloc();
+      std::memset(p, 0, chunk_bytes_);  // fault the pages in now, not in the first snapshot
       chunks_.push_back(p);
       free_.push_back(static_cast<int>(chunks_.size() - 1));
       out.push_back(reinterpret_cast<uintptr_t>(p));

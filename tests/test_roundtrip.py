@@ -91,3 +91,16 @@ def test_large_nested_lightning_like_state(tmp_path):
         p = tmp_path / f"l.{fmt}"
         fastckpt.save(ckpt, p, format=fmt)
         assert_same(ckpt, fastckpt.load(p))
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_load_modes_and_copy_on_write(tmp_path, fmt, mmap):
+    state = state_matrix()
+    path = tmp_path / f"x.{fmt}"
+    fastckpt.save(state, path, format=fmt)
+    out = fastckpt.load(path, mmap=mmap)
+    assert_same(state, out)
+    out["big"].add_(1.0)  # a private mapping: the file must not change
+    assert_same(state, fastckpt.load(path))
+    assert fastckpt.cli.main(["verify", str(path)]) == 0

@@ -39,10 +39,11 @@ def sniff(path: str) -> str:
 
 
 def load_file(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
-              expect_crc: int | None = None):
+              expect_crc: int | None = None, mmap: bool | None = None):
+    """mmap=None/True: tensors are views of a private (copy-on-write) mapping of the file."""
     fmt = sniff(path)
     if fmt == "torch":
         from .torch_format import read_torch
-        return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc)
+        return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
     from .safetensors_format import read_safetensors
-    return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc)
+    return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)

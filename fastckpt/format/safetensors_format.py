@@ -21,6 +21,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import skeleton
 from .plan import ALIGN, DataRecord, FilePlan
+from .reading import read_records
 
 ST_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -179,14 +180,14 @@ def read_header(path: str) -> tuple[dict, int, bytes]:
 
 
 def read_safetensors(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
-                     threads: int = 4, expect_crc: int | None = None):
+                     threads: int | None = None, expect_crc: int | None = None, mmap: bool | None = None):
     header, data_begin, head_bytes = read_header(path)
     meta = header.get("__metadata__", {})
     names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
-    bufs = {n: torch.empty(header[n]["data_offsets"][1] - header[n]["data_offsets"][0], dtype=torch.uint8)
-            for n in names}
-    ranges = [(bufs[n].data_ptr(), data_begin + header[n]["data_offsets"][0], bufs[n].numel()) for n in names]
-    crcs = _native.read_ranges(path, ranges, threads, 32 << 20, verify)
+    spans = [(data_begin + header[n]["data_offsets"][0],
+              header[n]["data_offsets"][1] - header[n]["data_offsets"][0]) for n in names]
+    data, crcs = read_records(path, spans, verify, True if mmap is None else mmap, threads)
+    bufs = dict(zip(names, data))
     if verify and CRC_KEY in meta:
         check_crcs(path, meta, head_bytes, names, crcs, [bufs[n].numel() for n in names], expect_crc)
     out = {}

@@ -19,6 +19,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
 from .plan import ALIGN, DataRecord, FilePlan
+from .reading import read_records
 from .safe_unpickler import unpickle
 from .torch_pickle import pickle_state
 from .zip_reader import ZipIndex, read_index
@@ -82,26 +83,22 @@ def _restore(storage: torch.UntypedStorage, location: str, map_location):
 
 
 def read_torch(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
-               threads: int = 4, index: ZipIndex | None = None, expect_crc: int | None = None):
+               threads: int | None = None, index: ZipIndex | None = None, expect_crc: int | None = None,
+               mmap: bool | None = None):
     """Loads a torch-format file (ours or torch.save's) without executing code from it."""
     idx = index or read_index(path)
     if "data.pkl" not in idx.entries:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
-    bufs: dict[str, torch.Tensor] = {}
     order = idx.ordered()
-    ranges = []
-    for e in order:
-        rest = e.name[len(idx.prefix):]
-        buf = torch.empty(e.size, dtype=torch.uint8)
-        bufs[rest] = buf
-        ranges.append((buf.data_ptr(), e.data_off, e.size))
-    crcs = _native.read_ranges(path, ranges, threads, 32 << 20, verify)
+    use_mmap = True if mmap is None else mmap
+    data, crcs = read_records(path, [(e.data_off, e.size) for e in order], verify, use_mmap, threads)
+    bufs = {e.name[len(idx.prefix):]: b for e, b in zip(order, data)}
     if verify:
         check_crcs(path, idx, order, crcs)
         if expect_crc is not None and idx.file_crc != expect_crc:
             raise CorruptCheckpointError(
                 f"{path}: file CRC-32 {idx.file_crc!r} differs from its commit record ({expect_crc:08x})")
-    pkl = bufs["data.pkl"].numpy().tobytes()
+    pkl = bufs["data.pkl"].numpy().tobytes()  # small; copied out of the mapping
     loaded: dict[str, torch.storage.TypedStorage] = {}
 
     def persistent_load(pid):
