@@ -95,15 +95,16 @@ class Checkpointer:
             return Pending(step, -1, skipped=True)
         counter = self._counter
         self._counter += 1
-        ckpt_dir = self.store.new_dir(step, counter)
-        path = os.path.join(ckpt_dir, self.store.file_name(self.rank, self.format))
         pending = Pending(step, counter, prev=self._last)
         write, error = None, None
+        ckpt_dir = os.path.join(self.root, "?")
         try:
+            ckpt_dir = self.store.new_dir(step, counter)
+            path = os.path.join(ckpt_dir, self.store.file_name(self.rank, self.format))
             write = start_write(self._engine, plan, path, self.strategy, self.direct_io)
         except OSError as e:
-            error = CheckpointWriteError(f"cannot write the checkpoint of step {step} to {path}: {e}; "
-                                         "the previous checkpoint is intact")
+            error = CheckpointWriteError(f"cannot write the checkpoint of step {step} under {self.root}: "
+                                         f"{e}; the previous checkpoint is intact")
         thread = threading.Thread(target=self._drain, args=(pending, write, error, ckpt_dir, meta),
                                   name=f"fastckpt-commit-{counter}", daemon=True)
         with self._lock:
@@ -169,9 +170,9 @@ class Checkpointer:
             self._inflight.pop(pending.counter, None)
             if error is not None and not pending.observed:
                 self._unobserved.append(pending)
+        self._slots.release()  # before retention: deleting old files must not delay the next save
         if error is None:
             self._retain()
-        self._slots.release()
 
     def _commit(self, pending: Pending, result, ckpt_dir: str, meta) -> CommitInfo | None:
         entry = FileEntry(os.path.basename(result.path), self.rank, result.bytes, result.file_crc,

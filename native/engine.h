@@ -9,10 +9,13 @@
 
 namespace fastckpt {
 
+// Writers (CRC + I/O) run at a lower priority than the copies the caller's gate waits on.
+constexpr int kWriterNice = 10;
+
 class Engine {
  public:
   Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
-      : pool_(chunk_bytes), writers_(write_threads), copiers_(copy_threads) {}
+      : pool_(chunk_bytes), writers_(write_threads, kWriterNice), copiers_(copy_threads) {}
 
   std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
                                    uint64_t data_begin, uint64_t data_end, uint64_t file_size,

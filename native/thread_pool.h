@@ -1,6 +1,10 @@
 // thread_pool.h — a fixed set of worker threads draining a FIFO of tasks.
 // Used for the copy threads and the writer threads of an engine.
 #pragma once
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -12,9 +16,15 @@ namespace fastckpt {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(size_t n) {
+  // nice > 0 lowers the workers' scheduling priority (Linux: per thread), so
+  // background writers yield the CPU to copies the training loop waits on.
+  explicit ThreadPool(size_t n, int nice = 0) {
     if (n == 0) n = 1;
-    for (size_t i = 0; i < n; ++i) workers_.emplace_back([this] { run(); });
+    for (size_t i = 0; i < n; ++i)
+      workers_.emplace_back([this, nice] {
+        if (nice > 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
+        run();
+      });
   }
   ~ThreadPool() {
     {

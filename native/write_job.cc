@@ -48,14 +48,8 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     chunk_first_span_[n_chunks_] = spans_.size();
   }
   span_crc_.assign(spans_.size(), 0);
-  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
-  try {
-    preallocate(fd_, file_size, path_);
-  } catch (...) {
-    close_fds();
-    throw;
-  }
-  if (direct_io) fd_direct_ = open_direct(path_);
+  file_size_ = file_size;
+  direct_io_ = direct_io;
   if (mode == Mode::Direct) {
     copies_left_ = writes_left_ = spans_.size();
   } else {
@@ -76,8 +70,34 @@ uint64_t WriteJob::chunk_len(size_t c) const {
   return std::min(chunk_bytes_, data_end_ - chunk_begin(c));
 }
 
+// Creating and reserving the file is the writers' job, off the caller's thread.
+void WriteJob::prepare_file() {
+  try {
+    fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
+    preallocate(fd_, file_size_, path_);
+    if (direct_io_) fd_direct_ = open_direct(path_);
+  } catch (const IoError& e) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!failed_) error_errno_ = e.err();
+    }
+    fail(e.what());
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  file_ready_ = true;
+  cv_.notify_all();
+}
+
+// Waits for prepare_file(); false when the job has failed.
+bool WriteJob::wait_file() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [this] { return file_ready_ || failed_; });
+  return !failed_;
+}
+
 void WriteJob::start() {
   auto self = shared_from_this();
+  w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
   if (mode_ == Mode::Stage) {
     for (size_t c = 0; c < n_chunks_; ++c) w_.copiers->submit([self, c] { self->copy_chunk(c); });
   } else if (mode_ == Mode::Direct) {
@@ -161,12 +181,7 @@ bool WriteJob::write_block(const void* buf, uint64_t len, uint64_t off, bool may
 
 void WriteJob::write_chunk(size_t c, int slot) {
   try {
-    bool skip;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      skip = failed_;
-    }
-    if (!skip) {
+    if (wait_file()) {
       const uint8_t* buf = w_.pool->data(slot);
       const uint64_t base = chunk_begin(c);
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
@@ -189,12 +204,7 @@ void WriteJob::write_chunk(size_t c, int slot) {
 
 void WriteJob::write_span(size_t i) {
   try {
-    bool skip;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      skip = failed_;
-    }
-    if (!skip) {
+    if (wait_file()) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
       span_crc_[i] = crc32_update(0, src, sp.len);
@@ -238,6 +248,7 @@ void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blo
                         uint64_t file_size) {
   wait_written(-1.0);
   if (finalized_) throw std::logic_error("job already finalized");
+  if (fd_ < 0) throw std::logic_error("file was never opened");
   for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
   if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
   fdatasync_or_throw(fd_, path_);

@@ -83,6 +83,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   bool wait_latch(const size_t& left, double timeout_s);
   bool write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct);
   void close_fds();
+  void prepare_file();
+  bool wait_file();
 
   Workers w_;
   std::string path_;
@@ -106,6 +108,9 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   std::string error_;
   int error_errno_ = 0;
   bool finalized_ = false;
+  bool file_ready_ = false;
+  uint64_t file_size_ = 0;
+  bool direct_io_ = false;
 };
 
 }  // namespace fastckpt

@@ -73,7 +73,7 @@ def test_disk_full_keeps_previous_checkpoint(mount_tmpfs):
     with fastckpt.Checkpointer(root) as ck:
         ck.save(state(1000, 1), step=1).wait()
         with pytest.raises(fastckpt.CheckpointWriteError, match="No space left on device"):
-            ck.save(state(1_000_000, 2), step=2)  # 4 MB into 2 MB
+            ck.save(state(1_000_000, 2), step=2).wait()  # 4 MB into 2 MB: fails before any data moves
         assert ck.latest().step == 1
         assert ck.load()["seed"] == 1
         ck.save(state(1000, 3), step=3).wait()  # space came back: training goes on
