@@ -76,12 +76,8 @@ void WriteJob::prepare_file() {
     fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
     preallocate(fd_, file_size_, path_);
     if (direct_io_) fd_direct_ = open_direct(path_);
-  } catch (const IoError& e) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!failed_) error_errno_ = e.err();
-    }
-    fail(e.what());
+  } catch (const std::exception& e) {
+    fail(e);
   }
   std::lock_guard<std::mutex> lk(mu_);
   file_ready_ = true;
@@ -105,13 +101,20 @@ void WriteJob::start() {
   }
 }
 
-void WriteJob::fail(const std::string& why) {
+void WriteJob::fail(const std::string& why, int err) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!failed_) {
+  if (!failed_) {  // the first error wins
     failed_ = true;
     error_ = why;
+    error_errno_ = err;
   }
   cv_.notify_all();
+}
+
+// An I/O error keeps its errno so Python raises the matching OSError.
+void WriteJob::fail(const std::exception& e) {
+  const auto* io = dynamic_cast<const IoError*>(&e);
+  fail(e.what(), io ? io->err() : 0);
 }
 
 void WriteJob::abort(const std::string& why) { fail(why); }
@@ -189,14 +192,8 @@ void WriteJob::write_chunk(size_t c, int slot) {
       write_block(buf, chunk_len(c), base, true);
       bytes_written_ += chunk_len(c);
     }
-  } catch (const IoError& e) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!failed_) error_errno_ = e.err();
-    }
-    fail(e.what());
   } catch (const std::exception& e) {
-    fail(e.what());
+    fail(e);
   }
   w_.pool->release(slot);
   count_written();
@@ -212,14 +209,8 @@ void WriteJob::write_span(size_t i) {
       write_block(src, sp.len, sp.file_off, aligned);
       bytes_written_ += sp.len;
     }
-  } catch (const IoError& e) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!failed_) error_errno_ = e.err();
-    }
-    fail(e.what());
   } catch (const std::exception& e) {
-    fail(e.what());
+    fail(e);
   }
   count_copied();
   count_written();

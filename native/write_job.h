@@ -77,7 +77,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void write_chunk(size_t c, int slot);
   void write_span(size_t i);
   void fill_chunk(size_t c, uint8_t* buf);
-  void fail(const std::string& why);
+  void fail(const std::string& why, int err = 0);
+  void fail(const std::exception& e);
   void count_copied();
   void count_written();
   bool wait_latch(const size_t& left, double timeout_s);
