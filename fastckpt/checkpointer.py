@@ -97,7 +97,7 @@ class Checkpointer:
         self._counter += 1
         pending = Pending(step, counter, prev=self._last)
         write, error = None, None
-        ckpt_dir = os.path.join(self.root, "?")
+        ckpt_dir = None
         try:
             ckpt_dir = self.store.new_dir(step, counter)
             path = os.path.join(ckpt_dir, self.store.file_name(self.rank, self.format))
@@ -163,7 +163,7 @@ class Checkpointer:
                     "the previous checkpoint stays the latest")
         except BaseException as e:
             error = error or _as_write_error(e, pending.step)
-        if error is not None and self.rank == 0:
+        if error is not None and self.rank == 0 and ckpt_dir is not None:
             self.store.remove(ckpt_dir)
         pending._finish(info if error is None else None, error)
         with self._lock:

@@ -71,18 +71,6 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return crc_ranges(ranges, threads, split_bytes);
   });
-  m.def("fdatasync_path", [](const std::string& path) {
-    py::gil_scoped_release nogil;
-    int fd = open_or_throw(path, O_RDONLY);
-    try {
-      fdatasync_or_throw(fd, path);
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
-  });
-
   py::enum_<Mode>(m, "Mode")
       .value("Stage", Mode::Stage)
       .value("Direct", Mode::Direct)

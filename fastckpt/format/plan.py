@@ -12,8 +12,6 @@ from typing import Callable
 
 import torch
 
-from .torch_pickle import StorageRef
-
 ALIGN = 4096
 
 
@@ -37,13 +35,6 @@ class FilePlan:
     # finish(record_crcs) -> (blobs [(offset, bytes)], file_crc)
     finish: Callable[[list[int]], tuple[list[tuple[int, bytes]], int]] = field(repr=False)
 
-    @property
-    def data_bytes(self) -> int:
-        return sum(r.nbytes for r in self.records)
-
     def devices(self) -> set[str]:
         return {r.storage.device.type for r in self.records}
 
-
-def refs_to_records(refs: list[StorageRef], offsets: list[int], names: list[str]) -> list[DataRecord]:
-    return [DataRecord(n, off, ref.nbytes, ref.storage) for ref, off, n in zip(refs, offsets, names)]

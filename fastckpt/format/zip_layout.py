@@ -8,7 +8,6 @@ of every byte before it (so any flipped bit anywhere in the file is caught).
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass, field
 
 LOCAL_SIG = 0x04034B50
@@ -114,6 +113,3 @@ def tail_size(records: list[Record], cd_offset: int) -> int:
         for r, c in zip(records, saved):
             r.crc = c
 
-
-def crc_of(data: bytes, crc: int = 0) -> int:
-    return zlib.crc32(data, crc)

@@ -33,7 +33,6 @@ class ZipIndex:
     prefix: str  # "archive/" or the top folder torch picked
     entries: dict[str, Entry]  # keyed by the name below the prefix
     cd_offset: int
-    tail_offset: int  # where the central directory starts (all bytes after are the tail)
     file_crc: int | None  # CRC-32 of bytes [0, comment) if fastckpt wrote the file
     comment_off: int
 
@@ -160,7 +159,7 @@ def read_index(path: str) -> ZipIndex:
                 raise _bad(path, "damaged fastckpt comment")
         elif comment:
             raise _bad(path, "unrecognised archive comment (damaged end record?)")
-        return ZipIndex(path, size, prefix or "archive/", entries, cd_off, cd_off, file_crc,
+        return ZipIndex(path, size, prefix or "archive/", entries, cd_off, file_crc,
                         size - len(comment))
     finally:
         os.close(fd)
