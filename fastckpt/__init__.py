@@ -9,7 +9,6 @@ from .checkpointer import Checkpointer
 from .commit import CommitInfo
 from .pending import Pending
 from .single_file import load, save
-from . import cli  # noqa: F401  (fastckpt.cli.main)
 
 __all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
            "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "UnsafeCheckpointError"]

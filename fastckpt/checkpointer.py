@@ -18,7 +18,6 @@ import time
 import warnings
 import weakref
 
-from . import commit
 from .commit import CommitInfo, FileEntry
 from .distributed import make_agreement
 from .engine import MiB, new_engine, physical_memory
@@ -65,13 +64,12 @@ class Checkpointer:
         self._engine = None
         self._counter: int | None = None
         self._closed = False
-        self.stats = {"saves": 0, "skipped": 0, "save_call_s": [], "pinned": False}
+        self.stats = {"saves": 0, "skipped": 0, "pinned": False}
         _open_checkpointers.add(self)
 
     # -- saving ----------------------------------------------------------
     def save(self, state, step: int, meta: dict | None = None) -> Pending:
         """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued."""
-        t0 = time.perf_counter()
         self._check_open()
         self._raise_background_errors()
         got = self._slots.acquire(blocking=self.policy == "wait")
@@ -112,7 +110,6 @@ class Checkpointer:
             self._last = pending
         thread.start()
         self.stats["saves"] += 1
-        self.stats["save_call_s"].append(time.perf_counter() - t0)
         if error is not None:
             pending.observed = True
             raise error

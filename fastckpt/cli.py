@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import threading
 import time
 
 
@@ -46,44 +44,29 @@ def _verify(args) -> int:
 def _export(args) -> int:
     from tqdm import tqdm
 
-    from . import engine as engine_mod
     from .checkpointer import Checkpointer
-    from .format import load_file, plan_file
-    from .fsutil import fsync_dir
-    from .snapshot import start_write
+    from .format import load_file
+    from .single_file import save
     if os.path.isfile(args.src):
         state = load_file(args.src)
     else:
-        ck = Checkpointer(args.src)
-        state = ck.load(step=args.step, rank=args.rank)
-    plan = plan_file(state, args.to)
-    tmp = args.out + ".tmp"
-    w = start_write(engine_mod.default_engine(), plan, tmp, "c", True)
-    done = threading.Event()
-    result = {}
+        state = Checkpointer(args.src).load(step=args.step, rank=args.rank)
+    bars: list = []
 
-    def run():
-        try:
-            result["r"] = w.finish()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            result["e"] = e
-        done.set()
+    def progress(done: int, total: int) -> None:
+        if total < (256 << 20):
+            return  # small exports finish before a bar would say anything
+        if not bars:
+            bars.append(tqdm(total=total, unit="B", unit_scale=True, desc=f"export {args.to}"))
+        bars[0].n = done
+        bars[0].refresh()
 
-    threading.Thread(target=run, daemon=True).start()
-    with tqdm(total=plan.file_size, unit="B", unit_scale=True, desc=f"export {args.to}",
-              disable=plan.file_size < (256 << 20)) as bar:
-        while not done.wait(0.2):
-            job = getattr(w, "_job", None)
-            if job is not None:
-                bar.n = job.bytes_written
-                bar.refresh()
-        bar.n = plan.file_size
-    if "e" in result:
-        print(f"export failed: {result['e']}", file=sys.stderr)
-        return 1
-    os.replace(tmp, args.out)
-    fsync_dir(os.path.dirname(os.path.abspath(args.out)))
-    print(f"wrote {args.out} ({_size(plan.file_size)}, format {args.to})")
+    try:
+        size = save(state, args.out, format=args.to, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(f"wrote {args.out} ({_size(size)}, format {args.to})")
     return 0
 
 

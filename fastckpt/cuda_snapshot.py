@@ -185,6 +185,10 @@ class CudaFileWrite:
     def wait_copied(self, timeout: float | None = None) -> bool:
         return self._copied.wait(timeout)
 
+    @property
+    def bytes_written(self) -> int:
+        return self._job.bytes_written if self._job is not None else 0
+
     def finish(self) -> FileResult:
         self._thread.join()
         if self._error is not None:
@@ -197,7 +201,8 @@ class CudaFileWrite:
             spans = [tuple(s) for s in self._job.span_crcs()]
             direct = self._job.used_direct_io
         else:  # kvikio wrote the data: CRCs come from reading it back, off the critical path
-            crcs = self._crc_back()
+            from .verify import range_crcs
+            crcs = range_crcs(self.path, [(r.file_off, r.nbytes) for r in self.plan.records])
             blobs, file_crc = self.plan.finish(crcs)
             fd = os.open(self.path, os.O_WRONLY)
             try:
@@ -213,18 +218,6 @@ class CudaFileWrite:
         self.sources = []
         return FileResult(self.path, self.plan.file_size, file_crc, crcs, spans, direct,
                           [r.name for r in self.plan.records])
-
-    def _crc_back(self) -> list[int]:
-        bounce = torch.empty(64 << 20, dtype=torch.uint8)
-        out = []
-        for r in self.plan.records:
-            crc, off = 0, 0
-            while off < r.nbytes:
-                n = min(bounce.numel(), r.nbytes - off)
-                (c,) = _native.read_ranges(self.path, [(bounce.data_ptr(), r.file_off + off, n)], 4, 16 << 20, True)
-                crc, off = _native.crc32_concat(crc, c, n), off + n
-            out.append(crc)
-        return out
 
     def abort(self, why: str) -> None:
         if self._job is not None:

@@ -7,6 +7,8 @@ one, never a torn mix. load() checks every CRC before returning (verify=True).
 from __future__ import annotations
 
 import os
+import threading
+from typing import Callable
 
 from .engine import default_engine
 from .format import load_file, plan_file
@@ -14,8 +16,12 @@ from .fsutil import fsync_dir
 from .snapshot import start_write
 
 
-def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c") -> int:
-    """Writes state to path durably; returns the number of bytes written."""
+def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
+         progress: Callable[[int, int], None] | None = None) -> int:
+    """Writes state to path durably; returns the number of bytes written.
+
+    progress(bytes_written, total), if given, is called from this thread while data moves.
+    """
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -24,7 +30,7 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     tmp = path + ".tmp"
     w = start_write(default_engine(), plan, tmp, strategy, direct_io=True)
     try:
-        res = w.finish()
+        res = w.finish() if progress is None else _finish_reporting(w, plan.file_size, progress)
     except BaseException:
         w.abort("save failed")
         try:
@@ -35,6 +41,26 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     os.replace(tmp, path)
     fsync_dir(parent)
     return res.bytes
+
+
+def _finish_reporting(w, total: int, progress: Callable[[int, int], None]):
+    out: dict = {}
+
+    def run():
+        try:
+            out["result"] = w.finish()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="fastckpt-save", daemon=True)
+    t.start()
+    while t.is_alive():
+        progress(w.bytes_written, total)
+        t.join(0.2)
+    if "error" in out:
+        raise out["error"]
+    progress(total, total)
+    return out["result"]
 
 
 def load(path: str | os.PathLike, map_location=None, verify: bool = True, weights_only: bool = True,

@@ -70,6 +70,10 @@ class FileWrite:
             self._copied.set()
         return done
 
+    @property
+    def bytes_written(self) -> int:
+        return self._job.bytes_written
+
     def finish(self) -> FileResult:
         """Waits for the data, writes headers/directory, ftruncate + fdatasync."""
         self._job.wait_written(-1.0)

@@ -37,13 +37,11 @@ def range_crcs(path: str, ranges: list[tuple[int, int]]) -> list[int]:
     bounce = torch.empty(BOUNCE, dtype=torch.uint8)
     out = []
     for off, n in ranges:
-        crc, done = 0, 0
-        while done < n or (n == 0 and done == 0):
+        crc = 0
+        for done in range(0, n, BOUNCE):
             k = min(BOUNCE, n - done)
             (c,) = _native.read_ranges(path, [(bounce.data_ptr(), off + done, k)], 4, 16 << 20, True)
-            crc, done = _native.crc32_concat(crc, c, k), done + k
-            if n == 0:
-                break
+            crc = _native.crc32_concat(crc, c, k)
         out.append(crc)
     return out
 

@@ -5,7 +5,6 @@ read-only mount, a file size limit (RLIMIT_FSIZE) in a child process.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid

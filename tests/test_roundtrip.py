@@ -6,6 +6,7 @@ import torch
 from safetensors import safe_open
 
 import fastckpt
+from fastckpt.cli import main as cli_main
 from conftest import assert_same, assert_sharing, state_matrix
 
 
@@ -103,4 +104,4 @@ def test_load_modes_and_copy_on_write(tmp_path, fmt, mmap):
     assert_same(state, out)
     out["big"].add_(1.0)  # a private mapping: the file must not change
     assert_same(state, fastckpt.load(path))
-    assert fastckpt.cli.main(["verify", str(path)]) == 0
+    assert cli_main(["verify", str(path)]) == 0

@@ -1,7 +1,6 @@
 """`fastckpt verify` passes good files and fails (exit 1) on a flipped bit anywhere; ls/export/info."""
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
