@@ -19,7 +19,7 @@ import warnings
 import weakref
 
 from .commit import CommitInfo, FileEntry
-from .distributed import make_agreement
+from .distributed import Agreement, make_agreement
 from .engine import MiB, new_engine, physical_memory
 from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from .format import FORMATS, load_file, plan_file
@@ -35,10 +35,11 @@ _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
-    def __init__(self, root, strategy: str = "c", concurrency: int = 2, writers: int = 4,
+    def __init__(self, root=None, strategy: str = "c", concurrency: int = 2, writers: int = 4,
                  chunk_mb: int = 64, staging_mb: int | None = None, store: str = "file",
                  format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
-                 direct_io: bool = True, commit_timeout_s: float = 600.0):
+                 direct_io: bool = True, commit_timeout_s: float = 600.0,
+                 distributed: bool | None = None):
         _check_choice("strategy", strategy, STRATEGIES)
         _check_choice("store", store, STORES)
         _check_choice("format", format, FORMATS)
@@ -52,10 +53,13 @@ class Checkpointer:
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
-        self.store = open_store(store, root)
-        self.root = self.store.root
-        self._agree = make_agreement(commit_timeout_s)
+        # distributed=None: every rank of an initialised process group saves and commits together;
+        # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
+        self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
+        self.store = open_store(store, root, per_rank=self.world_size > 1)
+        self.root = self.store.root
+        self._named_paths = store == "path"
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._inflight: dict[int, tuple[Pending, str, threading.Thread]] = {}
@@ -68,9 +72,17 @@ class Checkpointer:
         _open_checkpointers.add(self)
 
     # -- saving ----------------------------------------------------------
-    def save(self, state, step: int, meta: dict | None = None) -> Pending:
-        """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued."""
+    def save(self, state, step: int, meta: dict | None = None, path=None,
+             held: bool = False) -> Pending:
+        """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued.
+
+        path: where this checkpoint goes (store='path' only). held=True: nothing is copied
+        until the caller releases records through the returned Pending (layer-wise mode).
+        """
         self._check_open()
+        if (path is not None) != self._named_paths:
+            raise ValueError("store='path' needs save(..., path=...)" if self._named_paths else
+                             "save(..., path=...) needs store='path'; the file store names its own")
         self._raise_background_errors()
         got = self._slots.acquire(blocking=self.policy == "wait")
         try:
@@ -95,18 +107,20 @@ class Checkpointer:
         self._counter += 1
         pending = Pending(step, counter, prev=self._last)
         write, error = None, None
-        ckpt_dir = None
+        ckpt_id, file_path = None, None
         try:
-            ckpt_dir = self.store.new_dir(step, counter)
-            path = os.path.join(ckpt_dir, self.store.file_name(self.rank, self.format))
-            write = start_write(self._engine, plan, path, self.strategy, self.direct_io)
+            ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path)
+            write = start_write(self._engine, plan, file_path, self.strategy, self.direct_io, held)
         except OSError as e:
-            error = CheckpointWriteError(f"cannot write the checkpoint of step {step} under {self.root}: "
+            where = path if path is not None else f"under {self.root}"
+            error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
                                          f"{e}; the previous checkpoint is intact")
-        thread = threading.Thread(target=self._drain, args=(pending, write, error, ckpt_dir, meta),
+        pending.write, pending.path, pending.plan = write, ckpt_id, plan
+        thread = threading.Thread(target=self._drain,
+                                  args=(pending, write, error, ckpt_id, file_path, meta),
                                   name=f"fastckpt-commit-{counter}", daemon=True)
         with self._lock:
-            self._inflight[counter] = (pending, ckpt_dir, thread)
+            self._inflight[counter] = (pending, ckpt_id, thread)
             self._last = pending
         thread.start()
         self.stats["saves"] += 1
@@ -136,7 +150,7 @@ class Checkpointer:
             self.stats["pinned"] = pin_host_memory(new, pool.chunk_bytes) or self.stats["pinned"]
         return self.policy == "wait" or pool.free_count >= min(need, pool.capacity)
 
-    def _drain(self, pending: Pending, write, error, ckpt_dir: str, meta) -> None:
+    def _drain(self, pending: Pending, write, error, ckpt_id: str, file_path: str, meta) -> None:
         """Commit thread of one checkpoint: finish the file, then commit in counter order."""
         result, info = None, None
         if write is not None:
@@ -151,17 +165,22 @@ class Checkpointer:
         if pending.prev is not None:
             pending.prev._done.wait()
             pending.prev = None  # a long run must not keep a chain of every past checkpoint
+        if error is None:
+            try:  # in counter order: a later save of the same path must land last
+                result.path = self.store.commit_file(ckpt_id, file_path, result)
+            except BaseException as e:
+                error = _as_write_error(e, pending.step)
         try:
             if self._agree.all_ok(error is None, background=True):
-                info = self._commit(pending, result, ckpt_dir, meta)
+                info = self._commit(pending, result, ckpt_id, meta)
             elif error is None:
                 error = CheckpointWriteError(
                     f"another rank failed to write its part of step {pending.step}; "
                     "the previous checkpoint stays the latest")
         except BaseException as e:
             error = error or _as_write_error(e, pending.step)
-        if error is not None and self.rank == 0 and ckpt_dir is not None:
-            self.store.remove(ckpt_dir)
+        if error is not None:
+            self.store.abort(ckpt_id, file_path, self.rank)
         pending._finish(info if error is None else None, error)
         with self._lock:
             self._inflight.pop(pending.counter, None)
@@ -180,8 +199,7 @@ class Checkpointer:
         ok = True
         if self.rank == 0:
             try:
-                self.store.write_commit(info)
-                self.store.move_latest(info)
+                self.store.commit(info)
             except OSError as e:
                 ok, err = False, e
         if not self._agree.all_ok(ok, background=True):
@@ -207,9 +225,8 @@ class Checkpointer:
 
         Call it before the optimizer step (or anything else that overwrites the saved tensors).
         """
-        with self._lock:
-            pendings = [p for (p, _, _) in self._inflight.values()]
-        for p in pendings:
+        for p in self.in_flight():
+            p.release_all()
             if not p.wait_copied(timeout):
                 raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
 
@@ -220,9 +237,15 @@ class Checkpointer:
                 items = list(self._inflight.values())
             if not items:
                 break
-            for _, _, thread in items:
+            for pending, _, thread in items:
+                pending.release_all()
                 thread.join()
         self._raise_background_errors()
+
+    def in_flight(self) -> list[Pending]:
+        """Checkpoints issued and not yet committed (or failed), oldest first."""
+        with self._lock:
+            return [p for (p, _, _) in sorted(self._inflight.values(), key=lambda v: v[0].counter)]
 
     def _raise_background_errors(self) -> None:
         with self._lock:
@@ -282,6 +305,7 @@ class Checkpointer:
         finally:
             self._closed = True
             _open_checkpointers.discard(self)
+            self.store.close()
             if self._engine is not None:
                 from .cuda_snapshot import unpin_host_memory
                 unpin_host_memory(self._engine.pool.addresses())

@@ -28,6 +28,7 @@ class CheckpointerConfig:
     policy: str = "wait"
     direct_io: bool = True
     commit_timeout_s: float = 600.0
+    distributed: bool | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import threading
 from collections import deque
 
@@ -77,7 +78,8 @@ def _host_view(addr: int, n: int) -> torch.Tensor:
 class CudaFileWrite:
     """Same interface as snapshot.FileWrite, for plans holding CUDA storages."""
 
-    def __init__(self, engine, plan: FilePlan, path: str, strategy: str, direct_io: bool):
+    def __init__(self, engine, plan: FilePlan, path: str, strategy: str, direct_io: bool,
+                 held: bool = False):
         self.plan, self.path, self.engine = plan, path, engine
         dev = next(r.storage.device for r in plan.records if r.storage.device.type == "cuda")
         self.stream = torch.cuda.Stream(dev)
@@ -98,6 +100,14 @@ class CudaFileWrite:
             pieces = [(0, r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
             self._job = engine.submit(path, pieces, plan.data_begin, plan.data_end, plan.file_size,
                                       _native.Mode.External, direct_io, len(plan.records))
+        # Layer-wise: chunks are fed in the order records are released; each has its own latch.
+        n_chunks = self._job.n_chunks if self._job is not None else 0
+        self._chunk_done = [threading.Event() for _ in range(n_chunks)]
+        self._order: "queue.Queue[int | None]" = queue.Queue()
+        self._issued = [False] * n_chunks
+        self._issue_lock = threading.Lock()
+        if not held or strategy == "g":
+            self.release_all()
         self._thread = threading.Thread(target=self._run, name="fastckpt-cuda-feeder", daemon=True)
         self._thread.start()
 
@@ -120,6 +130,43 @@ class CudaFileWrite:
         self._g_event = torch.cuda.Event()
         self._g_event.record(self.stream)
         self.sources, self.mode = copies, "device-copy"
+
+    def _chunks_of(self, records) -> list[int]:
+        if self._job is None:
+            return []
+        size = self.engine.pool.chunk_bytes
+        out = []
+        for i in records:
+            r = self.plan.records[i]
+            if r.nbytes:
+                first = (r.file_off - self.plan.data_begin) // size
+                last = (r.file_off + r.nbytes - 1 - self.plan.data_begin) // size
+                out.extend(range(first, last + 1))
+        return out
+
+    def _issue(self, chunks) -> None:
+        with self._issue_lock:
+            for c in chunks:
+                if not self._issued[c]:
+                    self._issued[c] = True
+                    self._order.put(c)
+
+    def release(self, records) -> None:
+        self._issue(self._chunks_of(records))
+
+    def release_all(self) -> None:
+        self._issue(range(len(self._issued)))
+
+    def wait_records(self, records, timeout: float | None = None) -> bool:
+        if self._hold_gate or self._job is None:
+            return self.wait_copied(timeout)
+        self.release(records)
+        for c in self._chunks_of(records):
+            if not self._chunk_done[c].wait(timeout):
+                return False
+        if self._error is not None:
+            raise self._error
+        return True
 
     def _chunk_pieces(self, c: int):
         b = self._job.chunk_begin(c)
@@ -144,12 +191,19 @@ class CudaFileWrite:
             self._error = e
             if self._job is not None:
                 self._job.abort(str(e))
+            for ev in self._chunk_done:
+                ev.set()
             self._copied.set()
 
     def _feed(self) -> None:
         pool = self.engine.pool
-        queue: deque = deque()
-        for c in range(self._job.n_chunks):
+        inflight: deque = deque()
+        for _ in range(self._job.n_chunks):
+            try:
+                c = self._order.get(timeout=0.005 if inflight else None)
+            except queue.Empty:  # nothing released lately: hand over what is already copying
+                self._push(*inflight.popleft())
+                c = self._order.get()
             slot = pool.acquire()
             dst = _host_view(pool.address(slot), pool.chunk_bytes)
             with torch.cuda.stream(self.stream):
@@ -157,14 +211,15 @@ class CudaFileWrite:
                     dst[dst_off:dst_off + n].copy_(_bytes_of(s)[src_off:src_off + n], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self.stream)
-            queue.append((c, slot, ev))
-            while len(queue) > 2:
-                self._push(*queue.popleft())
-        while queue:
-            self._push(*queue.popleft())
+            inflight.append((c, slot, ev))
+            while len(inflight) > 2:
+                self._push(*inflight.popleft())
+        while inflight:
+            self._push(*inflight.popleft())
 
     def _push(self, c: int, slot: int, ev) -> None:
         ev.synchronize()
+        self._chunk_done[c].set()
         self._job.push_chunk(c, slot)
 
     def _write_kvikio(self) -> None:
@@ -190,6 +245,7 @@ class CudaFileWrite:
         return self._job.bytes_written if self._job is not None else 0
 
     def finish(self) -> FileResult:
+        self.release_all()
         self._thread.join()
         if self._error is not None:
             raise self._error

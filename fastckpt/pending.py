@@ -17,6 +17,9 @@ class Pending:
         self._error: BaseException | None = None
         self.observed = False
         self.skipped = skipped
+        self.write = None  # the FileWrite in flight (None once skipped or failed to start)
+        self.path = None   # what the store calls this checkpoint (directory or file path)
+        self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
         if skipped:
             self._copied.set()
             self._done.set()
@@ -31,6 +34,24 @@ class Pending:
 
     def wait_copied(self, timeout: float | None = None) -> bool:
         return self._copied.wait(timeout)
+
+    def release(self, records: list[int]) -> None:
+        """Held saves: let the copy of these records start now."""
+        if self.write is not None and not self._copied.is_set():
+            self.write.release(records)
+
+    def release_all(self) -> None:
+        if self.write is not None and not self._copied.is_set():
+            self.write.release_all()
+
+    def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
+        """True once these records are copied: their tensors may change again."""
+        if self.write is None or self._copied.is_set():
+            return True
+        try:
+            return self.write.wait_records(records, timeout)
+        except Exception:  # noqa: BLE001 - the commit thread reports the failure via wait()
+            return True
 
     def wait(self, timeout: float | None = None) -> CommitInfo | None:
         """Blocks until committed; returns its CommitInfo (None if skipped) or raises its error."""

@@ -6,6 +6,8 @@ Owns taking the bytes of a FilePlan from live tensors into the native writer:
      "spare device memory" of LightCheck is host memory here), then written;
   d  writers write straight from the live tensors; the gate holds until the
      bytes are in the file.
+A held write (layer-wise checkpointing, c and d) moves nothing until records are
+released, and each record's copy can be waited on alone (LightCheck §III-B).
 CUDA tensors go through fastckpt.cuda_snapshot instead.
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ class FileWrite:
     """One file in flight. copied() releases the caller's gate; finish() makes it durable."""
 
     def __init__(self, engine: "_native.Engine", plan: FilePlan, path: str, strategy: str,
-                 direct_io: bool):
+                 direct_io: bool, held: bool = False):
         self.plan, self.path = plan, path
         self._copied = threading.Event()
         self._error: BaseException | None = None
@@ -47,9 +49,9 @@ class FileWrite:
         args = (plan.data_begin, plan.data_end, plan.file_size)
         n = len(plan.records)
         if strategy == "c":
-            self._job = engine.submit(path, pieces, *args, _native.Mode.Stage, direct_io, n)
+            self._job = engine.submit(path, pieces, *args, _native.Mode.Stage, direct_io, n, held)
         elif strategy == "d":
-            self._job = engine.submit(path, pieces, *args, _native.Mode.Direct, direct_io, n)
+            self._job = engine.submit(path, pieces, *args, _native.Mode.Direct, direct_io, n, held)
         elif strategy == "g":
             copies = []
             for (src, nbytes, off, i) in pieces:
@@ -61,6 +63,21 @@ class FileWrite:
             self._job = engine.submit(path, copies, *args, _native.Mode.Direct, direct_io, n)
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
+
+    def release(self, records: list[int]) -> None:
+        """Held writes: start moving these records (indices into plan.records)."""
+        if not self._copied.is_set():
+            self._job.release(records)
+
+    def release_all(self) -> None:
+        if not self._copied.is_set():
+            self._job.release_all()
+
+    def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
+        """True once these records no longer read the caller's tensors."""
+        if self._copied.is_set() or not records:
+            return True
+        return self._job.wait_records_copied(records, -1.0 if timeout is None else timeout)
 
     def wait_copied(self, timeout: float | None = None) -> bool:
         if self._copied.is_set():
@@ -76,6 +93,7 @@ class FileWrite:
 
     def finish(self) -> FileResult:
         """Waits for the data, writes headers/directory, ftruncate + fdatasync."""
+        self._job.release_all()
         self._job.wait_written(-1.0)
         self._copied.set()
         crcs = list(self._job.record_crcs())
@@ -91,13 +109,14 @@ class FileWrite:
             self._job.abort(why)
 
 
-def start_write(engine, plan: FilePlan, path: str, strategy: str, direct_io: bool):
+def start_write(engine, plan: FilePlan, path: str, strategy: str, direct_io: bool,
+                held: bool = False):
     """FileWrite for host tensors, CudaFileWrite when any storage lives on a GPU."""
     if "cuda" in plan.devices():
         from .cuda_snapshot import CudaFileWrite
-        return CudaFileWrite(engine, plan, path, strategy, direct_io)
+        return CudaFileWrite(engine, plan, path, strategy, direct_io, held)
     other = plan.devices() - {"cpu"}
     if other:
         raise ValueError(f"cannot checkpoint tensors on device type(s) {sorted(other)}; "
                          "move them to CPU or CUDA first")
-    return FileWrite(engine, plan, path, strategy, direct_io)
+    return FileWrite(engine, plan, path, strategy, direct_io, held)

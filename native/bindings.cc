@@ -95,6 +95,10 @@ PYBIND11_MODULE(_native, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("wait_written", &WriteJob::wait_written, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
+      .def("release", &WriteJob::release)
+      .def("release_all", &WriteJob::release_all)
+      .def("wait_records_copied", &WriteJob::wait_records_copied, py::arg("records"),
+           py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("push_chunk", &WriteJob::push_chunk)
       .def("finalize", [](WriteJob& j, const std::vector<std::pair<uint64_t, py::bytes>>& blobs,
                           uint64_t file_size) {
@@ -119,11 +123,14 @@ PYBIND11_MODULE(_native, m) {
       .def("submit", [](Engine& e, const std::string& path,
                         const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
                         uint64_t data_begin, uint64_t data_end, uint64_t file_size, Mode mode,
-                        bool direct_io, uint32_t n_records) {
+                        bool direct_io, uint32_t n_records, bool held) {
         auto p = to_pieces(pieces);
         py::gil_scoped_release nogil;
-        return e.submit(path, std::move(p), data_begin, data_end, file_size, mode, direct_io, n_records);
-      })
+        return e.submit(path, std::move(p), data_begin, data_end, file_size, mode, direct_io,
+                        n_records, held);
+      }, py::arg("path"), py::arg("pieces"), py::arg("data_begin"), py::arg("data_end"),
+         py::arg("file_size"), py::arg("mode"), py::arg("direct_io"), py::arg("n_records"),
+         py::arg("held") = false)
       .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
       .def_property_readonly("copy_threads", &Engine::copy_threads)
       .def_property_readonly("write_threads", &Engine::write_threads);

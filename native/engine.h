@@ -19,10 +19,11 @@ class Engine {
 
   std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
                                    uint64_t data_begin, uint64_t data_end, uint64_t file_size,
-                                   Mode mode, bool direct_io, uint32_t n_records) {
+                                   Mode mode, bool direct_io, uint32_t n_records,
+                                   bool held = false) {
     auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_}, path,
                                           std::move(pieces), data_begin, data_end, file_size, mode,
-                                          direct_io, pool_.chunk_bytes(), n_records);
+                                          direct_io, pool_.chunk_bytes(), n_records, held);
     job->start();
     return job;
   }

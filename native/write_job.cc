@@ -7,7 +7,7 @@ namespace fastckpt {
 
 WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
                    uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io,
-                   uint64_t split_bytes, uint32_t n_records)
+                   uint64_t split_bytes, uint32_t n_records, bool held)
     : w_(w), path_(std::move(path)), data_begin_(data_begin), data_end_(data_end),
       chunk_bytes_(mode == Mode::Direct ? split_bytes : w.pool->chunk_bytes()), mode_(mode),
       n_records_(n_records) {
@@ -56,6 +56,19 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     copies_left_ = mode == Mode::Stage ? n_chunks_ : 0;
     writes_left_ = n_chunks_;
   }
+  if (held && mode == Mode::External) throw std::invalid_argument("external jobs cannot be held");
+  held_ = held;
+  const size_t n_units = mode == Mode::Direct ? spans_.size() : n_chunks_;
+  unit_state_.assign(n_units, held ? 0 : 1);
+  record_units_.assign(n_records, {});
+  for (size_t u = 0; u < n_units; ++u) {
+    size_t lo = mode == Mode::Direct ? u : chunk_first_span_[u];
+    size_t hi = mode == Mode::Direct ? u + 1 : chunk_first_span_[u + 1];
+    for (size_t s = lo; s < hi; ++s) {
+      auto& units = record_units_[spans_[s].record];
+      if (units.empty() || units.back() != u) units.push_back(u);
+    }
+  }
 }
 
 WriteJob::~WriteJob() { close_fds(); }
@@ -94,11 +107,73 @@ bool WriteJob::wait_file() {
 void WriteJob::start() {
   auto self = shared_from_this();
   w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
-  if (mode_ == Mode::Stage) {
-    for (size_t c = 0; c < n_chunks_; ++c) w_.copiers->submit([self, c] { self->copy_chunk(c); });
-  } else if (mode_ == Mode::Direct) {
-    for (size_t i = 0; i < spans_.size(); ++i) w_.writers->submit([self, i] { self->write_span(i); });
+  if (!held_ && mode_ != Mode::External)
+    for (size_t u = 0; u < unit_state_.size(); ++u) submit_unit(u);
+}
+
+void WriteJob::submit_unit(size_t u) {
+  auto self = shared_from_this();
+  if (mode_ == Mode::Stage)
+    w_.copiers->submit([self, u] { self->copy_chunk(u); });
+  else
+    w_.writers->submit([self, u] { self->write_span(u); });
+}
+
+std::vector<size_t> WriteJob::units_of(const std::vector<uint32_t>& records) const {
+  std::vector<size_t> out;
+  for (uint32_t r : records) {
+    if (r >= n_records_) throw std::out_of_range("record index out of range");
+    out.insert(out.end(), record_units_[r].begin(), record_units_[r].end());
   }
+  return out;
+}
+
+void WriteJob::release(const std::vector<uint32_t>& records) {
+  std::vector<size_t> go;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t u : units_of(records))
+      if (unit_state_[u] == 0) {
+        unit_state_[u] = 1;
+        go.push_back(u);
+      }
+  }
+  for (size_t u : go) submit_unit(u);
+}
+
+void WriteJob::release_all() {
+  std::vector<size_t> go;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t u = 0; u < unit_state_.size(); ++u)
+      if (unit_state_[u] == 0) {
+        unit_state_[u] = 1;
+        go.push_back(u);
+      }
+  }
+  for (size_t u : go) submit_unit(u);
+}
+
+bool WriteJob::wait_records_copied(const std::vector<uint32_t>& records, double timeout_s) {
+  if (mode_ == Mode::External) throw std::logic_error("external jobs track copies themselves");
+  const std::vector<size_t> units = units_of(records);
+  std::unique_lock<std::mutex> lk(mu_);
+  auto ready = [&] {
+    if (failed_) return true;
+    for (size_t u : units)
+      if (unit_state_[u] != 2) return false;
+    return true;
+  };
+  if (timeout_s < 0) {
+    cv_.wait(lk, ready);
+  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
+    return false;
+  }
+  if (failed_) {
+    if (error_errno_ != 0) throw IoError(error_, error_errno_);
+    throw std::runtime_error(error_);
+  }
+  return true;
 }
 
 void WriteJob::fail(const std::string& why, int err) {
@@ -119,9 +194,11 @@ void WriteJob::fail(const std::exception& e) {
 
 void WriteJob::abort(const std::string& why) { fail(why); }
 
-void WriteJob::count_copied() {
+void WriteJob::count_copied(size_t unit) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (--copies_left_ == 0) cv_.notify_all();
+  unit_state_[unit] = 2;
+  --copies_left_;
+  cv_.notify_all();  // per-record waiters watch single units
 }
 
 void WriteJob::count_written() {
@@ -150,13 +227,13 @@ void WriteJob::copy_chunk(size_t c) {
     skip = failed_;
   }
   if (skip) {
-    count_copied();
+    count_copied(c);
     count_written();
     return;
   }
   int slot = w_.pool->acquire(-1.0);
   fill_chunk(c, w_.pool->data(slot));
-  count_copied();
+  count_copied(c);
   auto self = shared_from_this();
   w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
 }
@@ -212,7 +289,7 @@ void WriteJob::write_span(size_t i) {
   } catch (const std::exception& e) {
     fail(e);
   }
-  count_copied();
+  count_copied(i);
   count_written();
 }
 

@@ -3,6 +3,8 @@
 // staging chunks (or none, in direct mode), the CRC of every byte, the writes,
 // and the final header blobs + fdatasync. Progress is two latches: "copied"
 // (the caller may overwrite its tensors) and "written" (all data is in the file).
+// A held job (layer-wise checkpointing) copies nothing until the caller
+// releases records; each record's copy can then be waited on alone.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -45,13 +47,18 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
  public:
   WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
            uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io, uint64_t split_bytes,
-           uint32_t n_records);
+           uint32_t n_records, bool held = false);
   ~WriteJob();
 
   void start();
   void push_chunk(size_t chunk, int slot);  // External mode
   bool wait_copied(double timeout_s);       // true when copied (throws the job's error)
   bool wait_written(double timeout_s);      // true when written (throws the job's error)
+  // Held jobs: start copying (writing, in direct mode) the units holding these records.
+  void release(const std::vector<uint32_t>& records);
+  void release_all();
+  // True when every unit holding these records is copied (throws the job's error).
+  bool wait_records_copied(const std::vector<uint32_t>& records, double timeout_s);
   void finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size);
   void abort(const std::string& why);
 
@@ -79,7 +86,9 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void fill_chunk(size_t c, uint8_t* buf);
   void fail(const std::string& why, int err = 0);
   void fail(const std::exception& e);
-  void count_copied();
+  void count_copied(size_t unit);
+  void submit_unit(size_t unit);
+  std::vector<size_t> units_of(const std::vector<uint32_t>& records) const;
   void count_written();
   bool wait_latch(const size_t& left, double timeout_s);
   bool write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct);
@@ -105,6 +114,10 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   size_t copies_left_ = 0, writes_left_ = 0;
+  // Copy units: chunks (stage mode) or spans (direct mode). 0 held, 1 issued, 2 copied.
+  std::vector<uint8_t> unit_state_;
+  std::vector<std::vector<size_t>> record_units_;
+  bool held_ = false;
   bool failed_ = false;
   std::string error_;
   int error_errno_ = 0;

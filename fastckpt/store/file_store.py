@@ -49,6 +49,30 @@ class FileStore:
     def file_name(rank: int, fmt: str) -> str:
         return f"rank-{rank}.{EXT[fmt]}"
 
+    # -- the store protocol the Checkpointer drives ----------------------
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
+        """(checkpoint id, path this rank writes) for a new checkpoint."""
+        if target is not None:
+            raise ValueError("the file store names checkpoints itself; save(..., path=) is for store='path'")
+        ckpt_dir = self.new_dir(step, counter)
+        return ckpt_dir, os.path.join(ckpt_dir, self.file_name(rank, fmt))
+
+    def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
+        """Each rank, once its file is durable; returns where the file now is."""
+        return file_path
+
+    def commit(self, info: CommitInfo) -> None:
+        """Rank 0, once every rank's file is durable."""
+        self.write_commit(info)
+        self.move_latest(info)
+
+    def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
+        if rank == 0 and ckpt_id is not None:
+            self.remove(ckpt_id)
+
+    def close(self) -> None:
+        pass
+
     def write_commit(self, info: CommitInfo) -> None:
         write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
 

@@ -1,0 +1,208 @@
+"""The path store: each checkpoint goes to a path the caller names (Lightning's `.ckpt` paths).
+
+Local paths: the file is written as a hidden sibling `.NAME.fastckpt-PID-COUNTER.tmp`,
+made durable, renamed over NAME and the directory fsync'ed, so NAME is the old checkpoint
+or the new one, complete — never a torn mix, and never there before it is durable.
+
+URLs (`s3://`, `gcs://`, `memory://`, ... through fsspec): the file is staged on local
+disk, uploaded, and then a commit record `NAME.fastckpt-commit` (size and whole-file CRC)
+is written last. Object stores have no atomic rename, so a reader trusts NAME only when
+that record exists and matches. `file://` URLs are plain local paths.
+
+Per-rank saving (every rank saves the same step): NAME is a directory holding one
+`rank-R` file per rank and a COMMIT record written by rank 0 once all are durable.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+
+from .. import commit
+from ..commit import CommitInfo
+from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..fsutil import fsync_dir, write_atomic
+from .file_store import FileStore
+
+MARKER_SUFFIX = ".fastckpt-commit"
+TMP_GLOB = ".*.fastckpt-*.tmp"
+
+
+def is_remote(path) -> bool:
+    """True for fsspec URLs other than file://."""
+    p = os.fspath(path)
+    return "://" in p and not p.startswith("file://")
+
+
+def local_path(path) -> str:
+    p = os.fspath(path)
+    return os.path.abspath(p[len("file://"):] if p.startswith("file://") else p)
+
+
+def filesystem(url: str):
+    import fsspec
+    fs, _ = fsspec.core.url_to_fs(url)
+    return fs
+
+
+class PathStore:
+    """Store protocol (see FileStore) for caller-named paths; no retention, no `latest`."""
+
+    root = None
+
+    def __init__(self, per_rank: bool = False):
+        self.per_rank = per_rank
+        self._staging = None
+
+    def prepare(self) -> None:
+        pass
+
+    def next_counter(self) -> int:
+        return 1
+
+    def remove_uncommitted(self) -> None:
+        pass
+
+    def retain(self, keep: int, in_flight: set) -> None:
+        pass
+
+    def committed(self, warn: bool = False) -> list:
+        return []
+
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
+        if target is None:
+            raise ValueError("store='path' needs save(..., path=...)")
+        target = os.fspath(target)
+        if is_remote(target):
+            if self.per_rank:
+                raise CheckpointWriteError(f"per-rank saving to a URL ({target}) is not supported; "
+                                           "use a local or mounted path")
+            if self._staging is None:
+                self._staging = tempfile.mkdtemp(prefix="fastckpt-upload-")
+            return target, os.path.join(self._staging, f"{counter}-{rank}.tmp")
+        target = local_path(target)
+        if self.per_rank:
+            os.makedirs(target, exist_ok=True)
+            return target, os.path.join(target, FileStore.file_name(rank, fmt))
+        parent, name = os.path.split(target)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
+        if os.path.isdir(target):
+            raise IsADirectoryError(f"cannot save to {target!r}: it is a directory")
+        _sweep_dead_tmp(parent)
+        return target, os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")
+
+    def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
+        """Makes this rank's durable file visible at its name; returns that name."""
+        if is_remote(ckpt_id):
+            _upload(file_path, ckpt_id, result)
+            return ckpt_id
+        if self.per_rank:
+            return file_path
+        os.replace(file_path, ckpt_id)
+        fsync_dir(os.path.dirname(ckpt_id))
+        return ckpt_id
+
+    def commit(self, info: CommitInfo) -> None:
+        if self.per_rank:
+            write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
+
+    def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
+        if file_path is not None:
+            _unlink_quietly(file_path)
+
+    def close(self) -> None:
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+
+
+def _upload(local: str, url: str, result) -> None:
+    """Data first, the commit record last (object stores have no atomic rename)."""
+    fs = filesystem(url)
+    marker = url + MARKER_SUFFIX
+    try:
+        if fs.exists(marker):
+            fs.rm(marker)  # the old record must not vouch for the new bytes mid-upload
+        fs.put_file(local, url)
+        body = {"size": result.bytes, "crc32": f"{result.file_crc:08x}"}
+        with fs.open(marker, "wb") as f:
+            f.write(json.dumps(body).encode())
+    finally:
+        _unlink_quietly(local)
+
+
+def read_marker(url: str) -> dict:
+    """The commit record of an uploaded checkpoint; CorruptCheckpointError if missing or bad."""
+    fs = filesystem(url)
+    try:
+        with fs.open(url + MARKER_SUFFIX, "rb") as f:
+            body = json.loads(f.read(4096))
+        return {"size": int(body["size"]), "crc32": int(body["crc32"], 16)}
+    except FileNotFoundError as e:
+        raise CorruptCheckpointError(f"{url} has no commit record ({url}{MARKER_SUFFIX}): "
+                                     "its upload never finished") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpointError(f"the commit record of {url} is unreadable: {e}") from e
+
+
+def download(url: str, into_dir: str) -> tuple[str, int]:
+    """Copies a committed upload to a local file; returns (path, expected whole-file CRC)."""
+    rec = read_marker(url)
+    fs = filesystem(url)
+    local = os.path.join(into_dir, "download.tmp")
+    fs.get_file(url, local)
+    size = os.path.getsize(local)
+    if size != rec["size"]:
+        raise CorruptCheckpointError(f"{url} is {size} bytes but its commit record says {rec['size']}")
+    return local, rec["crc32"]
+
+
+def remove(path) -> None:
+    """Deletes a checkpoint at a local path or URL: commit record first, then the data."""
+    p = os.fspath(path)
+    if is_remote(p):
+        fs = filesystem(p)
+        for name in (p + MARKER_SUFFIX, p):
+            if fs.exists(name):
+                fs.rm(name, recursive=True)
+        return
+    p = local_path(p)
+    if os.path.isdir(p) and not os.path.islink(p):
+        _unlink_quietly(os.path.join(p, commit.COMMIT_NAME))
+        shutil.rmtree(p, ignore_errors=True)
+    elif os.path.lexists(p):
+        os.unlink(p)
+    else:
+        return
+    fsync_dir(os.path.dirname(p))
+
+
+def _sweep_dead_tmp(parent: str) -> None:
+    """Temporary files of writers that died (their pid is gone) are removed."""
+    for tmp in glob.glob(os.path.join(parent, TMP_GLOB)):
+        try:
+            pid = int(os.path.basename(tmp).rsplit(".fastckpt-", 1)[1].split("-")[0])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            _unlink_quietly(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
