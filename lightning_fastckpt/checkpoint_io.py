@@ -1,0 +1,227 @@
+"""FastCheckpointIO: Lightning's (and Fabric's) CheckpointIO over fastckpt's asynchronous Checkpointer.
+
+Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt, path)`
+is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
+reads) by the `path` store; it returns once the snapshot is issued. Consistency:
+tensors only `optimizer.step()` writes are copied in the background and the update
+waits for them (step_gate); every other tensor is copied before save returns.
+Outside a training run a save is durable when it returns. `load_checkpoint` and
+`remove_checkpoint` of an in-flight path wait for it; a removal that would leave no
+valid checkpoint waits until a newer one is committed. `teardown` waits for
+everything and raises the first write error; one nobody saw is raised by the next save.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Optional
+
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
+
+import fastckpt
+from fastckpt import commit
+from fastckpt.checkpointer import Checkpointer
+from fastckpt.errors import ConfigError
+from fastckpt.format import load_file
+from fastckpt.store import path_store
+
+from .step_gate import StepGate
+
+IGNORED_KEYS = ("root", "store", "keep", "distributed")  # Lightning decides paths and retention
+
+
+class FastCheckpointIO(CheckpointIO):
+    """Asynchronous, crash-safe checkpoints for `Trainer(plugins=[FastCheckpointIO(...)])`.
+
+    Args:
+        strategy: "c" (copy into staging, default), "g" (full second copy first) or "d" (direct).
+        concurrency: checkpoints in flight at once (PCcheck's N).
+        writers: writer threads per checkpoint in flight.
+        chunk_mb: staging chunk size.
+        staging_mb: bound on staging memory (default: concurrency x checkpoint size, <= RAM/2).
+        format: "torch" (an ordinary .ckpt) or "safetensors".
+        policy: "wait" (a save waits for a free slot) or "skip" (it is dropped with a warning).
+        verify: check every CRC on load.
+        per_rank: every rank saves (sharded strategies): the path becomes a directory with one
+            file per rank and a COMMIT record written once all ranks are durable.
+        layerwise: hold each snapshot until its DDP gradient bucket is final (needs the
+            `LayerwiseCheckpointing` callback, which sets this).
+    """
+
+    def __init__(self, strategy: str = "c", concurrency: int = 2, writers: int = 4,
+                 chunk_mb: int = 64, staging_mb: Optional[int] = None, format: str = "torch",
+                 policy: str = "wait", direct_io: bool = True, verify: bool = True,
+                 per_rank: bool = False, layerwise: bool = False):
+        self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
+                            chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
+                            direct_io=direct_io, verify=verify)
+        Checkpointer(store="path", distributed=False, **self._kwargs).close()  # validates the settings
+        self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
+        self._ck: Optional[Checkpointer] = None
+        self._by_path: dict[str, fastckpt.Pending] = {}
+        self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
+        self._held: list[tuple[fastckpt.Pending, dict[int, int]]] = []
+        self.gate = StepGate(self._gate)
+        self.gate.install()
+
+    @classmethod
+    def from_config(cls, cfg) -> "FastCheckpointIO":
+        """From a Hydra/OmegaConf config or dict with fastckpt's field names (root/store/keep ignored)."""
+        from fastckpt.config import flatten
+        flat = {k: v for k, v in flatten(cfg).items() if k not in IGNORED_KEYS}
+        extra = {k: flat.pop(k) for k in ("per_rank", "layerwise") if k in flat}
+        flat.pop("commit_timeout_s", None)
+        try:
+            return cls(**flat, **extra)
+        except TypeError as e:
+            raise ConfigError(f"unknown FastCheckpointIO setting: {e}") from None
+
+    # -- saving ----------------------------------------------------------
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError("FastCheckpointIO.save_checkpoint does not take storage_options; "
+                            "set its options in the constructor")
+        path = os.fspath(path)
+        key = _key(path)
+        self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
+        self._remove_deferred()
+        running = self.gate.steps_seen > 0
+        state = _freeze_volatile(checkpoint, self.gate.owned_storages()) if running else checkpoint
+        _make_parent(path)
+        held = self.layerwise and running
+        pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
+                                            path=path, held=held)
+        self._by_path[key] = pending
+        if held:
+            self._hold(pending)
+        if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
+            pending.release_all()
+            pending.wait()
+
+    def _checkpointer(self) -> Checkpointer:
+        if self._ck is None:
+            self._ck = Checkpointer(store="path", distributed=None if self.per_rank else False,
+                                    **self._kwargs)
+        return self._ck
+
+    def _gate(self) -> None:
+        """Before an optimizer update: every snapshot in flight has copied what the update overwrites."""
+        self._held.clear()
+        if self._ck is not None:
+            self._ck.gate()
+
+    # -- layer-wise ------------------------------------------------------
+    def _hold(self, pending: fastckpt.Pending) -> None:
+        owned = self.gate.owned_storages()
+        index = {r.storage.data_ptr(): i for i, r in enumerate(pending.plan.records)}
+        pending.release([i for ptr, i in index.items() if ptr not in owned])  # copies made by save
+        self._held.append((pending, index))
+
+    def release_params(self, params) -> list[tuple[fastckpt.Pending, list[int]]]:
+        """Starts the copy of these parameters and their optimizer state; returns what to wait on."""
+        if not self._held:
+            return []
+        ptrs = self.gate.storages_of(params)
+        out = []
+        for pending, index in list(self._held):
+            recs = [index[p] for p in ptrs if p in index]
+            if recs:
+                pending.release(recs)
+                out.append((pending, recs))
+        return out
+
+    # -- loading ---------------------------------------------------------
+    @override
+    def load_checkpoint(self, path, map_location: Optional[Any] = None,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        path = os.fspath(path)
+        self._settle(_key(path))
+        weights_only = True if weights_only is None else weights_only
+        if path_store.is_remote(path):
+            tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
+            try:
+                local, crc = path_store.download(path, tmp)
+                return load_file(local, map_location, self.verify, weights_only, expect_crc=crc, mmap=False)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        local = path_store.local_path(path)
+        if os.path.isdir(local):  # per-rank checkpoint directory
+            info = commit.read(local)
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            return load_file(info.file_for(rank), map_location, self.verify, weights_only,
+                             expect_crc=info.entry_for(rank).crc32 if self.verify else None)
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+        return fastckpt.load(local, map_location=map_location, verify=self.verify, weights_only=weights_only)
+
+    # -- removing --------------------------------------------------------
+    @override
+    def remove_checkpoint(self, path) -> None:
+        path = os.fspath(path)
+        key = _key(path)
+        mine = self._settle(key)
+        base = mine.counter if mine is not None else -1
+        if self._committed_newer(base, exclude=key):
+            path_store.remove(path)
+            self._by_path.pop(key, None)
+        else:  # it may be the only valid checkpoint: delete once a newer one is committed
+            self._deferred[key] = (path, base)
+
+    def _committed_newer(self, base: int, exclude: str) -> bool:
+        return any(k != exclude and k not in self._deferred and p.counter > base and p.done()
+                   and p.error is None and not p.skipped for k, p in self._by_path.items())
+
+    def _remove_deferred(self) -> None:
+        for key, (path, base) in list(self._deferred.items()):
+            if self._committed_newer(base, exclude=key):
+                del self._deferred[key]
+                path_store.remove(path)
+                self._by_path.pop(key, None)
+
+    def _settle(self, key: str) -> Optional[fastckpt.Pending]:
+        """Waits for the checkpoint in flight at this path, if any; raises its error."""
+        pending = self._by_path.get(key)
+        if pending is not None and not pending.done():
+            pending.release_all()
+            pending.wait()
+        return pending
+
+    # -- teardown --------------------------------------------------------
+    @override
+    def teardown(self) -> None:
+        """Waits for every checkpoint in flight and raises the first write error."""
+        self._held.clear()
+        self.gate.steps_seen = 0
+        ck, self._ck = self._ck, None
+        try:
+            if ck is not None:
+                ck.close()
+        finally:
+            self._remove_deferred()
+            self._by_path = {k: p for k, p in self._by_path.items() if k in self._deferred}
+
+    def __del__(self) -> None:
+        self.gate.remove()
+
+
+def _key(path: str) -> str:
+    return path if path_store.is_remote(path) else path_store.local_path(path)
+
+
+def _make_parent(path: str) -> None:
+    if path_store.is_remote(path):
+        path_store.filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path_store.local_path(path)), exist_ok=True)
+
+
+def _freeze_volatile(checkpoint: dict, owned: set[int]) -> dict:
+    """Copies now every tensor something other than optimizer.step() may change (buffers, ...)."""
+    def freeze(t: torch.Tensor) -> torch.Tensor:
+        return t if t.untyped_storage().data_ptr() in owned else t.detach().clone()
+    return apply_to_collection(checkpoint, torch.Tensor, freeze)

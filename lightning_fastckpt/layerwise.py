@@ -1,0 +1,95 @@
+"""LayerwiseCheckpointing: LightCheck's layer-wise snapshot, pipelined with DDP's gradient all-reduce.
+
+Owns the hooks that turn one checkpoint into per-bucket copies. With it, a save
+issued at the end of step i copies nothing at once (only tensors outside the
+optimizer, which save copies itself). During step i+1's backward, when DDP hands
+a gradient bucket to its communication hook, the copy of that bucket's parameters
+and their optimizer state starts, overlapping the bucket's all-reduce and the rest
+of the backward pass; the bucket's future completes only once its copy is done,
+so the update of a bucket waits for that bucket's copy alone. Whatever no bucket
+covered is released by the gate before the optimizer step.
+
+Composition: the hook wraps the comm hook given to `DDPStrategy(ddp_comm_hook=...)`
+(default: all-reduce), and Lightning's `ddp_comm_wrapper` wraps ours. A hook
+registered on the DDP module some other way cannot be composed: setup raises.
+Without DDP (one process) the copy of each parameter starts when its gradient is
+accumulated, overlapping the rest of the backward pass.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+
+from .checkpoint_io import FastCheckpointIO
+
+
+class LayerwiseCheckpointing(Callback):
+    """Add to `Trainer(callbacks=[...])` next to `plugins=[FastCheckpointIO(...)]`."""
+
+    def __init__(self) -> None:
+        self._io: Optional[FastCheckpointIO] = None
+        self._grad_hooks: list = []
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        if not isinstance(io, FastCheckpointIO):
+            raise TypeError("LayerwiseCheckpointing needs Trainer(plugins=[FastCheckpointIO(...)]); "
+                            f"the checkpoint IO here is {type(io).__name__}")
+        io.layerwise = True
+        self._io = io
+        strategy = trainer.strategy
+        if isinstance(strategy, DDPStrategy) and strategy.root_device.type == "cuda":
+            # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does.
+            strategy._ddp_comm_hook = LayerwiseCommHook(io, strategy._ddp_comm_hook)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        strategy = trainer.strategy
+        model = strategy.model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            if strategy.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
+                hook = LayerwiseCommHook(self._io, strategy._ddp_comm_hook)
+                try:
+                    model.register_comm_hook(strategy._ddp_comm_state, hook)
+                except RuntimeError as e:
+                    raise RuntimeError(
+                        "LayerwiseCheckpointing cannot install its DDP communication hook: a hook is "
+                        "already registered on this DDP module. Pass yours as "
+                        "DDPStrategy(ddp_comm_hook=...) so the two can be composed.") from e
+        else:
+            for p in pl_module.parameters():
+                if p.requires_grad:
+                    self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        self._io.release_params([param])
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks.clear()
+
+
+class LayerwiseCommHook:
+    """A DDP comm hook: release this bucket's snapshot, run the inner hook, finish after the copy."""
+
+    def __init__(self, io: FastCheckpointIO, inner: Optional[Callable] = None):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        self.io = io
+        self.inner = inner or allreduce_hook
+        self.__name__ = f"layerwise({getattr(self.inner, '__name__', 'hook')})"
+
+    def __call__(self, state: Any, bucket) -> torch.futures.Future:
+        waits = self.io.release_params(bucket.parameters())
+        fut = self.inner(state, bucket)
+        if not waits:
+            return fut
+
+        def after_copy(f: torch.futures.Future):
+            for pending, records in waits:
+                pending.wait_records(records)
+            return f.value()
+
+        return fut.then(after_copy)

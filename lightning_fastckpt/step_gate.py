@@ -1,0 +1,87 @@
+"""The gate between an asynchronous snapshot and the optimizer update that would overwrite it.
+
+Owns one process-wide optimizer step pre-hook per FastCheckpointIO
+(`torch.optim.optimizer.register_optimizer_step_pre_hook`):
+- it learns which optimizers exist (weakly), so a save can tell the tensors only
+  `optimizer.step()` changes (parameters with their optimizer state) from the rest
+  (buffers such as BatchNorm statistics, which the next forward pass changes);
+- it notes that training is running (saves between runs are synchronous);
+- Lightning calls `optimizer.step(closure)` with forward and backward inside the
+  closure, so the hook wraps the closure: the gate runs after backward, right
+  before the update. A step without a closure (manual optimization) is gated at once.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+
+class StepGate:
+    """Calls `gate()` before every optimizer update while installed; tracks optimizers."""
+
+    def __init__(self, gate: Callable[[], None]):
+        self._gate = gate
+        self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        self.steps_seen = 0
+        self._handle = None
+
+    def install(self) -> None:
+        if self._handle is None:
+            ref = weakref.ref(self)
+
+            def hook(optimizer, args, kwargs):  # a weak reference: the hook never keeps a plugin alive
+                me = ref()
+                return None if me is None else me._pre_step(optimizer, args, kwargs)
+
+            self._handle = register_optimizer_step_pre_hook(hook)
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _pre_step(self, optimizer, args, kwargs):
+        self.optimizers.add(optimizer)
+        self.steps_seen += 1
+        closure = kwargs.get("closure", args[0] if args else None)
+        if closure is None:
+            self._gate()
+            return None
+        gate = self._gate
+
+        def gated_closure(*a, **kw):
+            out = closure(*a, **kw)
+            gate()  # after forward + backward, before the update reads the gradients
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": gated_closure}
+        return (gated_closure, *args[1:]), kwargs
+
+    def owned_storages(self) -> set[int]:
+        """Storages only optimizer.step() writes: parameters and optimizer state of known optimizers."""
+        out: set[int] = set()
+        for opt in list(self.optimizers):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    out.add(p.untyped_storage().data_ptr())
+            for st in opt.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        out.add(v.untyped_storage().data_ptr())
+        return out
+
+    def storages_of(self, params) -> set[int]:
+        """Storages of these parameters and of their optimizer state."""
+        out: set[int] = set()
+        opts = list(self.optimizers)
+        for p in params:
+            out.add(p.untyped_storage().data_ptr())
+            for opt in opts:
+                for v in opt.state.get(p, {}).values():
+                    if isinstance(v, torch.Tensor):
+                        out.add(v.untyped_storage().data_ptr())
+        return out
