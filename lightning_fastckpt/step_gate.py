@@ -46,7 +46,8 @@ class StepGate:
     def _pre_step(self, optimizer, args, kwargs):
         self.optimizers.add(optimizer)
         self.steps_seen += 1
-        closure = kwargs.get("closure", args[0] if args else None)
+        # args[0] is the optimizer itself (torch passes the bound method's arguments)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
             self._gate()
             return None
@@ -59,7 +60,7 @@ class StepGate:
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": gated_closure}
-        return (gated_closure, *args[1:]), kwargs
+        return (args[0], gated_closure, *args[2:]), kwargs
 
     def owned_storages(self) -> set[int]:
         """Storages only optimizer.step() writes: parameters and optimizer state of known optimizers."""

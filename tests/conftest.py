@@ -1,6 +1,9 @@
 """Shared fixtures: a state matrix covering every dtype/shape/sharing case, and --many."""
 from __future__ import annotations
 
+import subprocess
+import uuid
+
 import pytest
 import torch
 
@@ -93,3 +96,22 @@ def assert_sharing(state):
     ptr = state["base"].untyped_storage().data_ptr()
     for k in ("transposed", "slice", "row"):
         assert state[k].untyped_storage().data_ptr() == ptr, f"{k} lost its sharing"
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    mounted = []
+
+    def mount(size_bytes: int, ro: bool = False) -> str:
+        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+        d.mkdir()
+        opts = f"size={size_bytes}"
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+        mounted.append(d)
+        return str(d)
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)

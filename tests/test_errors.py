@@ -7,32 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 
 import pytest
 import torch
 
 import fastckpt
 from fastckpt.format import plan_file
-
-
-@pytest.fixture
-def mount_tmpfs(tmp_path):
-    mounted = []
-
-    def mount(size_bytes: int, ro: bool = False) -> str:
-        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
-        d.mkdir()
-        opts = f"size={size_bytes}"
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-        mounted.append(d)
-        return str(d)
-
-    yield mount
-    for d in mounted:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def state(n: int, seed: int = 0) -> dict:

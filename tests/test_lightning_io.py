@@ -1,0 +1,242 @@
+"""FastCheckpointIO under a real Lightning Trainer (single process, CPU).
+
+Each test runs the same deterministic training with Lightning's own
+TorchCheckpointIO where a reference is needed: the files ModelCheckpoint leaves
+and every value in them must match, which also proves that no snapshot saw a
+half-updated step (the model's wide layer takes longer to copy than a step).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import fsspec
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+from lightning_fastckpt import FastCheckpointIO
+from lit_app import TinyModule, assert_equal, loader, trainer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def fit(io, dirpath, steps=24, big=0, **mc):
+    torch.manual_seed(0)
+    cb = ModelCheckpoint(dirpath=str(dirpath), **mc)
+    t = trainer(io, [cb], max_steps=steps)
+    model = TinyModule(big=big)
+    t.fit(model, loader(), loader())
+    return t, cb, model
+
+
+def files(d) -> list[str]:
+    return sorted(os.listdir(d))
+
+
+def load(p):
+    return torch.load(p, weights_only=True)
+
+
+CONFIGS = [
+    dict(every_n_train_steps=3, save_last=True, save_top_k=2, monitor="loss"),
+    dict(every_n_epochs=1, save_last="link", save_top_k=-1),
+    dict(every_n_train_steps=5, save_top_k=1, monitor="loss", mode="max"),
+]
+
+
+@pytest.mark.parametrize("mc", CONFIGS, ids=["steps-last-topk", "epochs-link", "top1-max"])
+def test_same_files_and_values_as_torch_io(tmp_path, mc):
+    _, ref_cb, _ = fit(TorchCheckpointIO(), tmp_path / "ref", big=0, **mc)
+    t, cb, _ = fit(FastCheckpointIO(concurrency=2), tmp_path / "fast", big=0, **mc)
+    assert files(tmp_path / "fast") == files(tmp_path / "ref")
+    assert os.path.basename(cb.best_model_path) == os.path.basename(ref_cb.best_model_path)
+    for name in files(tmp_path / "ref"):
+        ref, got = load(tmp_path / "ref" / name), load(tmp_path / "fast" / name)
+        ref["callbacks"] = got["callbacks"] = None  # these hold the (different) dirpaths
+        assert_equal(got, ref, name)
+    if mc.get("save_last") == "link":
+        assert os.path.islink(tmp_path / "fast" / "last.ckpt")
+
+
+@pytest.mark.parametrize("layerwise", [False, True], ids=["async", "layerwise"])
+def test_each_snapshot_is_one_step_exactly(tmp_path, layerwise):
+    """One 4 MiB staging chunk: the wide layer's 108 MB (weights + Adam state) can only be
+    copied as fast as the disk drains it, far slower than a step, so an update not gated
+    on the copy would leave values of two steps in the file."""
+    from lightning_fastckpt import LayerwiseCheckpointing
+    mc = dict(every_n_train_steps=4, save_top_k=-1)
+    _, _, _ = fit(TorchCheckpointIO(), tmp_path / "ref", steps=12, big=3072, **mc)
+    fast = str(tmp_path / "fast")
+    torch.manual_seed(0)
+    cbs = [ModelCheckpoint(dirpath=fast, **mc)] + ([LayerwiseCheckpointing()] if layerwise else [])
+    trainer(FastCheckpointIO(chunk_mb=4, staging_mb=4), cbs, max_steps=12).fit(TinyModule(big=3072), loader(), loader())
+    assert files(fast) == files(tmp_path / "ref")
+    for name in files(fast):
+        ref, got = load(tmp_path / "ref" / name), load(os.path.join(fast, name))
+        ref["callbacks"] = got["callbacks"] = None
+        assert_equal(got, ref, name)
+
+
+def test_checkpoint_dict_round_trips_every_part(tmp_path):
+    t, cb, model = fit(FastCheckpointIO(), tmp_path, every_n_train_steps=4, save_last=True)
+    ck = load(tmp_path / "last.ckpt")
+    assert set(ck) >= {"epoch", "global_step", "state_dict", "loops", "callbacks", "optimizer_states",
+                       "lr_schedulers", "hyper_parameters", "pytorch-lightning_version"}
+    opt = ck["optimizer_states"][0]
+    assert all(isinstance(k, int) for k in opt["state"])
+    assert opt["param_groups"][0]["params"] == list(range(len(opt["param_groups"][0]["params"])))
+    assert ck["hyper_parameters"] == {"width": 64, "big": 0, "lr": 1e-2}
+    assert_equal(FastCheckpointIO().load_checkpoint(tmp_path / "last.ckpt"), ck)
+    # fastckpt's own tools read it too
+    out = subprocess.run([sys.executable, "-m", "fastckpt.cli", "verify", str(tmp_path / "last.ckpt")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_resume_last_path_best_and_load_from_checkpoint(tmp_path):
+    t, cb, _ = fit(FastCheckpointIO(), tmp_path, steps=16, every_n_train_steps=4, save_last=True,
+                   save_top_k=2, monitor="loss")
+    last = load(tmp_path / "last.ckpt")
+    # resume with ckpt_path="last": training continues from step 16
+    t2 = trainer(FastCheckpointIO(), [ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=4,
+                                                      save_last=True)], max_steps=24)
+    t2.fit(TinyModule(), loader(), loader(), ckpt_path="last")
+    assert t2.global_step == 24
+    # and from an explicit path
+    t3 = trainer(FastCheckpointIO(), max_steps=20)
+    t3.fit(TinyModule(), loader(), loader(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert t3.global_step == 20
+    # load_from_checkpoint bypasses CheckpointIO and calls torch.load itself
+    m = TinyModule.load_from_checkpoint(str(tmp_path / "last.ckpt"))
+    assert_equal(dict(m.state_dict()), dict(last["state_dict"]))
+    # validate/test with ckpt_path="best"
+    t.validate(TinyModule(), loader(), ckpt_path="best")
+    res = t.test(TinyModule(), loader(), ckpt_path="best")
+    assert res and "test_loss" in res[0]
+
+
+def test_saves_are_asynchronous_and_teardown_waits(tmp_path):
+    io = FastCheckpointIO(concurrency=2)
+    seen = []
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, *a):
+            # right after ModelCheckpoint issued the save: still being written?
+            seen.extend(p.done() for p in io._by_path.values())
+
+    torch.manual_seed(0)
+    t = trainer(io, [ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1), Probe()],
+                max_steps=8)
+    t.fit(TinyModule(big=2048), loader(), loader())
+    assert False in seen, "no save was still in flight when the next step began"
+    assert len(files(tmp_path)) == 4 and all(load(tmp_path / f)["global_step"] > 0 for f in files(tmp_path))
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")], "temporary files left behind"
+    left = [th for th in threading.enumerate() if th is not threading.main_thread() and not th.daemon]
+    assert not left, f"non-daemon threads left after teardown: {left}"
+
+
+def test_save_outside_fit_is_durable_on_return(tmp_path):
+    t, _, model = fit(FastCheckpointIO(), tmp_path / "run", steps=4)
+    p = tmp_path / "manual.ckpt"
+    t.save_checkpoint(p)
+    assert load(p)["global_step"] == 4  # no wait needed: the file is complete and committed
+    assert_equal(dict(load(p)["state_dict"]), {k: v for k, v in model.state_dict().items()})
+
+
+def test_write_error_surfaces_at_next_save_or_teardown(mount_tmpfs):
+    root = mount_tmpfs(1 << 20)  # room for a small checkpoint, not for the big model's
+    io = FastCheckpointIO()
+    t = trainer(io, [ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)], max_steps=6)
+    with pytest.raises(Exception) as e:
+        t.fit(TinyModule(big=1024), loader(), loader())
+    assert "No space left" in str(e.value) or "ENOSPC" in str(e.value) or "space" in str(e.value)
+    assert not [f for f in os.listdir(root) if not f.startswith(".")], "a partial .ckpt became visible"
+
+
+def test_remove_waits_and_never_deletes_the_only_valid_checkpoint(tmp_path):
+    io = FastCheckpointIO(layerwise=True)  # held saves stay in flight until released
+    io.gate.steps_seen = 1  # as inside fit
+    a, b = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
+    io.save_checkpoint({"w": torch.arange(10.0), "global_step": 1}, a)
+    io._by_path[a].release_all()
+    io._by_path[a].wait()
+    io.save_checkpoint({"w": torch.arange(10.0) + 1, "global_step": 2}, b)  # held: in flight
+    assert not io._by_path[b].done()
+    io.remove_checkpoint(a)  # b is not committed yet: a is the only valid checkpoint
+    assert os.path.exists(a)
+    got = io.load_checkpoint(b)  # loading an in-flight path waits for it
+    assert torch.equal(got["w"], torch.arange(10.0) + 1)
+    io.teardown()  # b committed: the deferred removal of a happens now
+    assert not os.path.exists(a) and os.path.exists(b)
+    io.remove_checkpoint(b)  # not ours anymore after teardown and nothing newer: still kept
+    assert os.path.exists(b)
+
+
+def test_memory_url_through_model_checkpoint():
+    base = f"memory://ckpts-{os.getpid()}"
+    fit(FastCheckpointIO(), base, steps=12, every_n_train_steps=4, save_last=True, save_top_k=1,
+        monitor="loss")
+    fs, root = fsspec.core.url_to_fs(base)
+    names = sorted(os.path.basename(p) for p in fs.ls(root, detail=False))
+    ckpts = [n for n in names if n.endswith(".ckpt")]
+    assert "last.ckpt" in ckpts and len(ckpts) == 2
+    # object-store rule: a commit record next to each file, written last
+    assert all(n + ".fastckpt-commit" in names for n in ckpts)
+    assert FastCheckpointIO().load_checkpoint(f"{base}/last.ckpt")["global_step"] == 12
+    t2 = trainer(FastCheckpointIO(), max_steps=14)
+    t2.fit(TinyModule(), loader(), loader(), ckpt_path=f"{base}/last.ckpt")
+    assert t2.global_step == 14
+    fs.rm(f"{root}/last.ckpt.fastckpt-commit")  # an upload without its commit record is refused
+    with pytest.raises(Exception, match="commit record"):
+        FastCheckpointIO().load_checkpoint(f"{base}/last.ckpt")
+
+
+def test_file_url(tmp_path):
+    # (ModelCheckpoint itself mangles file:// dirpaths, with any CheckpointIO; explicit saves work)
+    t, _, model = fit(FastCheckpointIO(), tmp_path / "run", steps=4)
+    url = f"file://{tmp_path}/sub/x.ckpt"
+    t.save_checkpoint(url)
+    assert load(tmp_path / "sub" / "x.ckpt")["global_step"] == 4
+    t2 = trainer(FastCheckpointIO(), max_steps=6)
+    t2.fit(TinyModule(), loader(), loader(), ckpt_path=url)
+    assert t2.global_step == 6
+
+
+def test_fabric_save_and_load(tmp_path):
+    fabric = L.Fabric(accelerator="cpu", devices=1, plugins=[FastCheckpointIO()])
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.Adam(model.parameters())
+    model, opt = fabric.setup(model, opt)
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).sum()
+        fabric.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    fabric.save(tmp_path / "f.ckpt", {"model": model, "opt": opt, "step": 3})
+    fabric.strategy.checkpoint_io.teardown()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {"model": model, "opt": opt}
+    rest = fabric.load(tmp_path / "f.ckpt", state)
+    assert rest["step"] == 3
+    assert_equal(dict(model.state_dict()), want)
+
+
+def test_from_hydra_config():
+    from hydra import compose, initialize_config_dir
+    cfg_dir = os.path.join(os.path.dirname(__file__), "..", "configs")
+    with initialize_config_dir(config_dir=os.path.abspath(cfg_dir), version_base="1.3"):
+        cfg = compose("config", overrides=["strategy=d", "concurrency=3"])
+    io = FastCheckpointIO.from_config(cfg)
+    assert io._kwargs["strategy"] == "d" and io._kwargs["concurrency"] == 3
+
+
+def test_async_checkpoint_io_peer_still_works_alongside(tmp_path):
+    # the peer the benchmark compares against, on the same model: same files
+    fit(AsyncCheckpointIO(TorchCheckpointIO()), tmp_path / "a", steps=8, every_n_train_steps=4, save_top_k=-1)
+    fit(FastCheckpointIO(), tmp_path / "b", steps=8, every_n_train_steps=4, save_top_k=-1)
+    assert files(tmp_path / "a") == files(tmp_path / "b")
