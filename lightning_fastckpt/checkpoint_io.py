@@ -65,6 +65,7 @@ class FastCheckpointIO(CheckpointIO):
         self._by_path: dict[str, fastckpt.Pending] = {}
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
         self._held: list[tuple[fastckpt.Pending, dict[int, int]]] = []
+        self.stats = {"saves": 0, "layerwise_released": 0}
         self.gate = StepGate(self._gate)
         self.gate.install()
 
@@ -97,6 +98,7 @@ class FastCheckpointIO(CheckpointIO):
         pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
                                             path=path, held=held)
         self._by_path[key] = pending
+        self.stats["saves"] += 1
         if held:
             self._hold(pending)
         if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
@@ -132,6 +134,7 @@ class FastCheckpointIO(CheckpointIO):
             recs = [index[p] for p in ptrs if p in index]
             if recs:
                 pending.release(recs)
+                self.stats["layerwise_released"] += len(recs)
                 out.append((pending, recs))
         return out
 

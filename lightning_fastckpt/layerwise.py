@@ -17,7 +17,7 @@ accumulated, overlapping the rest of the backward pass.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -43,14 +43,14 @@ class LayerwiseCheckpointing(Callback):
         strategy = trainer.strategy
         if isinstance(strategy, DDPStrategy) and strategy.root_device.type == "cuda":
             # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does.
-            strategy._ddp_comm_hook = LayerwiseCommHook(io, strategy._ddp_comm_hook)
+            strategy._ddp_comm_hook = layerwise_comm_hook(io, strategy._ddp_comm_hook)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
         model = strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             if strategy.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
-                hook = LayerwiseCommHook(self._io, strategy._ddp_comm_hook)
+                hook = layerwise_comm_hook(self._io, strategy._ddp_comm_hook)
                 try:
                     model.register_comm_hook(strategy._ddp_comm_state, hook)
                 except RuntimeError as e:
@@ -72,24 +72,23 @@ class LayerwiseCheckpointing(Callback):
         self._grad_hooks.clear()
 
 
-class LayerwiseCommHook:
-    """A DDP comm hook: release this bucket's snapshot, run the inner hook, finish after the copy."""
+def layerwise_comm_hook(io: FastCheckpointIO, inner: Optional[Callable] = None) -> Callable:
+    """A DDP comm hook: release this bucket's snapshot, run `inner` (default all-reduce), and
+    complete the bucket's future only once the bucket's copy is done."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    inner = inner or allreduce_hook
 
-    def __init__(self, io: FastCheckpointIO, inner: Optional[Callable] = None):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        self.io = io
-        self.inner = inner or allreduce_hook
-        self.__name__ = f"layerwise({getattr(self.inner, '__name__', 'hook')})"
-
-    def __call__(self, state: Any, bucket) -> torch.futures.Future:
-        waits = self.io.release_params(bucket.parameters())
-        fut = self.inner(state, bucket)
+    def layerwise_hook(state, bucket):  # no annotations: DDP checks them against its own types
+        waits = io.release_params(bucket.parameters())
+        fut = inner(state, bucket)
         if not waits:
             return fut
 
-        def after_copy(f: torch.futures.Future):
+        def after_copy(f):
             for pending, records in waits:
                 pending.wait_records(records)
             return f.value()
 
         return fut.then(after_copy)
+
+    return layerwise_hook

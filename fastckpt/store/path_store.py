@@ -10,7 +10,8 @@ is written last. Object stores have no atomic rename, so a reader trusts NAME on
 that record exists and matches. `file://` URLs are plain local paths.
 
 Per-rank saving (every rank saves the same step): NAME is a directory holding one
-`rank-R` file per rank and a COMMIT record written by rank 0 once all are durable.
+`rank-R.<id>` file per rank and a COMMIT record naming them, written atomically by
+rank 0 once all are durable; files of the previous version are deleted after it.
 """
 from __future__ import annotations
 
@@ -83,9 +84,10 @@ class PathStore:
                 self._staging = tempfile.mkdtemp(prefix="fastckpt-upload-")
             return target, os.path.join(self._staging, f"{counter}-{rank}.tmp")
         target = local_path(target)
-        if self.per_rank:
+        if self.per_rank:  # a fresh name each time: the old COMMIT keeps vouching for old files
             os.makedirs(target, exist_ok=True)
-            return target, os.path.join(target, FileStore.file_name(rank, fmt))
+            stem, ext = FileStore.file_name(rank, fmt).rsplit(".", 1)
+            return target, os.path.join(target, f"{stem}.{os.getpid()}-{counter}.{ext}")
         parent, name = os.path.split(target)
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
@@ -106,8 +108,12 @@ class PathStore:
         return ckpt_id
 
     def commit(self, info: CommitInfo) -> None:
-        if self.per_rank:
+        if self.per_rank:  # switches atomically from the old set of rank files to the new one
             write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
+            keep = {f.name for f in info.files}
+            for old in glob.glob(os.path.join(info.path, "rank-*")):
+                if os.path.basename(old) not in keep:
+                    _unlink_quietly(old)
 
     def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
         if file_path is not None:
