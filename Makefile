@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench clean
+.PHONY: setup demo test test-many bench bench-lightning clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,6 +28,9 @@ test-many: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) benchmarks/save_load.py $(ARGS)
+
+bench-lightning: $(STAMP)
+	$(VPY) benchmarks/lightning_overhead.py $(ARGS)
 
 clean:
 	rm -rf build *.egg-info fastckpt/*.so .pytest_cache

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 import bounds  # noqa: E402
 import peers  # noqa: E402
+from results import write_section  # noqa: E402
 
 import fastckpt  # noqa: E402
 
@@ -145,19 +146,6 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(text: str) -> None:
-    path = os.path.join(HERE, "RESULTS.md")
-    begin, end = "<!-- save_load:begin -->", "<!-- save_load:end -->"
-    old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.125, 1.0, 4.0], help="GiB")
@@ -181,7 +169,7 @@ def main() -> None:
     with open(os.path.join(args.out, "save_load.json"), "w") as f:
         json.dump({"when": stamp, "results": results}, f, indent=1)
     if not args.no_results:
-        write_results(header + "\n\n" + "\n\n".join(table(r) for r in results))
+        write_section("save_load", header + "\n\n" + "\n\n".join(table(r) for r in results))
 
 
 if __name__ == "__main__":

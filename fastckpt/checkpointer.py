@@ -137,15 +137,18 @@ class Checkpointer:
         self._engine = new_engine(self.chunk_mb, self.writers * self.concurrency)
 
     def _ensure_staging(self, plan) -> bool:
-        """Grows the pool to its bound; False when policy='skip' and it is too full now."""
+        """Grows the pool as needed, within its bound; False when policy='skip' and it is too full now."""
         pool = self._engine.pool
         need = max(1, math.ceil((plan.data_end - plan.data_begin) / pool.chunk_bytes))
         if self.staging_mb is None:
             cap = min(self.concurrency * need, max(1, physical_memory() // 2 // pool.chunk_bytes))
         else:
             cap = max(1, self.staging_mb * MiB // pool.chunk_bytes)
-        if pool.capacity < cap:
-            new = pool.grow(cap - pool.capacity)
+        # Grow on demand, up to the bound: the first save prefaults one checkpoint's worth,
+        # not concurrency x; more only when saves really overlap.
+        grow = min(cap - pool.capacity, need - pool.free_count)
+        if grow > 0:
+            new = pool.grow(grow)
             from .cuda_snapshot import pin_host_memory
             self.stats["pinned"] = pin_host_memory(new, pool.chunk_bytes) or self.stats["pinned"]
         return self.policy == "wait" or pool.free_count >= min(need, pool.capacity)

@@ -7,6 +7,6 @@
 with DDP's gradient all-reduce.
 """
 from .checkpoint_io import FastCheckpointIO
-from .layerwise import LayerwiseCheckpointing, layerwise_comm_hook
+from .layerwise import LayerwiseCheckpointing
 
-__all__ = ["FastCheckpointIO", "LayerwiseCheckpointing", "layerwise_comm_hook"]
+__all__ = ["FastCheckpointIO", "LayerwiseCheckpointing"]

@@ -27,9 +27,10 @@ from fastckpt import commit
 from fastckpt.checkpointer import Checkpointer
 from fastckpt.errors import ConfigError
 from fastckpt.format import load_file
+from fastckpt.layerwise import HeldSnapshots
+from fastckpt.step_gate import StepGate
 from fastckpt.store import path_store
 
-from .step_gate import StepGate
 
 IGNORED_KEYS = ("root", "store", "keep", "distributed")  # Lightning decides paths and retention
 
@@ -64,10 +65,10 @@ class FastCheckpointIO(CheckpointIO):
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, fastckpt.Pending] = {}
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
-        self._held: list[tuple[fastckpt.Pending, dict[int, int]]] = []
-        self.stats = {"saves": 0, "layerwise_released": 0}
+        self.stats = {"saves": 0}
         self.gate = StepGate(self._gate)
         self.gate.install()
+        self.held = HeldSnapshots(self.gate)
 
     @classmethod
     def from_config(cls, cfg) -> "FastCheckpointIO":
@@ -99,8 +100,8 @@ class FastCheckpointIO(CheckpointIO):
                                             path=path, held=held)
         self._by_path[key] = pending
         self.stats["saves"] += 1
-        if held:
-            self._hold(pending)
+        if held and not pending.skipped:
+            self.held.hold(pending)
         if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
             pending.release_all()
             pending.wait()
@@ -113,30 +114,9 @@ class FastCheckpointIO(CheckpointIO):
 
     def _gate(self) -> None:
         """Before an optimizer update: every snapshot in flight has copied what the update overwrites."""
-        self._held.clear()
+        self.held.clear()
         if self._ck is not None:
             self._ck.gate()
-
-    # -- layer-wise ------------------------------------------------------
-    def _hold(self, pending: fastckpt.Pending) -> None:
-        owned = self.gate.owned_storages()
-        index = {r.storage.data_ptr(): i for i, r in enumerate(pending.plan.records)}
-        pending.release([i for ptr, i in index.items() if ptr not in owned])  # copies made by save
-        self._held.append((pending, index))
-
-    def release_params(self, params) -> list[tuple[fastckpt.Pending, list[int]]]:
-        """Starts the copy of these parameters and their optimizer state; returns what to wait on."""
-        if not self._held:
-            return []
-        ptrs = self.gate.storages_of(params)
-        out = []
-        for pending, index in list(self._held):
-            recs = [index[p] for p in ptrs if p in index]
-            if recs:
-                pending.release(recs)
-                self.stats["layerwise_released"] += len(recs)
-                out.append((pending, recs))
-        return out
 
     # -- loading ---------------------------------------------------------
     @override
@@ -198,7 +178,7 @@ class FastCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         """Waits for every checkpoint in flight and raises the first write error."""
-        self._held.clear()
+        self.held.clear()
         self.gate.steps_seen = 0
         ck, self._ck = self._ck, None
         try:

@@ -1,6 +1,6 @@
 """LayerwiseCheckpointing: LightCheck's layer-wise snapshot, pipelined with DDP's gradient all-reduce.
 
-Owns the hooks that turn one checkpoint into per-bucket copies. With it, a save
+Owns wiring fastckpt.layerwise into a Lightning run. With it, a save
 issued at the end of step i copies nothing at once (only tensors outside the
 optimizer, which save copies itself). During step i+1's backward, when DDP hands
 a gradient bucket to its communication hook, the copy of that bucket's parameters
@@ -17,11 +17,13 @@ accumulated, overlapping the rest of the backward pass.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
+
+from fastckpt.layerwise import layerwise_comm_hook
 
 from .checkpoint_io import FastCheckpointIO
 
@@ -43,14 +45,14 @@ class LayerwiseCheckpointing(Callback):
         strategy = trainer.strategy
         if isinstance(strategy, DDPStrategy) and strategy.root_device.type == "cuda":
             # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does.
-            strategy._ddp_comm_hook = layerwise_comm_hook(io, strategy._ddp_comm_hook)
+            strategy._ddp_comm_hook = layerwise_comm_hook(io.held, strategy._ddp_comm_hook)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
         model = strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             if strategy.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
-                hook = layerwise_comm_hook(self._io, strategy._ddp_comm_hook)
+                hook = layerwise_comm_hook(self._io.held, strategy._ddp_comm_hook)
                 try:
                     model.register_comm_hook(strategy._ddp_comm_state, hook)
                 except RuntimeError as e:
@@ -64,31 +66,9 @@ class LayerwiseCheckpointing(Callback):
                     self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     def _on_grad(self, param: torch.Tensor) -> None:
-        self._io.release_params([param])
+        self._io.held.release_params([param])
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for h in self._grad_hooks:
             h.remove()
         self._grad_hooks.clear()
-
-
-def layerwise_comm_hook(io: FastCheckpointIO, inner: Optional[Callable] = None) -> Callable:
-    """A DDP comm hook: release this bucket's snapshot, run `inner` (default all-reduce), and
-    complete the bucket's future only once the bucket's copy is done."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    inner = inner or allreduce_hook
-
-    def layerwise_hook(state, bucket):  # no annotations: DDP checks them against its own types
-        waits = io.release_params(bucket.parameters())
-        fut = inner(state, bucket)
-        if not waits:
-            return fut
-
-        def after_copy(f):
-            for pending, records in waits:
-                pending.wait_records(records)
-            return f.value()
-
-        return fut.then(after_copy)
-
-    return layerwise_hook

@@ -1,6 +1,6 @@
 """The gate between an asynchronous snapshot and the optimizer update that would overwrite it.
 
-Owns one process-wide optimizer step pre-hook per FastCheckpointIO
+Owns one process-wide optimizer step pre-hook per checkpointing front end (e.g. FastCheckpointIO)
 (`torch.optim.optimizer.register_optimizer_step_pre_hook`):
 - it learns which optimizers exist (weakly), so a save can tell the tensors only
   `optimizer.step()` changes (parameters with their optimizer state) from the rest

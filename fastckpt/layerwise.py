@@ -1,0 +1,72 @@
+"""Layer-wise snapshots (LightCheck §III-B): per-bucket copies started by the gradient all-reduce.
+
+Owns the held snapshots of one checkpointing front end and the DDP communication
+hook that releases them. A held save copies nothing at once; when DDP hands a
+gradient bucket to its communication hook, the copy of that bucket's parameters
+and their optimizer state starts, overlapping the bucket's all-reduce and the
+rest of the backward pass, and the bucket's future completes only once its copy
+is done — the update of a bucket waits for that bucket's copy alone. Whatever no
+bucket covered is released by the step gate before the optimizer step.
+Framework-free: the Lightning and DeepSpeed plugins wire it in.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .pending import Pending
+from .step_gate import StepGate
+
+
+class HeldSnapshots:
+    """Saves issued with held=True, indexed by the storages their records copy."""
+
+    def __init__(self, gate: StepGate):
+        self.gate = gate
+        self._held: list[tuple[Pending, dict[int, int]]] = []
+        self.released = 0  # records released by hooks (for tests and stats)
+
+    def hold(self, pending: Pending) -> None:
+        """Keeps `pending` held, except records the optimizer does not own (copies save made)."""
+        owned = self.gate.owned_storages()
+        index = {r.storage.data_ptr(): i for i, r in enumerate(pending.plan.records)}
+        pending.release([i for ptr, i in index.items() if ptr not in owned])
+        self._held.append((pending, index))
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def release_params(self, params) -> list[tuple[Pending, list[int]]]:
+        """Starts the copy of these parameters and their optimizer state; returns what to wait on."""
+        if not self._held:
+            return []
+        ptrs = self.gate.storages_of(params)
+        out = []
+        for pending, index in list(self._held):
+            recs = [index[p] for p in ptrs if p in index]
+            if recs:
+                pending.release(recs)
+                self.released += len(recs)
+                out.append((pending, recs))
+        return out
+
+
+def layerwise_comm_hook(held: HeldSnapshots, inner: Optional[Callable] = None) -> Callable:
+    """A DDP comm hook: release this bucket's snapshot, run `inner` (default all-reduce), and
+    complete the bucket's future only once the bucket's copy is done."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    inner = inner or allreduce_hook
+
+    def layerwise_hook(state, bucket):  # no annotations: DDP checks them against its own types
+        waits = held.release_params(bucket.parameters())
+        fut = inner(state, bucket)
+        if not waits:
+            return fut
+
+        def after_copy(f):
+            for pending, records in waits:
+                pending.wait_records(records)
+            return f.value()
+
+        return fut.then(after_copy)
+
+    return layerwise_hook
