@@ -172,8 +172,12 @@ def main() -> None:
     text = table(res)
     print(text)
     plot(res, os.path.join(args.out, "lightning_overhead.png"))
-    if not args.no_results:
-        write_section("lightning_overhead", text)
+    if not args.no_results:  # the figures RESULTS.md quotes are kept with it
+        os.makedirs(os.path.join(HERE, "figures"), exist_ok=True)
+        for name in ("lightning_overhead.json", "lightning_overhead.png"):
+            shutil.copy(os.path.join(args.out, name), os.path.join(HERE, "figures", name))
+        write_section("lightning_overhead", text + "\n\nPlot: `benchmarks/figures/lightning_overhead.png`, "
+                      "data: `benchmarks/figures/lightning_overhead.json`.")
 
 
 def table(res: dict) -> str:

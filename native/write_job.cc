@@ -157,23 +157,13 @@ void WriteJob::release_all() {
 bool WriteJob::wait_records_copied(const std::vector<uint32_t>& records, double timeout_s) {
   if (mode_ == Mode::External) throw std::logic_error("external jobs track copies themselves");
   const std::vector<size_t> units = units_of(records);
-  std::unique_lock<std::mutex> lk(mu_);
-  auto ready = [&] {
-    if (failed_) return true;
-    for (size_t u : units)
-      if (unit_state_[u] != 2) return false;
-    return true;
-  };
-  if (timeout_s < 0) {
-    cv_.wait(lk, ready);
-  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
-    return false;
-  }
-  if (failed_) {
-    if (error_errno_ != 0) throw IoError(error_, error_errno_);
-    throw std::runtime_error(error_);
-  }
-  return true;
+  return wait_until(
+      [&] {
+        for (size_t u : units)
+          if (unit_state_[u] != 2) return false;
+        return true;
+      },
+      timeout_s);
 }
 
 void WriteJob::fail(const std::string& why, int err) {
@@ -293,9 +283,9 @@ void WriteJob::write_span(size_t i) {
   count_written();
 }
 
-bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
+bool WriteJob::wait_until(const std::function<bool()>& done, double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
-  auto ready = [&] { return failed_ || left == 0; };
+  auto ready = [&] { return failed_ || done(); };
   if (timeout_s < 0) {
     cv_.wait(lk, ready);
   } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
@@ -306,6 +296,10 @@ bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
     throw std::runtime_error(error_);
   }
   return true;
+}
+
+bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
+  return wait_until([&] { return left == 0; }, timeout_s);
 }
 
 bool WriteJob::wait_copied(double timeout_s) { return wait_latch(copies_left_, timeout_s); }

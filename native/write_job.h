@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -90,6 +91,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void submit_unit(size_t unit);
   std::vector<size_t> units_of(const std::vector<uint32_t>& records) const;
   void count_written();
+  // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
+  bool wait_until(const std::function<bool()>& done, double timeout_s);
   bool wait_latch(const size_t& left, double timeout_s);
   bool write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct);
   void close_fds();
