@@ -115,7 +115,7 @@ class Checkpointer:
             where = path if path is not None else f"under {self.root}"
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
                                          f"{e}; the previous checkpoint is intact")
-        pending.write, pending.path, pending.plan = write, ckpt_id, plan
+        pending.write, pending.plan = write, plan
         thread = threading.Thread(target=self._drain,
                                   args=(pending, write, error, ckpt_id, file_path, meta),
                                   name=f"fastckpt-commit-{counter}", daemon=True)

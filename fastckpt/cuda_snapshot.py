@@ -103,7 +103,7 @@ class CudaFileWrite:
         # Layer-wise: chunks are fed in the order records are released; each has its own latch.
         n_chunks = self._job.n_chunks if self._job is not None else 0
         self._chunk_done = [threading.Event() for _ in range(n_chunks)]
-        self._order: "queue.Queue[int | None]" = queue.Queue()
+        self._order: "queue.Queue[int]" = queue.Queue()
         self._issued = [False] * n_chunks
         self._issue_lock = threading.Lock()
         if not held or strategy == "g":

@@ -25,9 +25,9 @@ class HeldSnapshots:
         self._held: list[tuple[Pending, dict[int, int]]] = []
         self.released = 0  # records released by hooks (for tests and stats)
 
-    def hold(self, pending: Pending) -> None:
-        """Keeps `pending` held, except records the optimizer does not own (copies save made)."""
-        owned = self.gate.owned_storages()
+    def hold(self, pending: Pending, owned: set[int]) -> None:
+        """Keeps `pending` held, except records whose storage is not in `owned` (the storages
+        only optimizer.step() writes, StepGate.owned_storages(): the rest are copies save made)."""
         index = {r.storage.data_ptr(): i for i, r in enumerate(pending.plan.records)}
         pending.release([i for ptr, i in index.items() if ptr not in owned])
         self._held.append((pending, index))
@@ -69,4 +69,5 @@ def layerwise_comm_hook(held: HeldSnapshots, inner: Optional[Callable] = None) -
 
         return fut.then(after_copy)
 
+    layerwise_hook.fastckpt_layerwise = True
     return layerwise_hook

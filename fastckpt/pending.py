@@ -18,7 +18,6 @@ class Pending:
         self.observed = False
         self.skipped = skipped
         self.write = None  # the FileWrite in flight (None once skipped or failed to start)
-        self.path = None   # what the store calls this checkpoint (directory or file path)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
         if skipped:
             self._copied.set()

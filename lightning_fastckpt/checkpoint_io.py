@@ -93,7 +93,8 @@ class FastCheckpointIO(CheckpointIO):
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
         self._remove_deferred()
         running = self.gate.steps_seen > 0
-        state = _freeze_volatile(checkpoint, self.gate.owned_storages()) if running else checkpoint
+        owned = self.gate.owned_storages() if running else set()
+        state = _freeze_volatile(checkpoint, owned) if running else checkpoint
         _make_parent(path)
         held = self.layerwise and running
         pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
@@ -101,7 +102,7 @@ class FastCheckpointIO(CheckpointIO):
         self._by_path[key] = pending
         self.stats["saves"] += 1
         if held and not pending.skipped:
-            self.held.hold(pending)
+            self.held.hold(pending, owned)
         if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
             pending.release_all()
             pending.wait()

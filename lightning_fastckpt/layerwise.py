@@ -43,8 +43,10 @@ class LayerwiseCheckpointing(Callback):
         io.layerwise = True
         self._io = io
         strategy = trainer.strategy
-        if isinstance(strategy, DDPStrategy) and strategy.root_device.type == "cuda":
-            # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does.
+        if (isinstance(strategy, DDPStrategy) and strategy.root_device.type == "cuda"
+                and not getattr(strategy._ddp_comm_hook, "fastckpt_layerwise", False)):
+            # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does
+            # (once: setup runs again for validate/test on the same strategy).
             strategy._ddp_comm_hook = layerwise_comm_hook(io.held, strategy._ddp_comm_hook)
 
     def on_fit_start(self, trainer, pl_module) -> None:

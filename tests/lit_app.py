@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -55,6 +56,8 @@ def trainer(io=None, callbacks=(), **kw) -> L.Trainer:
     args = dict(logger=False, enable_progress_bar=False, enable_model_summary=False,
                 accelerator="cpu", devices=1, deterministic=True, num_sanity_val_steps=0)
     args.update(kw)
+    # no ModelCheckpoint given: no default one writing into the working directory
+    args.setdefault("enable_checkpointing", any(isinstance(c, ModelCheckpoint) for c in callbacks))
     return L.Trainer(plugins=[io] if io is not None else None, callbacks=list(callbacks), **args)
 
 

@@ -51,9 +51,7 @@ class FileStore:
 
     # -- the store protocol the Checkpointer drives ----------------------
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
-        """(checkpoint id, path this rank writes) for a new checkpoint."""
-        if target is not None:
-            raise ValueError("the file store names checkpoints itself; save(..., path=) is for store='path'")
+        """(checkpoint id, path this rank writes) for a new checkpoint; target is unused here."""
         ckpt_dir = self.new_dir(step, counter)
         return ckpt_dir, os.path.join(ckpt_dir, self.file_name(rank, fmt))
 

@@ -73,8 +73,6 @@ class PathStore:
         return []
 
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
-        if target is None:
-            raise ValueError("store='path' needs save(..., path=...)")
         target = os.fspath(target)
         if is_remote(target):
             if self.per_rank:
