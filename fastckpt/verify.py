@@ -62,14 +62,14 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
         file_crc, n = idx.file_crc, len(order)
         note = "" if file_crc is not None else " (written by torch.save: record CRCs only)"
     else:
-        from .format.safetensors_format import CRC_KEY, check_crcs, read_header
+        from .format.safetensors_format import check_crcs, has_checksums, read_header
         header, data_begin, head = read_header(path)
         meta = header.get("__metadata__", {})
         names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
         spans = [(data_begin + header[k]["data_offsets"][0],
                   header[k]["data_offsets"][1] - header[k]["data_offsets"][0]) for k in names]
         crcs = range_crcs(path, spans)
-        if CRC_KEY not in meta:
+        if not has_checksums(path, meta):
             return f"{path}: safetensors file without fastckpt checksums (structure checked only)"
         try:
             check_crcs(path, meta, head, names, crcs, [n for _, n in spans], entry.crc32 if entry else None)

@@ -14,11 +14,20 @@ from fastckpt.cli import main
 from conftest import assert_same, state_matrix
 
 
-def flip_positions(size: int, rng: random.Random, n: int) -> list[int]:
-    """Every region gets hit: the first/last bytes, evenly spaced points, and random ones."""
-    fixed = [0, 1, 4, 8, 30, 100, 4095, 4096, size // 2, size - 1, size - 8, size - 20, size - 30, size - 60]
-    even = [size * k // 40 for k in range(40)]
-    return sorted({p for p in fixed + even + [rng.randrange(size) for _ in range(n)] if 0 <= p < size})
+def flip_positions(data: bytes, rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """(byte, bit) pairs hitting every region: all eight bits of the first/last bytes, of the
+    recorded file CRC at the end and of every fastckpt key name (a case flip of a hex digit or
+    a renamed key once went unnoticed), plus evenly spaced and random bytes with a random bit."""
+    size = len(data)
+    fixed = [0, 1, 4, 8, 30, 100, 4095, 4096, size // 2, size - 20, size - 30, size - 60]
+    fixed += list(range(size - 12, size))
+    at = data.find(b"fastckpt")
+    while at >= 0:
+        fixed += list(range(at, at + 14))
+        at = data.find(b"fastckpt", at + 1)
+    some = [size * k // 40 for k in range(40)] + [rng.randrange(size) for _ in range(n)]
+    pairs = {(p, b) for p in fixed for b in range(8)} | {(p, rng.randrange(8)) for p in some}
+    return sorted((p, b) for p, b in pairs if 0 <= p < size)
 
 
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
@@ -27,13 +36,12 @@ def test_verify_detects_any_flipped_bit(tmp_path, fmt, capsys):
     fastckpt.save(state_matrix(), path, format=fmt)
     assert main(["verify", path]) == 0
     data = open(path, "rb").read()
-    rng = random.Random(3)
-    for pos in flip_positions(len(data), rng, 60):
+    for pos, bit in flip_positions(data, random.Random(3), 60):
         bad = bytearray(data)
-        bad[pos] ^= 1 << rng.randrange(8)
+        bad[pos] ^= 1 << bit
         with open(path, "wb") as f:
             f.write(bad)
-        assert main(["verify", path]) == 1, f"flip at byte {pos} of {len(data)} went unnoticed"
+        assert main(["verify", path]) == 1, f"flip of bit {bit} at byte {pos} of {len(data)} went unnoticed"
         with pytest.raises((fastckpt.CorruptCheckpointError, fastckpt.UnsafeCheckpointError)):
             fastckpt.load(path)
     with open(path, "wb") as f:

@@ -188,7 +188,7 @@ def read_safetensors(path: str, map_location=None, verify: bool = True, weights_
               header[n]["data_offsets"][1] - header[n]["data_offsets"][0]) for n in names]
     data, crcs = read_records(path, spans, verify, True if mmap is None else mmap, threads)
     bufs = dict(zip(names, data))
-    if verify and CRC_KEY in meta:
+    if verify and has_checksums(path, meta):
         check_crcs(path, meta, head_bytes, names, crcs, [bufs[n].numel() for n in names], expect_crc)
     out = {}
     for n in names:
@@ -200,12 +200,21 @@ def read_safetensors(path: str, map_location=None, verify: bool = True, weights_
     return _rebuild(json.loads(meta[SKELETON_KEY]), out, device, weights_only)
 
 
+def has_checksums(path, meta: dict) -> bool:
+    """True for a file fastckpt wrote (all three of its keys), False for a plain safetensors
+    file (none); a damaged key name leaves some but not all, which is corruption."""
+    ours = [k for k in (CRC_KEY, RECORDS_KEY, SKELETON_KEY) if k in meta]
+    if ours and len(ours) != 3:
+        raise _bad(path, "the header is damaged (a fastckpt metadata key is missing)")
+    return bool(ours)
+
+
 def check_crcs(path, meta, head_bytes, names, crcs, sizes, expect_crc) -> None:
     stored = meta.get(RECORDS_KEY, "")
     if len(stored) != 8 * len(names):
         raise _bad(path, "per-entry CRC list does not match the entries")
     for i, (n, c) in enumerate(zip(names, crcs)):
-        if int(stored[8 * i:8 * i + 8], 16) != c:
+        if stored[8 * i:8 * i + 8] != f"{c:08x}":  # as written: a case flip is damage too
             raise CorruptCheckpointError(
                 f"{path}: entry {n!r} fails its CRC-32 check (stored {stored[8*i:8*i+8]}, computed {c:08x})")
     key = f'"{CRC_KEY}":"{meta[CRC_KEY]}"'.encode()

@@ -8,11 +8,14 @@ encryption, overlapping records). Produces an index a loader can trust.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass
 
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
+
+_CRC_HEX = re.compile(rb"[0-9a-f]{8}")
 
 MAX_CD_ENTRIES = 10_000_000
 
@@ -151,12 +154,12 @@ def read_index(path: str) -> ZipIndex:
                 raise _bad(path, "records overlap")
         file_crc = None
         if comment.startswith(zl.COMMENT_PREFIX):
-            try:
-                file_crc = int(comment[len(zl.COMMENT_PREFIX):], 16)
-            except ValueError:
-                raise _bad(path, "damaged fastckpt comment") from None
-            if len(comment) != len(zl.COMMENT_PREFIX) + 8:
+            digits = comment[len(zl.COMMENT_PREFIX):]
+            # Exactly what the writer emits (8 lowercase hex digits): int(x, 16) would also take
+            # 'C' for 'c', so a flipped case bit in the recorded CRC would go unnoticed.
+            if not _CRC_HEX.fullmatch(digits):
                 raise _bad(path, "damaged fastckpt comment")
+            file_crc = int(digits, 16)
         elif comment:
             raise _bad(path, "unrecognised archive comment (damaged end record?)")
         return ZipIndex(path, size, prefix or "archive/", entries, cd_off, file_crc,
