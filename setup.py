@@ -6,7 +6,7 @@ native = Pybind11Extension(
     "fastckpt._native",
     sources=["native/bindings.cc", "native/write_job.cc"],
     include_dirs=["native"],
-    libraries=["z"],
+    libraries=["z", "dl"],
     cxx_std=17,
     extra_compile_args=["-O3", "-Wall", "-Wextra"],
 )

@@ -5,9 +5,10 @@ is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.loa
 reads) by the `path` store; it returns once the snapshot is issued. Consistency:
 tensors only `optimizer.step()` writes are copied in the background and the update
 waits for them (step_gate); every other tensor is copied before save returns.
-Outside a training run a save is durable when it returns. `load_checkpoint` and
-`remove_checkpoint` of an in-flight path wait for it; a removal that would leave no
-valid checkpoint waits until a newer one is committed. `teardown` waits for
+Outside a training run a save is durable when it returns. `load_checkpoint` of an
+in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
+whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
+one is committed. `teardown` waits for
 everything and raises the first write error; one nobody saw is raised by the next save.
 """
 from __future__ import annotations
@@ -146,15 +147,15 @@ class FastCheckpointIO(CheckpointIO):
     # -- removing --------------------------------------------------------
     @override
     def remove_checkpoint(self, path) -> None:
+        """Deletes `path` now if a newer checkpoint is committed; otherwise, or while `path` is
+        still being written, as soon as both hold (at a later save or at teardown). Never
+        blocks: ModelCheckpoint removes the previous file right after issuing the next save,
+        so waiting here would make every save wait for the one before it."""
         path = os.fspath(path)
         key = _key(path)
-        mine = self._settle(key)
-        base = mine.counter if mine is not None else -1
-        if self._committed_newer(base, exclude=key):
-            path_store.remove(path)
-            self._by_path.pop(key, None)
-        else:  # it may be the only valid checkpoint: delete once a newer one is committed
-            self._deferred[key] = (path, base)
+        pending = self._by_path.get(key)
+        self._deferred[key] = (path, pending.counter if pending is not None else -1)
+        self._remove_deferred()
 
     def _committed_newer(self, base: int, exclude: str) -> bool:
         return any(k != exclude and k not in self._deferred and p.counter > base and p.done()
@@ -162,6 +163,9 @@ class FastCheckpointIO(CheckpointIO):
 
     def _remove_deferred(self) -> None:
         for key, (path, base) in list(self._deferred.items()):
+            mine = self._by_path.get(key)
+            if mine is not None and not mine.done():
+                continue  # still in flight: deleting now would let its rename bring it back
             if self._committed_newer(base, exclude=key):
                 del self._deferred[key]
                 path_store.remove(path)

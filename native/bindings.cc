@@ -21,7 +21,7 @@ py::dict features() {
   d["fallocate"] = true;
   d["io_uring"] = false;
   d["libpmem2"] = false;
-  d["crc32"] = std::string("zlib ") + zlibVersion();
+  d["crc32"] = crc32_backend_name();
   d["hardware_threads"] = std::thread::hardware_concurrency();
   return d;
 }

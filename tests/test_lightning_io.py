@@ -158,23 +158,27 @@ def test_write_error_surfaces_at_next_save_or_teardown(mount_tmpfs):
     assert not [f for f in os.listdir(root) if not f.startswith(".")], "a partial .ckpt became visible"
 
 
-def test_remove_waits_and_never_deletes_the_only_valid_checkpoint(tmp_path):
+def test_remove_never_blocks_nor_deletes_the_only_valid_checkpoint(tmp_path):
     io = FastCheckpointIO(layerwise=True)  # held saves stay in flight until released
     io.gate.steps_seen = 1  # as inside fit
-    a, b = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
+    a, b, c = (str(tmp_path / f"{n}.ckpt") for n in "abc")
     io.save_checkpoint({"w": torch.arange(10.0), "global_step": 1}, a)
     io._by_path[a].release_all()
     io._by_path[a].wait()
     io.save_checkpoint({"w": torch.arange(10.0) + 1, "global_step": 2}, b)  # held: in flight
-    assert not io._by_path[b].done()
     io.remove_checkpoint(a)  # b is not committed yet: a is the only valid checkpoint
     assert os.path.exists(a)
+    io.remove_checkpoint(b)  # in flight: returns at once, deleted only after it has landed
+    assert not io._by_path[b].done()
+    io.save_checkpoint({"w": torch.arange(10.0) + 2, "global_step": 3}, c)
     got = io.load_checkpoint(b)  # loading an in-flight path waits for it
     assert torch.equal(got["w"], torch.arange(10.0) + 1)
-    io.teardown()  # b committed: the deferred removal of a happens now
-    assert not os.path.exists(a) and os.path.exists(b)
-    io.remove_checkpoint(b)  # not ours anymore after teardown and nothing newer: still kept
-    assert os.path.exists(b)
+    assert os.path.exists(a) and os.path.exists(b)  # c, the newest, is still in flight
+    io.teardown()  # c committed: both deferred removals happen now, and b does not come back
+    assert not os.path.exists(a) and not os.path.exists(b) and os.path.exists(c)
+    assert [f for f in os.listdir(tmp_path)] == ["c.ckpt"]
+    io.remove_checkpoint(c)  # not ours anymore after teardown and nothing newer: still kept
+    assert os.path.exists(c)
 
 
 def test_memory_url_through_model_checkpoint():
