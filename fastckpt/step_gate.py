@@ -64,15 +64,20 @@ class StepGate:
 
     def owned_storages(self) -> set[int]:
         """Storages only optimizer.step() writes: parameters and optimizer state of known optimizers."""
-        out: set[int] = set()
+        return set(self._owned())
+
+    def owned_bytes(self) -> int:
+        """Bytes of those storages: most of what a training checkpoint holds."""
+        return sum(self._owned().values())
+
+    def _owned(self) -> dict[int, int]:
+        out: dict[int, int] = {}
         for opt in list(self.optimizers):
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    out.add(p.untyped_storage().data_ptr())
-            for st in opt.state.values():
-                for v in st.values():
-                    if isinstance(v, torch.Tensor):
-                        out.add(v.untyped_storage().data_ptr())
+            tensors = [p for group in opt.param_groups for p in group["params"]]
+            tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+            for t in tensors:
+                storage = t.untyped_storage()
+                out[storage.data_ptr()] = storage.nbytes()
         return out
 
     def storages_of(self, params) -> set[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
@@ -66,6 +67,7 @@ class FastCheckpointIO(CheckpointIO):
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, fastckpt.Pending] = {}
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
+        self._reaper: Optional[ThreadPoolExecutor] = None
         self.stats = {"saves": 0}
         self.gate = StepGate(self._gate)
         self.gate.install()
@@ -119,6 +121,8 @@ class FastCheckpointIO(CheckpointIO):
         self.held.clear()
         if self._ck is not None:
             self._ck.gate()
+        if self.gate.steps_seen == 2:  # optimizer state exists now: fault staging in early
+            self._checkpointer().reserve(self.gate.owned_bytes())
 
     # -- loading ---------------------------------------------------------
     @override
@@ -168,8 +172,14 @@ class FastCheckpointIO(CheckpointIO):
                 continue  # still in flight: deleting now would let its rename bring it back
             if self._committed_newer(base, exclude=key):
                 del self._deferred[key]
-                path_store.remove(path)
+                path_store.remove(path, later=self._reap)
                 self._by_path.pop(key, None)
+
+    def _reap(self, free) -> None:
+        """Frees a removed file's blocks off the training thread (joined at teardown)."""
+        if self._reaper is None:
+            self._reaper = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
+        self._reaper.submit(free)
 
     def _settle(self, key: str) -> Optional[fastckpt.Pending]:
         """Waits for the checkpoint in flight at this path, if any; raises its error."""
@@ -192,6 +202,9 @@ class FastCheckpointIO(CheckpointIO):
         finally:
             self._remove_deferred()
             self._by_path = {k: p for k, p in self._by_path.items() if k in self._deferred}
+            reaper, self._reaper = self._reaper, None
+            if reaper is not None:
+                reaper.shutdown(wait=True)
 
     def __del__(self) -> None:
         self.gate.remove()

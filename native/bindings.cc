@@ -77,7 +77,7 @@ PYBIND11_MODULE(_native, m) {
       .value("External", Mode::External);
 
   py::class_<StagingPool>(m, "StagingPool")
-      .def("grow", &StagingPool::grow)
+      .def("grow", &StagingPool::grow, py::call_guard<py::gil_scoped_release>())
       .def("acquire", &StagingPool::acquire, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
       .def("release", &StagingPool::release)

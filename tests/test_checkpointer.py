@@ -70,6 +70,20 @@ def test_staging_smaller_than_state_streams_through(tmp_path):
         assert_same(state, ck.load())
 
 
+def test_reserve_faults_staging_in_ahead_of_the_first_save(tmp_path):
+    state = {"w": torch.randn(3 << 20)}  # 12 MiB: three 4 MiB chunks
+    with fastckpt.Checkpointer(tmp_path, chunk_mb=4, concurrency=2) as ck:
+        ck.reserve(state["w"].nbytes)
+        ck._reserving.join()  # it runs in the background; here we wait to look
+        pool = ck._engine.pool
+        assert pool.capacity == 3
+        ck.save(state, step=1).wait()
+        assert pool.capacity == 3  # the save found its staging ready
+        ck.reserve(1 << 30)  # once per Checkpointer
+        assert pool.capacity == 3
+        assert_same(ck.load(), state)
+
+
 def test_skip_policy_drops_when_full(tmp_path):
     with fastckpt.Checkpointer(tmp_path, concurrency=1, policy="skip", strategy="d") as ck:
         first = ck.save(model_state(1, n=16), step=1)

@@ -181,6 +181,25 @@ def test_remove_never_blocks_nor_deletes_the_only_valid_checkpoint(tmp_path):
     assert os.path.exists(c)
 
 
+def test_removal_is_immediate_and_a_crashed_removal_is_swept(tmp_path):
+    io = FastCheckpointIO()
+    a, b = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
+    io.save_checkpoint({"w": torch.arange(10.0)}, a)  # outside fit: durable on return
+    io.save_checkpoint({"w": torch.arange(10.0) + 1}, b)
+    io.remove_checkpoint(a)  # b is committed: the name goes now, the blocks are freed later
+    assert not os.path.exists(a)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".old.ckpt.fastckpt-{dead.pid}-rm3.tmp").write_bytes(b"x" * 100)
+    (tmp_path / f".per-rank.fastckpt-{dead.pid}-rm4.tmp").mkdir()
+    (tmp_path / f".per-rank.fastckpt-{dead.pid}-rm4.tmp" / "rank-0.1-1.pt").write_bytes(b"x")
+    live = tmp_path / f".other.ckpt.fastckpt-{os.getppid()}-rm5.tmp"  # its owner still runs
+    live.write_bytes(b"y")
+    io.save_checkpoint({"w": torch.arange(10.0) + 2}, str(tmp_path / "c.ckpt"))
+    io.teardown()
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, "b.ckpt", "c.ckpt"])
+
+
 def test_memory_url_through_model_checkpoint():
     base = f"memory://ckpts-{os.getpid()}"
     fit(FastCheckpointIO(), base, steps=12, every_n_train_steps=4, save_last=True, save_top_k=1,

@@ -16,10 +16,12 @@ rank 0 once all are durable; files of the previous version are deleted after it.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import shutil
 import tempfile
+from typing import Any, Callable, Optional
 
 from .. import commit
 from ..commit import CommitInfo
@@ -29,6 +31,7 @@ from .file_store import FileStore
 
 MARKER_SUFFIX = ".fastckpt-commit"
 TMP_GLOB = ".*.fastckpt-*.tmp"
+_removals = itertools.count()
 
 
 def is_remote(path) -> bool:
@@ -164,8 +167,14 @@ def download(url: str, into_dir: str) -> tuple[str, int]:
     return local, rec["crc32"]
 
 
-def remove(path) -> None:
-    """Deletes a checkpoint at a local path or URL: commit record first, then the data."""
+def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:
+    """Deletes a checkpoint at a local path or URL; URLs: commit record first, then the data.
+
+    A local path is renamed at once to a hidden `.NAME.fastckpt-PID-rmN.tmp`, so the name is
+    gone when this returns; freeing the data (tens of ms for a large file on ext4) runs through
+    `later(fn)` when given (a background executor), inline otherwise. A crash in between
+    leaves a dead writer's temporary file, which the next save into that directory sweeps.
+    """
     p = os.fspath(path)
     if is_remote(p):
         fs = filesystem(p)
@@ -174,14 +183,15 @@ def remove(path) -> None:
                 fs.rm(name, recursive=True)
         return
     p = local_path(p)
-    if os.path.isdir(p) and not os.path.islink(p):
-        _unlink_quietly(os.path.join(p, commit.COMMIT_NAME))
-        shutil.rmtree(p, ignore_errors=True)
-    elif os.path.lexists(p):
-        os.unlink(p)
-    else:
+    if not os.path.lexists(p):
         return
-    fsync_dir(os.path.dirname(p))
+    parent, name = os.path.split(p)
+    hidden = os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-rm{next(_removals)}.tmp")
+    os.rename(p, hidden)
+    if later is None:
+        _delete_quietly(hidden)
+    else:
+        later(lambda: _delete_quietly(hidden))
 
 
 def _sweep_dead_tmp(parent: str) -> None:
@@ -192,7 +202,7 @@ def _sweep_dead_tmp(parent: str) -> None:
         except (IndexError, ValueError):
             continue
         if pid != os.getpid() and not _alive(pid):
-            _unlink_quietly(tmp)
+            _delete_quietly(tmp)
 
 
 def _alive(pid: int) -> bool:
@@ -203,6 +213,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _delete_quietly(path: str) -> None:
+    """A file, or a per-rank checkpoint directory, gone; already gone is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _unlink_quietly(path)
 
 
 def _unlink_quietly(path: str) -> None:
