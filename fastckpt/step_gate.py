@@ -12,6 +12,7 @@ Owns one process-wide optimizer step pre-hook per checkpointing front end (e.g. 
 """
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Callable
 
@@ -91,3 +92,32 @@ class StepGate:
                     if isinstance(v, torch.Tensor):
                         out.add(v.untyped_storage().data_ptr())
         return out
+
+
+def freeze_unowned(state, owned: set[int]):
+    """`state` with every tensor whose storage is not in `owned` replaced by a copy made now:
+    what something other than the optimizer update (a forward pass, a buffer update) may
+    change before the gated snapshot has copied it. Containers keep their types."""
+    if isinstance(state, torch.Tensor):
+        return state if state.untyped_storage().data_ptr() in owned else state.detach().clone()
+    if isinstance(state, dict):
+        out = {k: freeze_unowned(v, owned) for k, v in state.items()}
+        return out if type(state) is dict else _same_mapping(state, out)
+    if isinstance(state, (list, tuple)):
+        items = [freeze_unowned(v, owned) for v in state]
+        if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple
+            return type(state)(*items)
+        return type(state)(items)
+    return state
+
+
+def _same_mapping(original: dict, values: dict) -> dict:
+    try:
+        if isinstance(original, collections.defaultdict):
+            new = type(original)(original.default_factory)
+        else:
+            new = type(original)()
+    except TypeError:  # a mapping type that needs arguments: a plain dict keeps the values
+        return values
+    new.update(values)
+    return new

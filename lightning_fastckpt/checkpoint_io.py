@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
 import fastckpt
@@ -30,7 +29,7 @@ from fastckpt.checkpointer import Checkpointer
 from fastckpt.errors import ConfigError
 from fastckpt.format import load_file
 from fastckpt.layerwise import HeldSnapshots
-from fastckpt.step_gate import StepGate
+from fastckpt.step_gate import StepGate, freeze_unowned
 from fastckpt.store import path_store
 
 
@@ -97,7 +96,7 @@ class FastCheckpointIO(CheckpointIO):
         self._remove_deferred()
         running = self.gate.steps_seen > 0
         owned = self.gate.owned_storages() if running else set()
-        state = _freeze_volatile(checkpoint, owned) if running else checkpoint
+        state = freeze_unowned(checkpoint, owned) if running else checkpoint
         _make_parent(path)
         held = self.layerwise and running
         pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
@@ -219,10 +218,3 @@ def _make_parent(path: str) -> None:
         path_store.filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     else:
         os.makedirs(os.path.dirname(path_store.local_path(path)), exist_ok=True)
-
-
-def _freeze_volatile(checkpoint: dict, owned: set[int]) -> dict:
-    """Copies now every tensor something other than optimizer.step() may change (buffers, ...)."""
-    def freeze(t: torch.Tensor) -> torch.Tensor:
-        return t if t.untyped_storage().data_ptr() in owned else t.detach().clone()
-    return apply_to_collection(checkpoint, torch.Tensor, freeze)

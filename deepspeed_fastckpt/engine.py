@@ -1,0 +1,116 @@
+"""FastckptEngine: DeepSpeed's CheckpointEngine over fastckpt's asynchronous Checkpointer.
+
+Owns the mapping from DeepSpeed's calls to fastckpt:
+- `create(info)` opens a tag; every `save(state_dict, path)` is one asynchronous fastckpt
+  file written at exactly `path` (an ordinary torch.save-format file that `torch.load` and
+  `zero_to_fp32` read), durable and renamed into place on its own;
+- `commit(info)` hands the tag to the TagCommitter, which records it once every rank's
+  files are durable; it does not block, so `engine.save_checkpoint` returns once the
+  snapshots are issued;
+- consistency: tensors that only the optimizer update writes (the optimizer's own
+  parameters and state, and the module parameters outside ZeRO-3, which DeepSpeed
+  rewrites only after that update) are copied in the background, and the update waits
+  for them (fastckpt.step_gate); every other tensor is copied before save returns;
+- `load(path)` waits for that path if it is in flight and reads with fastckpt's
+  restricted unpickler, which accepts the DeepSpeed types listed in safe_types and
+  never runs code from the file;
+- errors of a background write are raised by the next `create`, by `wait()` and by `close()`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
+
+import fastckpt
+from fastckpt.checkpointer import Checkpointer
+from fastckpt.distributed import make_agreement
+from fastckpt.step_gate import StepGate, freeze_unowned
+
+from .safe_types import deepspeed_safe_globals
+from .settings import checkpointer_kwargs, entry_of
+from .tags import TagCommitter, newest_committed
+
+ENGINE_NAME = "FastckptEngine"
+
+
+class FastckptEngine(CheckpointEngine):
+    """Selected by a "fastckpt" entry in the DeepSpeed config once `deepspeed_fastckpt` is imported."""
+
+    def __init__(self, config_params=None, settings: Optional[dict] = None):
+        super().__init__(config_params)
+        self.name = ENGINE_NAME
+        kwargs = checkpointer_kwargs(settings if settings is not None else entry_of(config_params))
+        self.verify = kwargs.get("verify", True)
+        self._ck = Checkpointer(store="path", distributed=False, **kwargs)
+        self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)))
+        self._tag: Optional[CheckpointCommitInfo] = None
+        self._files: list = []
+        self._by_path: dict[str, fastckpt.Pending] = {}
+        self.partitioned_params = False  # ZeRO-3: module parameters change in forward too
+        self.module_params: set[int] = set()
+        self.gate = StepGate(self._ck.gate)
+        self.gate.install()
+        self._closed = False
+
+    # -- saving ----------------------------------------------------------
+    def create(self, info: CheckpointCommitInfo) -> None:
+        self._committer.raise_errors()
+        self._tag, self._files = info, []
+
+    def save(self, state_dict, path: str) -> None:
+        path = os.path.abspath(path)
+        running = self.gate.steps_seen > 0
+        owned = (self.gate.owned_storages() | self.module_params) if running else set()
+        state = freeze_unowned(state_dict, owned) if running else state_dict
+        pending = self._ck.save(state, step=self.gate.steps_seen, path=path)
+        self._by_path[path] = pending
+        self._files.append((path, pending))
+        if not running:  # before any optimizer step nothing gates the copy: finish it now
+            pending.wait()
+
+    def commit(self, info: CheckpointCommitInfo) -> bool:
+        files, self._files, self._tag = self._files, [], None
+        self._committer.submit(info.save_dir, info.tag, files)
+        self._by_path = {p: q for p, q in self._by_path.items() if not q.done()}
+        return True
+
+    def wait(self) -> None:
+        """Until every tag saved so far is committed on every rank; raises the first error."""
+        self._ck.wait()
+        self._committer.wait()
+
+    # -- loading ---------------------------------------------------------
+    def load(self, path: str, map_location=None):
+        pending = self._by_path.get(os.path.abspath(path))
+        if pending is not None:
+            pending.wait()
+        with torch.serialization.safe_globals(deepspeed_safe_globals()):
+            return fastckpt.load(path, map_location=map_location, verify=self.verify, mmap=False)
+
+    def newest_committed_tag(self, save_dir: str) -> Optional[str]:
+        """After everything in flight has landed: the newest tag committed on every rank."""
+        self.wait()
+        return newest_committed(save_dir)
+
+    # -- closing ---------------------------------------------------------
+    def cleanup(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.gate.remove()
+        try:
+            self._ck.close()
+        finally:
+            self._committer.close()
+
+    def __del__(self) -> None:
+        try:
+            self.gate.remove()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,76 @@
+"""Hooks fastckpt into DeepSpeed when `deepspeed_fastckpt` is imported.
+
+Two small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
+"fastckpt" entry:
+- `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there; with the entry
+  the engine gets a FastckptEngine instead (the entry is validated first: unknown keys
+  are a ConfigError), told which tensors the optimizer update alone rewrites;
+- `load_checkpoint(dir, tag=None)`: the tag comes from fastckpt's commit records (the
+  newest tag committed on every rank), not from DeepSpeed's `latest` file, which may be
+  missing, torn or name a tag whose files never completed. An explicit tag must be
+  committed. Everything in flight lands first.
+This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from fastckpt.errors import CorruptCheckpointError
+
+from .engine import FastckptEngine
+from .settings import entry_of
+from .tags import read_record
+
+log = logging.getLogger(__name__)
+_MARK = "__fastckpt_wrapped__"
+
+
+def register() -> None:
+    """Idempotent; called on import of deepspeed_fastckpt."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    if getattr(DeepSpeedEngine._configure_checkpointing, _MARK, False):
+        return
+    DeepSpeedEngine._configure_checkpointing = _wrap_configure(DeepSpeedEngine._configure_checkpointing)
+    DeepSpeedEngine.load_checkpoint = _wrap_load(DeepSpeedEngine.load_checkpoint)
+
+
+def _wrap_configure(original):
+    @functools.wraps(original)
+    def _configure_checkpointing(self, *args, **kwargs):
+        entry = entry_of(self._config)
+        if entry is None or entry is False:
+            return original(self, *args, **kwargs)
+        engine = FastckptEngine(self._config, settings=entry)  # validates before anything is built
+        original(self, *args, **kwargs)  # DeepSpeed's bookkeeping (which ranks write what)
+        old, self.checkpoint_engine = self.checkpoint_engine, engine
+        if old is not None and old.is_decoupled():
+            old.cleanup()
+        if not self.zero_optimization_partition_weights():  # ZeRO-3 re-gathers them in forward
+            engine.module_params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        return None
+
+    setattr(_configure_checkpointing, _MARK, True)
+    return _configure_checkpointing
+
+
+def _wrap_load(original):
+    @functools.wraps(original)
+    def load_checkpoint(self, load_dir, tag=None, *args, **kwargs):
+        engine = self.checkpoint_engine
+        if not isinstance(engine, FastckptEngine):
+            return original(self, load_dir, tag, *args, **kwargs)
+        if tag is None:
+            tag = engine.newest_committed_tag(load_dir)
+            if tag is None:
+                log.warning("fastckpt: no committed checkpoint tag under %s; nothing loaded", load_dir)
+                return None, None
+        else:
+            engine.wait()
+            read_record(load_dir, str(tag))  # raises CorruptCheckpointError for an uncommitted tag
+        return original(self, load_dir, tag, *args, **kwargs)
+
+    return load_checkpoint
+
+
+__all__ = ["register", "CorruptCheckpointError"]

@@ -1,0 +1,39 @@
+"""The `"fastckpt": {...}` entry of a DeepSpeed JSON config: what it may hold, checked once.
+
+DeepSpeed keeps unknown top-level keys in `engine.config`; this module turns that entry
+into Checkpointer keyword arguments and refuses keys it does not know, naming the valid
+ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep` and
+`distributed` are not settings here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from fastckpt.config import CheckpointerConfig
+from fastckpt.errors import ConfigError
+
+CONFIG_KEY = "fastckpt"
+DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed")
+VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED)
+
+
+def entry_of(config_params) -> Optional[dict]:
+    """The raw entry from a DeepSpeedConfig (or a plain dict config); None when absent."""
+    if config_params is None:
+        return None
+    raw = config_params if isinstance(config_params, dict) else getattr(config_params, "_param_dict", {})
+    return raw.get(CONFIG_KEY)
+
+
+def checkpointer_kwargs(entry: Any) -> dict:
+    """Validated Checkpointer kwargs from the entry (True or {} means all defaults)."""
+    if entry is True or entry is None:
+        entry = {}
+    if not isinstance(entry, dict):
+        raise ConfigError(f'the "{CONFIG_KEY}" entry of the DeepSpeed config must be an object, got {entry!r}')
+    unknown = sorted(set(entry) - set(VALID))
+    if unknown:
+        raise ConfigError(f'unknown key(s) {unknown} in the "{CONFIG_KEY}" entry of the DeepSpeed config; '
+                          f"valid: {sorted(VALID)}")
+    return dict(entry)

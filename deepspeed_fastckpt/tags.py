@@ -1,0 +1,155 @@
+"""Tag-level commit of a DeepSpeed checkpoint, and finding the newest committed tag.
+
+A DeepSpeed tag (`save_dir/tag/`) is several files per rank (model states, ZeRO optimizer
+partitions). Each file is made durable and renamed into place on its own; the tag is
+committed only when every rank's files are durable: a background thread per engine takes
+tags in order, waits for this rank's files, agrees with the other ranks (fastckpt's
+background gloo group over DeepSpeed's process group), and rank 0 then writes
+`save_dir/tag/fastckpt-tag.json` (every file with its size and CRC-32, and a sequence
+number) and `save_dir/fastckpt-latest`, both atomically. DeepSpeed's own `latest` file is
+written with a plain open() and may be missing, torn, or name a tag that never completed;
+`newest_committed` ignores it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from typing import Optional
+
+from fastckpt.distributed import Agreement
+from fastckpt.errors import CheckpointWriteError, CorruptCheckpointError
+from fastckpt.fsutil import write_atomic
+
+TAG_RECORD = "fastckpt-tag.json"
+LATEST = "fastckpt-latest"
+
+
+def read_record(save_dir: str, tag: str) -> dict:
+    """The commit record of a tag, checked against the files it names; CorruptCheckpointError if not."""
+    path = os.path.join(save_dir, tag, TAG_RECORD)
+    try:
+        with open(path, "rb") as f:
+            rec = json.loads(f.read())
+        files, seq = rec["files"], int(rec["seq"])
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
+                                     f"(no {TAG_RECORD}): its files may be incomplete") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
+    for f in files:
+        p = os.path.join(save_dir, tag, f["name"])
+        size = os.path.getsize(p) if os.path.isfile(p) else None
+        if size != f["bytes"]:
+            raise CorruptCheckpointError(f"tag {tag!r}: {f['name']} is {size} bytes, its commit record "
+                                         f"says {f['bytes']}")
+    return {"tag": tag, "seq": seq, "files": files}
+
+
+def newest_committed(save_dir: str) -> Optional[str]:
+    """The committed tag with the highest sequence number (None if there is none)."""
+    best: Optional[dict] = None
+    if not os.path.isdir(save_dir):
+        return None
+    for tag in os.listdir(save_dir):
+        if not os.path.isfile(os.path.join(save_dir, tag, TAG_RECORD)):
+            continue
+        try:
+            rec = read_record(save_dir, tag)
+        except CorruptCheckpointError:
+            continue
+        if best is None or rec["seq"] > best["seq"]:
+            best = rec
+    return None if best is None else best["tag"]
+
+
+def next_seq(save_dir: str) -> int:
+    seqs = [0]
+    if os.path.isdir(save_dir):
+        for tag in os.listdir(save_dir):
+            try:
+                with open(os.path.join(save_dir, tag, TAG_RECORD), "rb") as f:
+                    seqs.append(int(json.loads(f.read())["seq"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    return max(seqs) + 1
+
+
+class TagCommitter:
+    """One background thread committing tags in the order they were saved, on every rank."""
+
+    def __init__(self, agreement: Agreement):
+        self._agree = agreement
+        self._queue: "queue.Queue" = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._in_flight = 0
+        self._cv = threading.Condition()
+        self._seq: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, name="fastckpt-deepspeed-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, save_dir: str, tag: str, files: list) -> None:
+        """files: [(path, Pending)] this rank wrote for the tag."""
+        with self._cv:
+            self._in_flight += 1
+        self._queue.put((save_dir, tag, files))
+
+    def wait(self) -> None:
+        """Until every submitted tag is committed (or failed); raises the first failure."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._in_flight == 0)
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        with self._cv:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self._commit(*item)
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread
+                with self._cv:
+                    self._errors.append(e)
+            finally:
+                with self._cv:
+                    self._in_flight -= 1
+                    self._cv.notify_all()
+
+    def _commit(self, save_dir: str, tag: str, files: list) -> None:
+        mine, error = [], None
+        for path, pending in files:
+            try:
+                info = pending.wait()
+                mine.append({"name": os.path.relpath(path, os.path.join(save_dir, tag)),
+                             "bytes": info.bytes, "crc32": f"{info.files[0].crc32:08x}"})
+            except BaseException as e:  # noqa: BLE001
+                error = error or e
+        ok = self._agree.all_ok(error is None, background=True)
+        everyone = self._agree.gather(mine, background=True)
+        if error is not None:
+            raise CheckpointWriteError(f"checkpoint tag {tag!r} in {save_dir} failed on this rank "
+                                       f"({error}); the previous committed tag is intact") from error
+        if not ok:
+            raise CheckpointWriteError(f"checkpoint tag {tag!r} in {save_dir} failed on another rank; "
+                                       "the previous committed tag is intact")
+        if self._agree.rank == 0:
+            seq = self._seq.get(save_dir) or next_seq(save_dir)
+            self._seq[save_dir] = seq + 1
+            record = {"tag": tag, "seq": seq, "world_size": self._agree.world_size,
+                      "files": [f for rank_files in everyone for f in rank_files]}
+            write_atomic(os.path.join(save_dir, tag, TAG_RECORD), json.dumps(record, indent=1).encode())
+            write_atomic(os.path.join(save_dir, LATEST), tag.encode())
