@@ -12,6 +12,8 @@ $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	# the local CPU build of torch first, so nothing below can pull a CUDA torch
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q pybind11 setuptools wheel
+	# DeepSpeed after torch, without building its CUDA ops (it then uses its CPU accelerator here)
+	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation "deepspeed==0.19.8"
 	$(VPY) -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $(STAMP)
 
