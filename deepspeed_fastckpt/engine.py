@@ -18,7 +18,10 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import weakref
 from typing import Optional
 
 import torch
@@ -34,6 +37,8 @@ from .settings import checkpointer_kwargs, entry_of
 from .tags import TagCommitter, newest_committed
 
 ENGINE_NAME = "FastckptEngine"
+log = logging.getLogger(__name__)
+_open_engines: "weakref.WeakSet[FastckptEngine]" = weakref.WeakSet()
 
 
 class FastckptEngine(CheckpointEngine):
@@ -54,6 +59,7 @@ class FastckptEngine(CheckpointEngine):
         self.gate = StepGate(self._ck.gate)
         self.gate.install()
         self._closed = False
+        _open_engines.add(self)
 
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
@@ -103,6 +109,7 @@ class FastckptEngine(CheckpointEngine):
         if self._closed:
             return
         self._closed = True
+        _open_engines.discard(self)
         self.gate.remove()
         try:
             self._ck.close()
@@ -114,3 +121,13 @@ class FastckptEngine(CheckpointEngine):
             self.gate.remove()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A script that ends without engine.destroy(): the last tags still land and commit."""
+    for engine in list(_open_engines):
+        try:
+            engine.close()
+        except Exception as e:  # noqa: BLE001 - nobody is left to raise to
+            log.error("fastckpt: a DeepSpeed checkpoint did not complete at exit: %s", e)

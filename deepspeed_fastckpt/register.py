@@ -1,10 +1,12 @@
 """Hooks fastckpt into DeepSpeed when `deepspeed_fastckpt` is imported.
 
-Two small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
+Three small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
 "fastckpt" entry:
 - `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there; with the entry
   the engine gets a FastckptEngine instead (the entry is validated first: unknown keys
   are a ConfigError), told which tensors the optimizer update alone rewrites;
+- `destroy()`: waits until every tag in flight is committed and raises a write error
+  (an interpreter exit without destroy() does the same, quietly logging errors);
 - `load_checkpoint(dir, tag=None)`: the tag comes from fastckpt's commit records (the
   newest tag committed on every rank), not from DeepSpeed's `latest` file, which may be
   missing, torn or name a tag whose files never completed. An explicit tag must be
@@ -33,6 +35,7 @@ def register() -> None:
         return
     DeepSpeedEngine._configure_checkpointing = _wrap_configure(DeepSpeedEngine._configure_checkpointing)
     DeepSpeedEngine.load_checkpoint = _wrap_load(DeepSpeedEngine.load_checkpoint)
+    DeepSpeedEngine.destroy = _wrap_destroy(DeepSpeedEngine.destroy)
 
 
 def _wrap_configure(original):
@@ -52,6 +55,19 @@ def _wrap_configure(original):
 
     setattr(_configure_checkpointing, _MARK, True)
     return _configure_checkpointing
+
+
+def _wrap_destroy(original):
+    @functools.wraps(original)
+    def destroy(self, *args, **kwargs):
+        engine = getattr(self, "checkpoint_engine", None)
+        try:
+            if isinstance(engine, FastckptEngine):
+                engine.close()  # everything in flight lands and its tag commits; raises its error
+        finally:
+            original(self, *args, **kwargs)
+
+    return destroy
 
 
 def _wrap_load(original):

@@ -105,10 +105,12 @@ def main() -> None:
                    lr=eng.get_lr(), losses=[step(eng, i) for i in (3, 4)])
     out["params"] = full_params(eng)
     out["global_steps"] = eng.global_steps
-    eng.checkpoint_engine.wait() if hasattr(eng.checkpoint_engine, "wait") else None
+    if a.engine == "fastckpt" and a.mode == "train" and os.environ.get("EXIT_WITHOUT_DESTROY"):
+        torch.save(out, a.out)
+        return  # the atexit hook must still land and commit the tag
+    eng.destroy()  # waits until the tag is committed on every rank
     if int(os.environ["RANK"]) == 0:
         torch.save(out, a.out)
-    eng.destroy()
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(mode: str, save_dir, out, *extra: str) -> dict:
-    env = dict(os.environ, MASTER_PORT=str(free_port()), DS_ACCELERATOR="cpu", PYTHONPATH=HERE)
+def run(mode: str, save_dir, out, *extra: str, **env_extra: str) -> dict:
+    env = dict(os.environ, MASTER_PORT=str(free_port()), DS_ACCELERATOR="cpu", PYTHONPATH=HERE, **env_extra)
     r = subprocess.run([sys.executable, os.path.join(HERE, "ds_worker.py"), mode, str(save_dir), str(out), *extra],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -54,6 +54,12 @@ def test_latest_file_is_not_trusted(tmp_path, latest):
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", "1", "--latest", latest)
     assert resumed["path"].endswith(os.path.join("global_step3", "mp_rank_00_model_states.pt"))
     assert_resumed_exactly(trained, resumed)
+
+
+def test_a_script_that_never_calls_destroy_still_commits_its_last_tag(tmp_path):
+    trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1", EXIT_WITHOUT_DESTROY="1")
+    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "fastckpt-tag.json")
+    assert_resumed_exactly(trained, run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", "1"))
 
 
 def test_files_are_what_torch_load_reads(tmp_path):
