@@ -1,7 +1,7 @@
 """The gate between an asynchronous snapshot and the optimizer update that would overwrite it.
 
-Owns one process-wide optimizer step pre-hook per checkpointing front end (e.g. FastCheckpointIO)
-(`torch.optim.optimizer.register_optimizer_step_pre_hook`):
+Owns the one process-wide optimizer step pre-hook (`register_optimizer_step_pre_hook`), which
+calls every live StepGate (one per checkpointing front end, e.g. FastCheckpointIO):
 - it learns which optimizers exist (weakly), so a save can tell the tensors only
   `optimizer.step()` changes (parameters with their optimizer state) from the rest
   (buffers such as BatchNorm statistics, which the next forward pass changes);
@@ -20,6 +20,23 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
+_live_gates: "weakref.WeakSet[StepGate]" = weakref.WeakSet()
+_dispatch_handle = None
+
+
+def _dispatch(optimizer, args, kwargs):
+    """The one process-wide pre-hook; it never changes, so no gate (or the garbage collector
+    finalizing a plugin in the middle of torch's loop over its hooks) mutates torch's hook
+    dict while an optimizer step iterates over it."""
+    changed = False
+    for gate in list(_live_gates):
+        result = gate._pre_step(optimizer, args, kwargs)
+        if result is not None:
+            args, kwargs = result
+            changed = True
+    return (args, kwargs) if changed else None
+
+
 class StepGate:
     """Calls `gate()` before every optimizer update while installed; tracks optimizers."""
 
@@ -27,22 +44,15 @@ class StepGate:
         self._gate = gate
         self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         self.steps_seen = 0
-        self._handle = None
 
     def install(self) -> None:
-        if self._handle is None:
-            ref = weakref.ref(self)
-
-            def hook(optimizer, args, kwargs):  # a weak reference: the hook never keeps a plugin alive
-                me = ref()
-                return None if me is None else me._pre_step(optimizer, args, kwargs)
-
-            self._handle = register_optimizer_step_pre_hook(hook)
+        global _dispatch_handle
+        if _dispatch_handle is None:
+            _dispatch_handle = register_optimizer_step_pre_hook(_dispatch)
+        _live_gates.add(self)  # weakly: the hook never keeps a plugin alive
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        _live_gates.discard(self)
 
     def _pre_step(self, optimizer, args, kwargs):
         self.optimizers.add(optimizer)
