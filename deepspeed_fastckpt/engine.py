@@ -30,7 +30,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointComm
 import fastckpt
 from fastckpt.checkpointer import Checkpointer
 from fastckpt.distributed import make_agreement
-from fastckpt.step_gate import StepGate, freeze_unowned
+from fastckpt.step_gate import StepGate
 
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
@@ -51,11 +51,9 @@ class FastckptEngine(CheckpointEngine):
         self.verify = kwargs.get("verify", True)
         self._ck = Checkpointer(store="path", distributed=False, **kwargs)
         self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)))
-        self._tag: Optional[CheckpointCommitInfo] = None
         self._files: list = []
         self._by_path: dict[str, fastckpt.Pending] = {}
-        self.partitioned_params = False  # ZeRO-3: module parameters change in forward too
-        self.module_params: set[int] = set()
+        self.module_params: frozenset = frozenset()  # set by register outside ZeRO-3
         self.gate = StepGate(self._ck.gate)
         self.gate.install()
         self._closed = False
@@ -64,21 +62,19 @@ class FastckptEngine(CheckpointEngine):
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
         self._committer.raise_errors()
-        self._tag, self._files = info, []
+        self._files = []
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
-        running = self.gate.steps_seen > 0
-        owned = (self.gate.owned_storages() | self.module_params) if running else set()
-        state = freeze_unowned(state_dict, owned) if running else state_dict
+        state, _ = self.gate.frozen_view(state_dict, also_owned=self.module_params)
         pending = self._ck.save(state, step=self.gate.steps_seen, path=path)
         self._by_path[path] = pending
         self._files.append((path, pending))
-        if not running:  # before any optimizer step nothing gates the copy: finish it now
+        if self.gate.steps_seen == 0:  # before any optimizer step nothing gates the copy: finish it now
             pending.wait()
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
-        files, self._files, self._tag = self._files, [], None
+        files, self._files = self._files, []
         self._committer.submit(info.save_dir, info.tag, files)
         self._by_path = {p: q for p, q in self._by_path.items() if not q.done()}
         return True
@@ -116,11 +112,6 @@ class FastckptEngine(CheckpointEngine):
         finally:
             self._committer.close()
 
-    def __del__(self) -> None:
-        try:
-            self.gate.remove()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 @atexit.register

@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 
-from fastckpt.errors import CorruptCheckpointError
-
 from .engine import FastckptEngine
 from .settings import entry_of
 from .tags import read_record
@@ -50,7 +48,7 @@ def _wrap_configure(original):
         if old is not None and old.is_decoupled():
             old.cleanup()
         if not self.zero_optimization_partition_weights():  # ZeRO-3 re-gathers them in forward
-            engine.module_params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+            engine.module_params = frozenset(p.untyped_storage().data_ptr() for p in self.module.parameters())
         return None
 
     setattr(_configure_checkpointing, _MARK, True)
@@ -88,5 +86,3 @@ def _wrap_load(original):
 
     return load_checkpoint
 
-
-__all__ = ["register", "CorruptCheckpointError"]

@@ -26,25 +26,29 @@ TAG_RECORD = "fastckpt-tag.json"
 LATEST = "fastckpt-latest"
 
 
-def read_record(save_dir: str, tag: str) -> dict:
-    """The commit record of a tag, checked against the files it names; CorruptCheckpointError if not."""
+def _parse_record(save_dir: str, tag: str) -> dict:
     path = os.path.join(save_dir, tag, TAG_RECORD)
     try:
         with open(path, "rb") as f:
             rec = json.loads(f.read())
-        files, seq = rec["files"], int(rec["seq"])
+        return {"tag": tag, "seq": int(rec["seq"]), "files": list(rec["files"])}
     except FileNotFoundError:
         raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
                                      f"(no {TAG_RECORD}): its files may be incomplete") from None
-    except (ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
-    for f in files:
+
+
+def read_record(save_dir: str, tag: str) -> dict:
+    """The commit record of a tag, checked against the files it names; CorruptCheckpointError if not."""
+    rec = _parse_record(save_dir, tag)
+    for f in rec["files"]:
         p = os.path.join(save_dir, tag, f["name"])
         size = os.path.getsize(p) if os.path.isfile(p) else None
         if size != f["bytes"]:
             raise CorruptCheckpointError(f"tag {tag!r}: {f['name']} is {size} bytes, its commit record "
                                          f"says {f['bytes']}")
-    return {"tag": tag, "seq": seq, "files": files}
+    return rec
 
 
 def newest_committed(save_dir: str) -> Optional[str]:
@@ -66,13 +70,11 @@ def newest_committed(save_dir: str) -> Optional[str]:
 
 def next_seq(save_dir: str) -> int:
     seqs = [0]
-    if os.path.isdir(save_dir):
-        for tag in os.listdir(save_dir):
-            try:
-                with open(os.path.join(save_dir, tag, TAG_RECORD), "rb") as f:
-                    seqs.append(int(json.loads(f.read())["seq"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+    for tag in os.listdir(save_dir) if os.path.isdir(save_dir) else []:
+        try:
+            seqs.append(_parse_record(save_dir, tag)["seq"])
+        except CorruptCheckpointError:
+            pass
     return max(seqs) + 1
 
 

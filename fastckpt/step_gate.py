@@ -77,6 +77,14 @@ class StepGate:
         """Storages only optimizer.step() writes: parameters and optimizer state of known optimizers."""
         return set(self._owned())
 
+    def frozen_view(self, state, also_owned: frozenset = frozenset()):
+        """(state to save, owned storages): while training runs, every tensor the gate does not
+        protect is copied now (freeze_unowned); between runs nothing changes it, as is."""
+        if self.steps_seen == 0:
+            return state, set()
+        owned = self.owned_storages() | set(also_owned)
+        return freeze_unowned(state, owned), owned
+
     def owned_bytes(self) -> int:
         """Bytes of those storages: most of what a training checkpoint holds."""
         return sum(self._owned().values())

@@ -29,7 +29,7 @@ from fastckpt.checkpointer import Checkpointer
 from fastckpt.errors import ConfigError
 from fastckpt.format import load_file
 from fastckpt.layerwise import HeldSnapshots
-from fastckpt.step_gate import StepGate, freeze_unowned
+from fastckpt.step_gate import StepGate
 from fastckpt.store import path_store
 
 
@@ -95,8 +95,7 @@ class FastCheckpointIO(CheckpointIO):
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
         self._remove_deferred()
         running = self.gate.steps_seen > 0
-        owned = self.gate.owned_storages() if running else set()
-        state = freeze_unowned(checkpoint, owned) if running else checkpoint
+        state, owned = self.gate.frozen_view(checkpoint)
         _make_parent(path)
         held = self.layerwise and running
         pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
@@ -180,13 +179,12 @@ class FastCheckpointIO(CheckpointIO):
             self._reaper = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
         self._reaper.submit(free)
 
-    def _settle(self, key: str) -> Optional[fastckpt.Pending]:
+    def _settle(self, key: str) -> None:
         """Waits for the checkpoint in flight at this path, if any; raises its error."""
         pending = self._by_path.get(key)
         if pending is not None and not pending.done():
             pending.release_all()
             pending.wait()
-        return pending
 
     # -- teardown --------------------------------------------------------
     @override
@@ -205,8 +203,6 @@ class FastCheckpointIO(CheckpointIO):
             if reaper is not None:
                 reaper.shutdown(wait=True)
 
-    def __del__(self) -> None:
-        self.gate.remove()
 
 
 def _key(path: str) -> str:
