@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-lightning clean
+.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench: $(STAMP)
 
 bench-lightning: $(STAMP)
 	$(VPY) benchmarks/lightning_overhead.py $(ARGS)
+
+bench-deepspeed: $(STAMP)
+	$(VPY) benchmarks/deepspeed_overhead.py $(ARGS)
 
 clean:
 	rm -rf build *.egg-info fastckpt/*.so .pytest_cache

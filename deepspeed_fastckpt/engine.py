@@ -9,8 +9,9 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
   snapshots are issued;
 - consistency: tensors that only the optimizer update writes (the optimizer's own
   parameters and state, and the module parameters outside ZeRO-3, which DeepSpeed
-  rewrites only after that update) are copied in the background, and the update waits
-  for them (fastckpt.step_gate); every other tensor is copied before save returns;
+  rewrites only after that update) are copied in the background, and each group's
+  update waits for that group's copies (group_gate); every other tensor is copied
+  before save returns;
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
   restricted unpickler, which accepts the DeepSpeed types listed in safe_types and
   never runs code from the file;
@@ -32,6 +33,7 @@ from fastckpt.checkpointer import Checkpointer
 from fastckpt.distributed import make_agreement
 from fastckpt.step_gate import StepGate
 
+from .group_gate import GroupGate, stepped_outside_param_groups
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
 from .tags import TagCommitter, newest_committed
@@ -53,11 +55,19 @@ class FastckptEngine(CheckpointEngine):
         self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)))
         self._files: list = []
         self._by_path: dict[str, fastckpt.Pending] = {}
-        self.module_params: frozenset = frozenset()  # set by register outside ZeRO-3
-        self.gate = StepGate(self._ck.gate)
+        self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
+        self.group_gate = GroupGate(self._ck)
+        self.gate = StepGate(self.group_gate, scoped=True)
         self.gate.install()
         self._closed = False
         _open_engines.add(self)
+
+    def configure(self, ds_optimizer, module_params: frozenset) -> None:
+        """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the
+        torch optimizer's own (the module parameters outside ZeRO-3, which re-gathers them in
+        forward; ZeRO-3's fp32 partitions), and the per-group gate."""
+        self.group_gate.configure(ds_optimizer, module_params)
+        self.update_only = module_params | stepped_outside_param_groups(ds_optimizer)
 
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
@@ -66,7 +76,7 @@ class FastckptEngine(CheckpointEngine):
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
-        state, _ = self.gate.frozen_view(state_dict, also_owned=self.module_params)
+        state, _ = self.gate.frozen_view(state_dict, also_owned=self.update_only)
         pending = self._ck.save(state, step=self.gate.steps_seen, path=path)
         self._by_path[path] = pending
         self._files.append((path, pending))

@@ -4,7 +4,8 @@ Three small wraps of DeepSpeedEngine methods, each a no-op unless the engine's c
 "fastckpt" entry:
 - `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there; with the entry
   the engine gets a FastckptEngine instead (the entry is validated first: unknown keys
-  are a ConfigError), told which tensors the optimizer update alone rewrites;
+  are a ConfigError), told which tensors the optimizer update alone rewrites and
+  which group of DeepSpeed's optimizer rewrites them;
 - `destroy()`: waits until every tag in flight is committed and raises a write error
   (an interpreter exit without destroy() does the same, quietly logging errors);
 - `load_checkpoint(dir, tag=None)`: the tag comes from fastckpt's commit records (the
@@ -47,8 +48,10 @@ def _wrap_configure(original):
         old, self.checkpoint_engine = self.checkpoint_engine, engine
         if old is not None and old.is_decoupled():
             old.cleanup()
+        module_params = frozenset()
         if not self.zero_optimization_partition_weights():  # ZeRO-3 re-gathers them in forward
-            engine.module_params = frozenset(p.untyped_storage().data_ptr() for p in self.module.parameters())
+            module_params = frozenset(p.untyped_storage().data_ptr() for p in self.module.parameters())
+        engine.configure(self.optimizer, module_params)
         return None
 
     setattr(_configure_checkpointing, _MARK, True)

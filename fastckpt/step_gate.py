@@ -38,10 +38,13 @@ def _dispatch(optimizer, args, kwargs):
 
 
 class StepGate:
-    """Calls `gate()` before every optimizer update while installed; tracks optimizers."""
+    """Calls `gate()` before every optimizer update while installed; tracks optimizers.
 
-    def __init__(self, gate: Callable[[], None]):
-        self._gate = gate
+    With `scoped=True` the gate is called as `gate(optimizer)`: it may wait only for what that
+    step writes (DeepSpeed steps one parameter group at a time)."""
+
+    def __init__(self, gate: Callable[..., None], scoped: bool = False):
+        self._gate = (lambda optimizer: gate(optimizer)) if scoped else (lambda optimizer: gate())
         self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         self.steps_seen = 0
 
@@ -60,13 +63,13 @@ class StepGate:
         # args[0] is the optimizer itself (torch passes the bound method's arguments)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
-            self._gate()
+            self._gate(optimizer)
             return None
         gate = self._gate
 
         def gated_closure(*a, **kw):
             out = closure(*a, **kw)
-            gate()  # after forward + backward, before the update reads the gradients
+            gate(optimizer)  # after forward + backward, before the update reads the gradients
             return out
 
         if "closure" in kwargs:

@@ -4,11 +4,20 @@
         3 steps, save_checkpoint, 2 more steps; writes the losses and final parameters
     python ds_worker.py resume SAVE_DIR OUT --stage S [--latest missing|torn|uncommitted]
         a fresh engine loads the newest committed tag and trains the same 2 steps
+    python ds_worker.py reference SAVE_DIR OUT --stage S --steps M
+        M steps without saving; writes every loss and the full parameters after every step
+    python ds_worker.py loop SAVE_DIR OUT --stage S --steps M [--save-before-update]
+        M steps, save_checkpoint after every one (the test kill -9s it somewhere in between),
+        or between backward and the update, so the update meets the snapshot still copying
+    python ds_worker.py consolidate SAVE_DIR OUT --tag T
+        DeepSpeed's own zero_to_fp32 on what fastckpt wrote
     python ds_worker.py config-error SAVE_DIR OUT
+Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -26,8 +35,13 @@ import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 
 def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.LayerNorm(64),
-                                torch.nn.Linear(64, 8))
+    width = int(os.environ.get("WIDTH", "64"))
+    hidden = [torch.nn.Linear(width, width), torch.nn.ReLU()] if os.environ.get("HIDDEN") else []
+    model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.LayerNorm(width), *hidden,
+                                torch.nn.Linear(width, 8))
+    # two parameter groups, as most recipes have: DeepSpeed steps (and fastckpt gates) them one by one
+    groups = [{"params": [p for p in model.parameters() if p.dim() > 1], "weight_decay": 0.01},
+              {"params": [p for p in model.parameters() if p.dim() <= 1], "weight_decay": 0.0}]
     cfg = {"train_batch_size": 4 * int(os.environ["WORLD_SIZE"]), "train_micro_batch_size_per_gpu": 4,
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
@@ -35,8 +49,9 @@ def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None):
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if engine == "fastckpt":
-        cfg["fastckpt"] = fastckpt_entry if fastckpt_entry is not None else {"concurrency": 2, "chunk_mb": 1}
-    eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        default = json.loads(os.environ.get("FASTCKPT_ENTRY", '{"concurrency": 2, "chunk_mb": 1}'))
+        cfg["fastckpt"] = fastckpt_entry if fastckpt_entry is not None else default
+    eng, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
     return eng
 
 
@@ -45,21 +60,23 @@ def batch(i: int):
     return torch.randn(4, 32, generator=g), torch.randn(4, 8, generator=g)
 
 
-def step(eng, i: int) -> float:
+def step(eng, i: int, before_update=None) -> float:
     x, y = batch(i)
     x = x.to(next(eng.module.parameters()).dtype)
     loss = (eng(x).float() - y).pow(2).mean()
     eng.backward(loss)
+    if before_update is not None:
+        before_update()
     eng.step()
     return loss.item()
 
 
-def full_params(eng) -> list[torch.Tensor]:
-    params = list(eng.module.parameters())
+def full_params(eng) -> dict[str, torch.Tensor]:
+    named = list(eng.module.named_parameters())
     if eng.zero_optimization_partition_weights():
-        with deepspeed.zero.GatheredParameters(params):
-            return [p.detach().float().clone() for p in params]
-    return [p.detach().float().clone() for p in params]
+        with deepspeed.zero.GatheredParameters([p for _, p in named]):
+            return {n: p.detach().float().clone() for n, p in named}
+    return {n: p.detach().float().clone() for n, p in named}
 
 
 def main() -> None:
@@ -71,7 +88,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--engine", default="fastckpt")
     ap.add_argument("--latest", default="ok")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tag", default=None)
+    ap.add_argument("--save-before-update", action="store_true")
     a = ap.parse_args()
+    if a.mode == "consolidate":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        torch.save(get_fp32_state_dict_from_zero_checkpoint(a.save_dir, tag=a.tag), a.out)
+        return
     deepspeed.init_distributed(dist_backend="gloo")
     if a.mode == "config-error":
         try:
@@ -85,7 +109,20 @@ def main() -> None:
         for i in range(3):
             step(eng, i)
         eng.save_checkpoint(a.save_dir, client_state={"data_pos": 3, "note": "three steps"})
+        out["params_at_save"] = full_params(eng)
         out["losses"] = [step(eng, i) for i in (3, 4)]
+    elif a.mode == "reference":
+        out["losses"], out["params_after"] = [], []
+        for i in range(a.steps):
+            out["losses"].append(step(eng, i))
+            out["params_after"].append(full_params(eng))
+    elif a.mode == "loop" and a.save_before_update:  # the update starts while the snapshot copies
+        for i in range(a.steps):
+            step(eng, i, lambda: eng.save_checkpoint(a.save_dir, client_state={"data_pos": i, "note": "loop"}))
+    elif a.mode == "loop":
+        for i in range(a.steps):
+            step(eng, i)
+            eng.save_checkpoint(a.save_dir, client_state={"data_pos": i + 1, "note": "loop"})
     else:
         rank0 = int(os.environ["RANK"]) == 0
         if rank0 and a.latest == "missing":
@@ -101,9 +138,13 @@ def main() -> None:
                 f.write("global_step9")
         torch.distributed.barrier()
         path, client = eng.load_checkpoint(a.save_dir)
+        done = eng.global_steps
         out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
-                   lr=eng.get_lr(), losses=[step(eng, i) for i in (3, 4)])
+                   loaded_steps=done, lr=eng.get_lr(), losses=[step(eng, i) for i in (done, done + 1)])
     out["params"] = full_params(eng)
+    if a.engine == "fastckpt":
+        gate = eng.checkpoint_engine.group_gate
+        out["gate"] = {"scoped": gate.scoped, "scoped_waits": gate.scoped_waits, "full_waits": gate.full_waits}
     out["global_steps"] = eng.global_steps
     if a.engine == "fastckpt" and a.mode == "train" and os.environ.get("EXIT_WITHOUT_DESTROY"):
         torch.save(out, a.out)

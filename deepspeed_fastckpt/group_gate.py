@@ -1,0 +1,84 @@
+"""The per-group gate of a DeepSpeed snapshot (LightCheck's per-bucket gate, where DeepSpeed has one).
+
+What a DeepSpeed save copies in the background is written only inside the optimizer update,
+one parameter group at a time: ZeRO-1/2 run `optimizer.step()` once per group (the group's
+fp32 partition and Adam moments), then copy that partition into the group's flat 16-bit
+buffer (the module parameters); ZeRO-3 does the same per sub-group. The gradient-reduction
+buckets of the backward pass write gradients only, which no checkpoint holds, so the
+finest point where a snapshot can be overwritten is the step of one group. The gate there
+waits for the records of that group alone — its parameters, their optimizer state and the
+16-bit buffer DeepSpeed rewrites from them — while the other groups' copies go on.
+
+`GroupGate.scoped` is False when that mapping does not cover every tensor the update
+writes (an optimizer wrapper this module does not know): the gate then waits for
+everything before any group's step, which is always safe.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastckpt.checkpointer import Checkpointer
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def written_with(ds_optimizer) -> dict[int, int]:
+    """ZeRO-1/2: storage of each group's fp32 partition -> storage of the group's flat 16-bit
+    buffer, which DeepSpeed rewrites from that partition right after the group's step."""
+    fp32 = getattr(ds_optimizer, "single_partition_of_fp32_groups", None)
+    flat = getattr(ds_optimizer, "bit16_groups_flat", None)
+    if not fp32 or not flat or len(fp32) != len(flat):
+        return {}
+    return {_ptr(a): _ptr(b) for a, b in zip(fp32, flat) if _ptr(a) != _ptr(b)}
+
+
+def stepped_outside_param_groups(ds_optimizer) -> frozenset:
+    """ZeRO-3 lists a sub-group's fp32 partition in the torch optimizer's param_groups only
+    during that sub-group's step; the update alone writes it, so the gate protects it too."""
+    flat = getattr(ds_optimizer, "fp32_partitioned_groups_flat", None) or []
+    return frozenset(_ptr(t) for t in flat if isinstance(t, torch.Tensor))
+
+
+class GroupGate:
+    """Called by the StepGate (scoped) before each optimizer.step DeepSpeed makes."""
+
+    def __init__(self, ck: Checkpointer):
+        self._ck = ck
+        self.extra: dict[int, int] = {}
+        self.scoped = False
+        self.scoped_waits = self.full_waits = 0  # for tests and stats
+
+    def configure(self, ds_optimizer, module_params: frozenset) -> None:
+        """After DeepSpeed built its optimizer: may the gate be per group?"""
+        self.extra = written_with(ds_optimizer)
+        base = getattr(ds_optimizer, "optimizer", ds_optimizer)
+        if not isinstance(base, torch.optim.Optimizer):
+            self.scoped = False
+            return
+        params = {_ptr(p) for group in base.param_groups for p in group["params"]}
+        self.scoped = set(module_params) <= params | set(self.extra.values())
+
+    def __call__(self, optimizer) -> None:
+        pendings = self._ck.in_flight()
+        if not pendings:
+            return
+        if not self.scoped:
+            self.full_waits += 1
+            self._ck.gate()
+            return
+        self.scoped_waits += 1
+        touched = set()
+        for group in optimizer.param_groups:  # DeepSpeed leaves only the group it steps here
+            for p in group["params"]:
+                touched.add(_ptr(p))
+                touched.update(_ptr(v) for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor))
+        touched |= {self.extra[s] for s in list(touched) if s in self.extra}
+        for pending in pendings:
+            plan = pending.plan
+            if plan is None:
+                continue
+            records = [i for i, r in enumerate(plan.records) if r.storage.data_ptr() in touched]
+            pending.release(records)
+            pending.wait_records(records)
