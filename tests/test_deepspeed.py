@@ -27,21 +27,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, **env_extra: str) -> list[subprocess.Popen]:
-    """Every rank of one ds_worker command, each its own process."""
+def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py",
+           **env_extra: str) -> list[subprocess.Popen]:
+    """Every rank of one worker command, each its own process."""
     port = str(free_port())
     procs = []
     for rank in range(ranks):
         env = dict(os.environ, MASTER_PORT=port, DS_ACCELERATOR="cpu", PYTHONPATH=HERE, RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), **env_extra)
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ds_worker.py"), mode, str(save_dir),
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script), mode, str(save_dir),
                                        str(out), *extra], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return procs
 
 
-def run(mode: str, save_dir, out, *extra: str, ranks: int = 1, **env_extra: str) -> dict:
-    procs = launch(mode, save_dir, out, *extra, ranks=ranks, **env_extra)
+def run(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py", **env_extra: str) -> dict:
+    procs = launch(mode, save_dir, out, *extra, ranks=ranks, script=script, **env_extra)
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-6000:]}"
@@ -172,3 +173,20 @@ def test_files_are_what_torch_load_reads(tmp_path):
 def test_unknown_key_in_the_entry_is_a_clear_error(tmp_path):
     got = run("config-error", tmp_path, tmp_path / "e.pt")
     assert "ConfigError" in got["error"] and "bogus_key" in got["error"] and "concurrency" in got["error"]
+
+
+def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_path):
+    """Trainer(strategy=DeepSpeedStrategy(config={..., "fastckpt": {...}})) with ModelCheckpoint:
+    the tags are fastckpt's, resuming from the step-4 checkpoint reaches the same step-8
+    parameters, and save_top_k=1 with a save every step keeps exactly the newest."""
+    lit = dict(script="ds_lightning_worker.py")
+    full = run("fit", tmp_path / "a", tmp_path / "a.pt", "--steps", "8", "--every", "4", **lit)
+    assert full["engine"] == "FastckptEngine"
+    assert full["files"] == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
+    assert os.path.isfile(tmp_path / "a" / "epoch=0-step=4.ckpt" / "checkpoint" / "fastckpt-tag.json")
+    resumed = run("resume", tmp_path / "a", tmp_path / "b.pt", "--steps", "8", "--from", "epoch=0-step=4.ckpt", **lit)
+    assert resumed["global_step"] == 8
+    for name, value in full["params"].items():
+        assert torch.equal(value, resumed["params"][name]), name
+    kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "12", "--every", "1", "--top-k", "1", **lit)
+    assert kept["files"] == ["epoch=2-step=12.ckpt"]
