@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import shutil
@@ -43,7 +42,7 @@ import deepspeed  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bounds  # noqa: E402
-from results import write_section  # noqa: E402
+from results import keep  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 from fastckpt.demo.train import TinyLM  # noqa: E402
@@ -151,18 +150,9 @@ def main() -> None:
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args),
            "deepspeed": deepspeed.__version__, "base": base, "bounds": bound,
            "params": runs_of[plan[0]][0]["params"], "rows": rows}
-    with open(os.path.join(args.out, "deepspeed_overhead.json"), "w") as f:
-        json.dump(res, f, indent=1)
     text = table(res)
     print(text)
-    plot(res, os.path.join(args.out, "deepspeed_overhead.png"))
-    if not args.no_results:  # the figures RESULTS.md quotes are kept with it
-        os.makedirs(os.path.join(HERE, "figures"), exist_ok=True)
-        for name in ("deepspeed_overhead.json", "deepspeed_overhead.png"):
-            shutil.copy(os.path.join(args.out, name), os.path.join(HERE, "figures", name))
-        write_section("deepspeed_overhead", text + "\n\nPlot: `benchmarks/figures/deepspeed_overhead.png`, "
-                      "data: `benchmarks/figures/deepspeed_overhead.json`.")
-
+    keep("deepspeed_overhead", args.out, res, text, plot, publish=not args.no_results)
 
 def table(res: dict) -> str:
     a, b = res["args"], res["bounds"]

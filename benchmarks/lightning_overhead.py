@@ -40,7 +40,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bounds  # noqa: E402
-from results import write_section  # noqa: E402
+from results import keep  # noqa: E402
 
 from fastckpt.demo.train import TinyLM  # noqa: E402
 from lightning_fastckpt import FastCheckpointIO, LayerwiseCheckpointing  # noqa: E402
@@ -157,9 +157,8 @@ def main() -> None:
         with open(args.render) as f:
             res = json.load(f)
         print(table(res))
-        plot(res, os.path.join(os.path.dirname(os.path.abspath(args.render)), "lightning_overhead.png"))
-        if not args.no_results:
-            publish(table(res))
+        keep("lightning_overhead", os.path.dirname(os.path.abspath(args.render)), res, table(res), plot,
+             publish=not args.no_results)
         return
     os.makedirs(args.out, exist_ok=True)
     ckdir = os.path.join(args.out, "lightning-ckpt")
@@ -194,22 +193,9 @@ def main() -> None:
     os.unlink(os.path.join(args.out, "bound.bin"))
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args), "base": base,
            "bounds": {"bytes": nbytes, "memcpy_s": memcpy, "direct_write_s": write}, "rows": rows}
-    with open(os.path.join(args.out, "lightning_overhead.json"), "w") as f:
-        json.dump(res, f, indent=1)
     text = table(res)
     print(text)
-    plot(res, os.path.join(args.out, "lightning_overhead.png"))
-    if not args.no_results:  # the figures RESULTS.md quotes are kept with it
-        os.makedirs(os.path.join(HERE, "figures"), exist_ok=True)
-        for name in ("lightning_overhead.json", "lightning_overhead.png"):
-            shutil.copy(os.path.join(args.out, name), os.path.join(HERE, "figures", name))
-        publish(text)
-
-
-def publish(text: str) -> None:
-    write_section("lightning_overhead", text + "\n\nPlot: `benchmarks/figures/lightning_overhead.png`, "
-                  "data: `benchmarks/figures/lightning_overhead.json`.")
-
+    keep("lightning_overhead", args.out, res, text, plot, publish=not args.no_results)
 
 def table(res: dict) -> str:
     a, b = res["args"], res["bounds"]
