@@ -24,10 +24,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -99,6 +102,23 @@ def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
             "final_wait": final_wait, "tag_bytes": tag_bytes, "params": n_params}
 
 
+def run_apart(stage: int, config: str, k: int, ckdir: str) -> dict:
+    """One run in a fresh process: nothing of an earlier engine (staging memory, DeepSpeed's
+    buffers) stays behind to crowd the next."""
+    argv = [a for a in sys.argv[1:]]
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--one", str(stage), config, str(k)],
+                         capture_output=True, text=True, env=dict(os.environ, MASTER_PORT=str(free_port())))
+    if out.returncode != 0:
+        raise RuntimeError(f"run ZeRO-{stage} {config} k={k} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def summarize(runs: list[dict], base: dict) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     stall = statistics.median((r["measured_total"] - base["step"] * r["n_measured"]) / r["saves"] for r in runs)
@@ -124,16 +144,23 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-results", action="store_true")
+    ap.add_argument("--one", nargs=3, metavar=("STAGE", "CONFIG", "K"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     ckdir = os.path.join(args.out, "deepspeed-ckpt")
-    deepspeed.init_distributed(dist_backend="gloo")
+    if args.one:  # a child: one run, its result as the last line
+        deepspeed.init_distributed(dist_backend="gloo")
+        stage, config, k = int(args.one[0]), args.one[1], int(args.one[2])
+        print(json.dumps(one_run(args, stage, config, k, ckdir)), flush=True)
+        return
     plan = [(s, "none", 1) for s in args.stages] + [(s, c, k) for s in args.stages for k in args.ks
                                                      for c in args.configs]
     runs_of: dict = {key: [] for key in plan}
     for r in range(args.runs):  # rounds: a slow spell of a shared machine lands on every configuration
         for stage, config, k in plan:
-            runs_of[(stage, config, k)].append(one_run(args, stage, config, k, ckdir))
+            runs_of[(stage, config, k)].append(run_apart(stage, config, k, ckdir))
+            got = runs_of[(stage, config, k)][-1]
+            print(f"  ZeRO-{stage} {config} k={k}: {got['measured_total']:.2f} s, {got['saves']} saves", flush=True)
         print(f"round {r + 1}/{args.runs} done", flush=True)
     shutil.rmtree(ckdir, ignore_errors=True)
     base = {s: {"step": statistics.median(r["step_median"] for r in runs_of[(s, "none", 1)])} for s in args.stages}
