@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
@@ -94,8 +93,6 @@ def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
         tag_bytes = sum(os.path.getsize(os.path.join(tag, f)) for f in os.listdir(tag))
     measured = step_times[warmup:]
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters())
-    del engine
-    gc.collect()
     return {"stage": stage, "config": config, "k": k, "measured_total": sum(measured), "n_measured": len(measured),
             "step_median": statistics.median(measured), "saves": len(save_times),
             "save_call_median": statistics.median(save_times) if save_times else None,
@@ -105,8 +102,7 @@ def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
 def run_apart(stage: int, config: str, k: int, ckdir: str) -> dict:
     """One run in a fresh process: nothing of an earlier engine (staging memory, DeepSpeed's
     buffers) stays behind to crowd the next."""
-    argv = [a for a in sys.argv[1:]]
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--one", str(stage), config, str(k)],
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--one", str(stage), config, str(k)],
                          capture_output=True, text=True, env=dict(os.environ, MASTER_PORT=str(free_port())))
     if out.returncode != 0:
         raise RuntimeError(f"run ZeRO-{stage} {config} k={k} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")

@@ -33,7 +33,7 @@ from fastckpt.checkpointer import Checkpointer
 from fastckpt.distributed import make_agreement
 from fastckpt.step_gate import StepGate
 
-from .group_gate import GroupGate, stepped_outside_param_groups
+from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
 from .tags import TagCommitter, newest_committed
@@ -65,9 +65,9 @@ class FastckptEngine(CheckpointEngine):
     def configure(self, ds_optimizer, module_params: frozenset) -> None:
         """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the
         torch optimizer's own (the module parameters outside ZeRO-3, which re-gathers them in
-        forward; ZeRO-3's fp32 partitions), and the per-group gate."""
+        forward), and the per-group gate."""
         self.group_gate.configure(ds_optimizer, module_params)
-        self.update_only = module_params | stepped_outside_param_groups(ds_optimizer)
+        self.update_only = module_params
 
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:

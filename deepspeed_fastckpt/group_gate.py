@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from fastckpt.checkpointer import Checkpointer
+from fastckpt.step_gate import storages_of
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -32,13 +33,6 @@ def written_with(ds_optimizer) -> dict[int, int]:
     if not fp32 or not flat or len(fp32) != len(flat):
         return {}
     return {_ptr(a): _ptr(b) for a, b in zip(fp32, flat) if _ptr(a) != _ptr(b)}
-
-
-def stepped_outside_param_groups(ds_optimizer) -> frozenset:
-    """ZeRO-3 lists a sub-group's fp32 partition in the torch optimizer's param_groups only
-    during that sub-group's step; the update alone writes it, so the gate protects it too."""
-    flat = getattr(ds_optimizer, "fp32_partitioned_groups_flat", None) or []
-    return frozenset(_ptr(t) for t in flat if isinstance(t, torch.Tensor))
 
 
 class GroupGate:
@@ -69,16 +63,10 @@ class GroupGate:
             self._ck.gate()
             return
         self.scoped_waits += 1
-        touched = set()
-        for group in optimizer.param_groups:  # DeepSpeed leaves only the group it steps here
-            for p in group["params"]:
-                touched.add(_ptr(p))
-                touched.update(_ptr(v) for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor))
-        touched |= {self.extra[s] for s in list(touched) if s in self.extra}
+        # DeepSpeed leaves only the group it steps in param_groups
+        touched = storages_of((p for group in optimizer.param_groups for p in group["params"]), [optimizer])
+        touched |= {self.extra[s] for s in touched if s in self.extra}
         for pending in pendings:
-            plan = pending.plan
-            if plan is None:
-                continue
-            records = [i for i, r in enumerate(plan.records) if r.storage.data_ptr() in touched]
+            records = pending.records_of(touched)
             pending.release(records)
             pending.wait_records(records)

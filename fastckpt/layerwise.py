@@ -22,15 +22,14 @@ class HeldSnapshots:
 
     def __init__(self, gate: StepGate):
         self.gate = gate
-        self._held: list[tuple[Pending, dict[int, int]]] = []
+        self._held: list[Pending] = []
         self.released = 0  # records released by hooks (for tests and stats)
 
     def hold(self, pending: Pending, owned: set[int]) -> None:
         """Keeps `pending` held, except records whose storage is not in `owned` (the storages
         only optimizer.step() writes, StepGate.owned_storages(): the rest are copies save made)."""
-        index = {r.storage.data_ptr(): i for i, r in enumerate(pending.plan.records)}
-        pending.release([i for ptr, i in index.items() if ptr not in owned])
-        self._held.append((pending, index))
+        pending.release([i for ptr, i in pending.record_index().items() if ptr not in owned])
+        self._held.append(pending)
 
     def clear(self) -> None:
         self._held.clear()
@@ -41,8 +40,8 @@ class HeldSnapshots:
             return []
         ptrs = self.gate.storages_of(params)
         out = []
-        for pending, index in list(self._held):
-            recs = [index[p] for p in ptrs if p in index]
+        for pending in list(self._held):
+            recs = pending.records_of(ptrs)
             if recs:
                 pending.release(recs)
                 self.released += len(recs)

@@ -19,6 +19,7 @@ class Pending:
         self.skipped = skipped
         self.write = None  # the FileWrite in flight (None once skipped or failed to start)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
+        self._index: dict[int, int] | None = None
         if skipped:
             self._copied.set()
             self._done.set()
@@ -33,6 +34,18 @@ class Pending:
 
     def wait_copied(self, timeout: float | None = None) -> bool:
         return self._copied.wait(timeout)
+
+    def record_index(self) -> dict[int, int]:
+        """Storage (data_ptr) -> index of the record that copies it; built once."""
+        if self._index is None:
+            records = self.plan.records if self.plan is not None else []
+            self._index = {r.storage.data_ptr(): i for i, r in enumerate(records)}
+        return self._index
+
+    def records_of(self, storages) -> list[int]:
+        """Indices of the records copying these storages (those this checkpoint holds)."""
+        index = self.record_index()
+        return [index[s] for s in storages if s in index]
 
     def release(self, records: list[int]) -> None:
         """Held saves: let the copy of these records start now."""

@@ -96,6 +96,9 @@ class StepGate:
         out: dict[int, int] = {}
         for opt in list(self.optimizers):
             tensors = [p for group in opt.param_groups for p in group["params"]]
+            # parameters with state, also when not listed between steps (DeepSpeed ZeRO-3
+            # lists a sub-group's fp32 partition in param_groups only while stepping it)
+            tensors += [p for p in opt.state if isinstance(p, torch.Tensor)]
             tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
             for t in tensors:
                 storage = t.untyped_storage()
@@ -103,16 +106,20 @@ class StepGate:
         return out
 
     def storages_of(self, params) -> set[int]:
-        """Storages of these parameters and of their optimizer state."""
-        out: set[int] = set()
-        opts = list(self.optimizers)
-        for p in params:
-            out.add(p.untyped_storage().data_ptr())
-            for opt in opts:
-                for v in opt.state.get(p, {}).values():
-                    if isinstance(v, torch.Tensor):
-                        out.add(v.untyped_storage().data_ptr())
-        return out
+        """Storages of these parameters and of their state in every known optimizer."""
+        return storages_of(params, list(self.optimizers))
+
+
+def storages_of(params, optimizers) -> set[int]:
+    """Storages of these parameters and of their state in these optimizers."""
+    out: set[int] = set()
+    for p in params:
+        out.add(p.untyped_storage().data_ptr())
+        for opt in optimizers:
+            for v in opt.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor):
+                    out.add(v.untyped_storage().data_ptr())
+    return out
 
 
 def freeze_unowned(state, owned: set[int]):
