@@ -308,7 +308,9 @@ bool WriteJob::wait_written(double timeout_s) { return wait_latch(writes_left_, 
 
 void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs,
                         uint64_t file_size) {
-  wait_written(-1.0);
+  // A file with no data units has nothing for wait_written() to wait on: wait for
+  // prepare_file() too, which a writer thread may not have run yet.
+  wait_until([this] { return writes_left_ == 0 && file_ready_; }, -1.0);
   if (finalized_) throw std::logic_error("job already finalized");
   if (fd_ < 0) throw std::logic_error("file was never opened");
   for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);

@@ -84,6 +84,20 @@ def test_reserve_faults_staging_in_ahead_of_the_first_save(tmp_path):
         assert_same(ck.load(), state)
 
 
+@pytest.mark.parametrize("strategy", ["c", "d"])
+def test_a_file_without_tensor_data_is_written_every_time(tmp_path, strategy):
+    """No data chunk to write: the file is still created by a writer thread, and finishing
+    must wait for that (it once raced: "file was never opened", 89 of 300 saves)."""
+    ck = fastckpt.Checkpointer(store="path", distributed=False, writers=1, strategy=strategy)
+    try:
+        for i in range(200):
+            path = str(tmp_path / f"s{i % 3}.pt")
+            ck.save({"step": i, "empty": torch.empty(0)}, step=i, path=path).wait()
+            assert torch.load(path)["step"] == i
+    finally:
+        ck.close()
+
+
 def test_skip_policy_drops_when_full(tmp_path):
     with fastckpt.Checkpointer(tmp_path, concurrency=1, policy="skip", strategy="d") as ck:
         first = ck.save(model_state(1, n=16), step=1)
