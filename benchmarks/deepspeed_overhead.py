@@ -6,17 +6,18 @@ engine (CPU accelerator, one gloo rank) under ZeRO-1 and ZeRO-3, with
 `engine.save_checkpoint` every k steps: DeepSpeed's default TorchCheckpointEngine against
 a "fastckpt" config entry (strategy c, N = 1..4).
 
-Per run: the time inside save_checkpoint (median), the stall per save = (measured steps'
-total - the same steps without checkpoints) / saves, i.e. everything a save costs the
-training loop including the gate before the next optimizer step, the steady-state overhead
-%, and apart the final wait at destroy() until every tag is committed. The default engine
-calls torch.save without fsync (its files may still be in the page cache when it returns);
-fastckpt's tags are durable and committed when the final wait ends. The warm-up holds the
-first save. Configurations run in rounds (every one once per round), --runs rounds; medians
-are reported, with the ratio of each stall to the default engine's and, measured in the
-same run, a memcpy and an O_DIRECT write of the tag's bytes.
+Each run is one fresh process with one engine: a warm-up holding the first save, then
+--steps steps without saves (the run's own baseline), then --steps steps with a save every k.
+Per run: the time inside save_checkpoint (median), the stall per save = (saving phase - quiet
+phase) / saves, i.e. everything a save costs the training loop including the gate before the
+next optimizer step and the background write's share of the cores, the overhead %, and apart
+the final wait at destroy() until every tag is committed. The default engine calls torch.save
+without fsync (its files may still be in the page cache when it returns); fastckpt's tags are
+durable and committed when the final wait ends. Configurations run in rounds (every one once
+per round), --runs rounds; medians are reported, with the ratio of each stall to the default
+engine's and, measured in the same run, a memcpy and an O_DIRECT write of the tag's bytes.
 
-    python benchmarks/deepspeed_overhead.py                         # ~20 min on 2 cores
+    python benchmarks/deepspeed_overhead.py                         # ~40 min on 2 cores
     python benchmarks/deepspeed_overhead.py --stages 1 --ks 5 --runs 3 --d-model 384
 """
 from __future__ import annotations
@@ -64,38 +65,58 @@ def make_engine(args, stage: int, config: str):
     return engine
 
 
-def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
-    shutil.rmtree(ckdir, ignore_errors=True)
-    engine = make_engine(args, stage, config)
-    g = torch.Generator().manual_seed(0)
-    warmup = max(args.warmup, k + 2)
-    steps = warmup + args.steps
-    data = torch.randint(0, args.vocab, (steps, args.batch, args.seq + 1), generator=g)
-    step_times, save_times = [], []
-    for i in range(steps):
+def settle(engine) -> None:
+    """Lets every earlier save finish, durable, before a phase is timed: fastckpt waits for its
+    tags; for the default engine the kernel writes back the page-cache pages torch.save left."""
+    wait = getattr(engine.checkpoint_engine, "wait", None)
+    if wait is not None:
+        wait()
+    os.sync()
+
+
+def timed_steps(engine, data, first: int, n: int, save_every: int, ckdir: str):
+    """n training steps from data[first]; a save after the first of every save_every of them
+    (0: none), so even the last save is followed by save_every - 1 timed steps that carry its
+    background write. Returns (total seconds, times inside save_checkpoint)."""
+    total, saves = 0.0, []
+    for j, i in enumerate(range(first, first + n)):
         t0 = time.perf_counter()
         x, y = data[i, :, :-1], data[i, :, 1:]
         loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), y.flatten())
         engine.backward(loss)
         engine.step()
-        if config != "none" and (i + 1) % k == 0:
+        if save_every and j % save_every == 0:
             s0 = time.perf_counter()
             engine.save_checkpoint(ckdir)
-            if i >= warmup:
-                save_times.append(time.perf_counter() - s0)
-        step_times.append(time.perf_counter() - t0)
+            saves.append(time.perf_counter() - s0)
+        total += time.perf_counter() - t0
+    return total, saves
+
+
+def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
+    """One engine, three phases: a warm-up holding the first save (staging allocated, pages
+    touched), `steps` steps without saves (this run's own baseline), then `steps` steps with a
+    save every k. Stall per save = (saving phase - quiet phase) / saves: both phases run in the
+    same process on the same engine, so the process-to-process spread of a shared 2-core VM
+    (±25 % seen between runs) does not enter the difference."""
+    shutil.rmtree(ckdir, ignore_errors=True)
+    engine = make_engine(args, stage, config)
+    g = torch.Generator().manual_seed(0)
+    warmup = args.warmup
+    data = torch.randint(0, args.vocab, (warmup + 2 * args.steps, args.batch, args.seq + 1), generator=g)
+    timed_steps(engine, data, 0, warmup, k, ckdir)
+    settle(engine)
+    quiet, _ = timed_steps(engine, data, warmup, args.steps, 0, ckdir)
+    saving, save_times = timed_steps(engine, data, warmup + args.steps, args.steps, k, ckdir)
     t0 = time.perf_counter()
     engine.destroy()  # fastckpt: every tag in flight lands and commits
     final_wait = time.perf_counter() - t0
-    tag_bytes = 0
-    if config != "none":
-        tag = os.path.join(ckdir, f"global_step{steps - steps % k}")
-        tag_bytes = sum(os.path.getsize(os.path.join(tag, f)) for f in os.listdir(tag))
-    measured = step_times[warmup:]
+    tags = sorted((d for d in os.listdir(ckdir) if d.startswith("global_step")), key=lambda d: int(d[11:]))
+    tag = os.path.join(ckdir, tags[-1])
+    tag_bytes = sum(os.path.getsize(os.path.join(tag, f)) for f in os.listdir(tag))
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters())
-    return {"stage": stage, "config": config, "k": k, "measured_total": sum(measured), "n_measured": len(measured),
-            "step_median": statistics.median(measured), "saves": len(save_times),
-            "save_call_median": statistics.median(save_times) if save_times else None,
+    return {"stage": stage, "config": config, "k": k, "quiet_total": quiet, "saving_total": saving,
+            "n_measured": args.steps, "saves": len(save_times), "save_call_median": statistics.median(save_times),
             "final_wait": final_wait, "tag_bytes": tag_bytes, "params": n_params}
 
 
@@ -115,14 +136,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def summarize(runs: list[dict], base: dict) -> dict:
-    med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
-    stall = statistics.median((r["measured_total"] - base["step"] * r["n_measured"]) / r["saves"] for r in runs)
+def summarize(runs: list[dict]) -> dict:
+    med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
     return {"stage": runs[0]["stage"], "config": runs[0]["config"], "k": runs[0]["k"],
-            "step_ms": med("step_median") * 1e3, "save_call_ms": med("save_call_median") * 1e3,
-            "stall_ms": stall * 1e3, "overhead_pct": (med("measured_total") / (base["step"] * runs[0]["n_measured"])
-                                                      - 1) * 100,
-            "final_wait_ms": med("final_wait") * 1e3, "tag_bytes": runs[0]["tag_bytes"], "runs": runs}
+            "step_ms": med(lambda r: r["quiet_total"] / r["n_measured"]) * 1e3,
+            "save_call_ms": med(lambda r: r["save_call_median"]) * 1e3,
+            "stall_ms": med(lambda r: (r["saving_total"] - r["quiet_total"]) / r["saves"]) * 1e3,
+            "overhead_pct": med(lambda r: r["saving_total"] / r["quiet_total"] - 1) * 100,
+            "final_wait_ms": med(lambda r: r["final_wait"]) * 1e3, "tag_bytes": runs[0]["tag_bytes"], "runs": runs}
 
 
 def main() -> None:
@@ -149,18 +170,17 @@ def main() -> None:
         stage, config, k = int(args.one[0]), args.one[1], int(args.one[2])
         print(json.dumps(one_run(args, stage, config, k, ckdir)), flush=True)
         return
-    plan = [(s, "none", 1) for s in args.stages] + [(s, c, k) for s in args.stages for k in args.ks
-                                                     for c in args.configs]
+    plan = [(s, c, k) for s in args.stages for k in args.ks for c in args.configs]
     runs_of: dict = {key: [] for key in plan}
     for r in range(args.runs):  # rounds: a slow spell of a shared machine lands on every configuration
         for stage, config, k in plan:
             runs_of[(stage, config, k)].append(run_apart(stage, config, k, ckdir))
             got = runs_of[(stage, config, k)][-1]
-            print(f"  ZeRO-{stage} {config} k={k}: {got['measured_total']:.2f} s, {got['saves']} saves", flush=True)
+            print(f"  ZeRO-{stage} {config} k={k}: {got['quiet_total']:.2f} s quiet, {got['saving_total']:.2f} s with "
+                  f"{got['saves']} saves", flush=True)
         print(f"round {r + 1}/{args.runs} done", flush=True)
     shutil.rmtree(ckdir, ignore_errors=True)
-    base = {s: {"step": statistics.median(r["step_median"] for r in runs_of[(s, "none", 1)])} for s in args.stages}
-    rows = [summarize(runs_of[key], base[key[0]]) for key in plan if key[1] != "none"]
+    rows = [summarize(runs_of[key]) for key in plan]
     for row in rows:
         print(f"ZeRO-{row['stage']} k={row['k']:<3} {row['config']:<8} save call {row['save_call_ms']:8.1f} ms  "
               f"stall/save {row['stall_ms']:8.1f} ms  overhead {row['overhead_pct']:6.1f} %  "
@@ -171,7 +191,7 @@ def main() -> None:
              "direct_write_s": bounds.direct_write_seconds(os.path.join(args.out, "bound.bin"), nbytes)}
     os.unlink(os.path.join(args.out, "bound.bin"))
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args),
-           "deepspeed": deepspeed.__version__, "base": base, "bounds": bound,
+           "deepspeed": deepspeed.__version__, "bounds": bound,
            "params": runs_of[plan[0]][0]["params"], "rows": rows}
     text = table(res)
     print(text)
@@ -179,24 +199,25 @@ def main() -> None:
 
 def table(res: dict) -> str:
     a, b = res["args"], res["bounds"]
-    bases = ", ".join(f"ZeRO-{s} {v['step'] * 1e3:.0f} ms/step" for s, v in res["base"].items())
     head = (f"## deepspeed_overhead.py — {res['when']}, {platform.node()} ({os.cpu_count()} cores, CPU only, "
             f"DeepSpeed {res['deepspeed']}, one rank), `--d-model {a['d_model']} --layers {a['layers']} "
-            f"--vocab {a['vocab']} --steps {a['steps']} --runs {a['runs']}`\n\n"
-            f"{res['params'] / 1e6:.1f} M parameters; one tag ≈ {b['bytes'] / 2**30:.2f} GiB. No checkpoints: "
-            f"{bases}. Bounds for one tag, same run: memcpy {b['memcpy_s'] * 1e3:.0f} ms, O_DIRECT write "
-            f"{b['direct_write_s'] * 1e3:.0f} ms. Medians of {a['runs']} runs in rounds, {a['steps']} measured "
-            "steps after a warm-up holding the first save. Stall per save = extra training time per save "
-            "(the save call plus the gate before the next optimizer step). The default engine's torch.save "
-            "does not fsync; fastckpt's final wait ends with every tag durable and committed.\n")
-    lines = ["| ZeRO | k | engine | save call (ms) | stall per save (ms) | stall / default | overhead | "
-             "final wait (ms) |", "|---|---|---|---|---|---|---|---|"]
+            f"--vocab {a['vocab']} --ks {' '.join(map(str, a['ks']))} --steps {a['steps']} --runs {a['runs']}`\n\n"
+            f"{res['params'] / 1e6:.1f} M parameters; one tag ≈ {b['bytes'] / 2**30:.2f} GiB. Bounds for one tag, "
+            f"same run: memcpy {b['memcpy_s'] * 1e3:.0f} ms, O_DIRECT write {b['direct_write_s'] * 1e3:.0f} ms. "
+            f"Each run is one process: a warm-up holding the first save, {a['steps']} steps without saves (the "
+            f"run's own baseline, \"step\"), then {a['steps']} steps with a save every k. Stall per save = "
+            "(saving phase - quiet phase) / saves: everything a save adds to training, the save call, the gate "
+            f"before the next optimizer step and the background write's share of the cores. Medians of {a['runs']} "
+            "runs in rounds. The default engine's torch.save does not fsync; fastckpt's final wait ends with "
+            "every tag durable and committed.\n")
+    lines = ["| ZeRO | k | engine | step (ms) | save call (ms) | stall per save (ms) | stall / default | overhead | "
+             "final wait (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     by = {(r["stage"], r["k"], r["config"]): r for r in res["rows"]}
     for r in res["rows"]:
         peer = by.get((r["stage"], r["k"], "torch"))
         ratio = f"{r['stall_ms'] / peer['stall_ms']:.2f}×" if peer and r["config"] != "torch" else ""
-        lines.append(f"| {r['stage']} | {r['k']} | {r['config']} | {r['save_call_ms']:.1f} | {r['stall_ms']:.1f} | "
-                     f"{ratio} | {r['overhead_pct']:.1f} % | {r['final_wait_ms']:.0f} |")
+        lines.append(f"| {r['stage']} | {r['k']} | {r['config']} | {r['step_ms']:.0f} | {r['save_call_ms']:.1f} | "
+                     f"{r['stall_ms']:.1f} | {ratio} | {r['overhead_pct']:.1f} % | {r['final_wait_ms']:.0f} |")
     return head + "\n" + "\n".join(lines)
 
 
