@@ -22,9 +22,9 @@ from .commit import CommitInfo, FileEntry
 from .distributed import Agreement, make_agreement
 from .engine import MiB, new_engine, physical_memory
 from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
-from .format import FORMATS, load_file, plan_file
+from .format import FORMATS, plan_file
 from .pending import Pending
-from .snapshot import STRATEGIES, start_write
+from .snapshot import STRATEGIES
 from .store import STORES, open_store
 
 log = logging.getLogger("fastckpt")
@@ -39,7 +39,8 @@ class Checkpointer:
                  chunk_mb: int = 64, staging_mb: int | None = None, store: str = "file",
                  format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
                  direct_io: bool = True, commit_timeout_s: float = 600.0,
-                 distributed: bool | None = None):
+                 distributed: bool | None = None, model: str = "default", pool_mb: int | None = None,
+                 persist: str = "auto"):
         _check_choice("strategy", strategy, STRATEGIES)
         _check_choice("store", store, STORES)
         _check_choice("format", format, FORMATS)
@@ -57,7 +58,9 @@ class Checkpointer:
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
-        self.store = open_store(store, root, per_rank=self.world_size > 1)
+        pool = {"model": model, "pool_mb": pool_mb, "persist": persist, "concurrency": concurrency,
+                 "rank": self.rank, "world_size": self.world_size} if store == "pmem" else {}
+        self.store = open_store(store, root, per_rank=self.world_size > 1, **pool)
         self.root = self.store.root
         self._named_paths = store == "path"
         self._slots = threading.Semaphore(concurrency)
@@ -91,8 +94,8 @@ class Checkpointer:
             if not self._started:
                 self._start_writing()
                 self._started = True
-            plan = plan_file(state, self.format)
-            if got and self.strategy == "c":
+            plan = plan_file(state, self.store.layout_format or self.format)
+            if got and self.strategy == "c" and self.store.stages:
                 got = self._ensure_staging(plan)
         except BaseException:
             if got:
@@ -112,8 +115,8 @@ class Checkpointer:
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
-            ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path)
-            write = start_write(self._engine, plan, file_path, self.strategy, self.direct_io, held)
+            ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan, meta=meta)
+            write = self.store.start_write(self._engine, plan, file_path, self.strategy, self.direct_io, held)
         except OSError as e:
             where = path if path is not None else f"under {self.root}"
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
@@ -194,7 +197,7 @@ class Checkpointer:
             try:
                 write.wait_copied()
                 pending._copied.set()
-                result = write.finish()
+                result = self.store.finish_write(write, file_path)
             except BaseException as e:  # surfaced through Pending, never swallowed
                 write.abort(str(e))
                 error = _as_write_error(e, pending.step)
@@ -233,6 +236,7 @@ class Checkpointer:
         entries = self._agree.gather(entry, background=True)
         info = CommitInfo(pending.step, ckpt_dir, sum(e.bytes for e in entries), pending.counter,
                           time.time(), self.world_size, self.format, tuple(entries), meta or {})
+        self.store.commit_rank(ckpt_dir, info)
         ok = True
         if self.rank == 0:
             try:
@@ -316,8 +320,7 @@ class Checkpointer:
         for info in candidates:
             state, err = None, None
             try:
-                state = load_file(info.file_for(rank), map_location, verify, weights_only,
-                                  expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+                state = self.store.load(info, rank, map_location, verify, weights_only, mmap)
             except (CorruptCheckpointError, OSError) as e:
                 err = e
             if self._agree.all_ok(err is None):

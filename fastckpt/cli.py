@@ -1,4 +1,4 @@
-"""The `fastckpt` command: ls | verify | export | info."""
+"""The `fastckpt` command: ls | verify | export | repack | info (a checkpoint root, file, or pool)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,9 @@ import time
 
 
 def _ls(args) -> int:
+    from .pmem.tool import is_pool, ls_pool
+    if is_pool(args.root):
+        return ls_pool(args.root)
     from .store.file_store import FileStore
     rows = FileStore(args.root).listing()
     if not rows:
@@ -33,6 +36,9 @@ def _size(n: int) -> str:
 
 
 def _verify(args) -> int:
+    from .pmem.tool import is_pool, verify_pool
+    if is_pool(args.path):
+        return verify_pool(args.path)
     from .verify import verify_path
     report = verify_path(args.path)
     for line in report.lines:
@@ -47,7 +53,13 @@ def _export(args) -> int:
     from .checkpointer import Checkpointer
     from .format import load_file
     from .single_file import save
-    if os.path.isfile(args.src):
+    from .pmem.tool import export_pool, is_pool
+    if is_pool(args.src):
+        state = export_pool(args.src, args.model, args.out, args.to, args.step)
+        if state is None:  # safetensors: the version's bytes, copied
+            print(f"wrote {args.out} ({_size(os.path.getsize(args.out))}, format {args.to}, byte-identical)")
+            return 0
+    elif os.path.isfile(args.src):
         state = load_file(args.src)
     else:
         state = Checkpointer(args.src).load(step=args.step, rank=args.rank)
@@ -70,6 +82,11 @@ def _export(args) -> int:
     return 0
 
 
+def _repack(args) -> int:
+    from .pmem.tool import repack_pool
+    return repack_pool(args.pool, tuple(args.drop))
+
+
 def _info(args) -> int:
     import torch
 
@@ -81,26 +98,38 @@ def _info(args) -> int:
     feats["kvikio"] = kvikio_mode() or "unavailable"
     for k, v in feats.items():
         print(f"{k:>18}: {v}")
+    if args.pool:
+        from .pmem.pool import Pool
+        pool = Pool(args.pool, create=False)
+        for k, v in pool.describe().items():
+            print(f"{'pool ' + k:>18}: {v}")
+        pool.close()
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastckpt", description="Inspect and convert fastckpt checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("ls", help="list checkpoints under ROOT")
+    s = sub.add_parser("ls", help="list checkpoints under ROOT, or a pool's models and versions")
     s.add_argument("root")
     s.set_defaults(fn=_ls)
     s = sub.add_parser("verify", help="check every byte of ROOT, a checkpoint directory, or FILE")
     s.add_argument("path")
     s.set_defaults(fn=_verify)
-    s = sub.add_parser("export", help="convert a checkpoint to the torch or safetensors format")
-    s.add_argument("src", help="checkpoint root or file")
+    s = sub.add_parser("export", help="convert a checkpoint (or a model's version in a pool) to a file")
+    s.add_argument("src", help="checkpoint root, file, or pool")
+    s.add_argument("--model", default=None, help="pools: which model (default: the only one)")
     s.add_argument("out")
     s.add_argument("--step", type=int, default=None, help="default: the newest valid")
     s.add_argument("--rank", type=int, default=0)
     s.add_argument("--to", choices=("torch", "safetensors"), required=True)
     s.set_defaults(fn=_export)
-    s = sub.add_parser("info", help="native features compiled in, CUDA/kvikio availability")
+    s = sub.add_parser("repack", help="reclaim a pool's space: stale versions, dropped models, gaps")
+    s.add_argument("pool")
+    s.add_argument("--drop", nargs="*", default=[], metavar="MODEL", help="models to remove first")
+    s.set_defaults(fn=_repack)
+    s = sub.add_parser("info", help="native features compiled in, CUDA/kvikio availability; a pool's persistence")
+    s.add_argument("pool", nargs="?", default=None, help="a pool: report how its stores are made persistent")
     s.set_defaults(fn=_info)
     args = p.parse_args(argv)
     try:

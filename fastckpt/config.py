@@ -29,6 +29,9 @@ class CheckpointerConfig:
     direct_io: bool = True
     commit_timeout_s: float = 600.0
     distributed: bool | None = None
+    model: str = "default"
+    pool_mb: int | None = None
+    persist: str = "auto"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
@@ -39,7 +42,8 @@ class CheckpointerConfig:
         return cls(**d)
 
 
-GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"), "store": ("direct_io",)}
+GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
+              "store": ("direct_io", "model", "pool_mb", "persist")}
 NON_CHECKPOINTER = {"demo", "hydra"}
 
 

@@ -8,6 +8,7 @@
 #include "crc.h"
 #include "engine.h"
 #include "file_io.h"
+#include "pmem_pool.h"
 #include "reader.h"
 
 namespace py = pybind11;
@@ -21,6 +22,7 @@ py::dict features() {
   d["fallocate"] = true;
   d["io_uring"] = false;
   d["libpmem2"] = false;
+  d["pmem_flush"] = std::string(detail::flush_name());
   d["crc32"] = crc32_backend_name();
   d["hardware_threads"] = std::thread::hardware_concurrency();
   return d;
@@ -74,7 +76,32 @@ PYBIND11_MODULE(_native, m) {
   py::enum_<Mode>(m, "Mode")
       .value("Stage", Mode::Stage)
       .value("Direct", Mode::Direct)
-      .value("External", Mode::External);
+      .value("External", Mode::External)
+      .value("Mapped", Mode::Mapped);
+
+  py::class_<PmemPool, std::shared_ptr<PmemPool>>(m, "PmemPool", py::buffer_protocol())
+      .def(py::init<const std::string&, uint64_t, bool, int>(), py::arg("path"), py::arg("size"),
+           py::arg("create"), py::arg("force") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_buffer([](PmemPool& p) {
+        return py::buffer_info(p.base(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.size())}, {1});
+      })
+      .def_property_readonly("address", [](const PmemPool& p) { return reinterpret_cast<uintptr_t>(p.base()); })
+      .def_property_readonly("size", &PmemPool::size)
+      .def_property_readonly("path", &PmemPool::path)
+      .def_property_readonly("map_sync", &PmemPool::map_sync)
+      .def_property_readonly("device_dax", &PmemPool::device_dax)
+      .def_property_readonly("fence", [](const PmemPool& p) { return p.mode() == Persist::Fence; })
+      .def_property_readonly("persist_name", &PmemPool::persist_name)
+      .def("write", [](const PmemPool& p, uint64_t off, py::bytes data) {
+        std::string b(data);
+        py::gil_scoped_release nogil;
+        p.copy_in(off, b.data(), b.size());
+        p.persist(off, b.size());
+      }, "stores bytes at off and persists them")
+      .def("persist", &PmemPool::persist, py::call_guard<py::gil_scoped_release>())
+      .def("store8", &PmemPool::store8)
+      .def("load8", &PmemPool::load8);
 
   py::class_<StagingPool>(m, "StagingPool")
       .def("grow", &StagingPool::grow, py::call_guard<py::gil_scoped_release>())
@@ -131,6 +158,15 @@ PYBIND11_MODULE(_native, m) {
       }, py::arg("path"), py::arg("pieces"), py::arg("data_begin"), py::arg("data_end"),
          py::arg("file_size"), py::arg("mode"), py::arg("direct_io"), py::arg("n_records"),
          py::arg("held") = false)
+      .def("submit_mapped", [](Engine& e, std::shared_ptr<PmemPool> target, uint64_t shift,
+                               const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
+                               uint64_t data_begin, uint64_t data_end, uint32_t n_records, bool held) {
+        auto p = to_pieces(pieces);
+        py::gil_scoped_release nogil;
+        return e.submit_mapped(std::move(target), shift, std::move(p), data_begin, data_end,
+                               n_records, held);
+      }, py::arg("target"), py::arg("shift"), py::arg("pieces"), py::arg("data_begin"),
+         py::arg("data_end"), py::arg("n_records"), py::arg("held") = false)
       .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
       .def_property_readonly("copy_threads", &Engine::copy_threads)
       .def_property_readonly("write_threads", &Engine::write_threads);

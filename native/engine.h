@@ -27,6 +27,18 @@ class Engine {
     job->start();
     return job;
   }
+  // A job that stores straight into a mapped pool (file offset f -> pool offset f + shift).
+  std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<PmemPool> target, uint64_t shift,
+                                          std::vector<Piece> pieces, uint64_t data_begin,
+                                          uint64_t data_end, uint32_t n_records, bool held) {
+    const std::string path = target->path();  // before target is moved from
+    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_}, path,
+                                          std::move(pieces), data_begin, data_end, data_end,
+                                          Mode::Mapped, false, pool_.chunk_bytes(), n_records, held,
+                                          MappedTarget{std::move(target), shift});
+    job->start();
+    return job;
+  }
   StagingPool& pool() { return pool_; }
   size_t copy_threads() const { return copiers_.size(); }
   size_t write_threads() const { return writers_.size(); }

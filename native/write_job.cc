@@ -7,13 +7,20 @@ namespace fastckpt {
 
 WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
                    uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io,
-                   uint64_t split_bytes, uint32_t n_records, bool held)
+                   uint64_t split_bytes, uint32_t n_records, bool held, MappedTarget target)
     : w_(w), path_(std::move(path)), data_begin_(data_begin), data_end_(data_end),
-      chunk_bytes_(mode == Mode::Direct ? split_bytes : w.pool->chunk_bytes()), mode_(mode),
-      n_records_(n_records) {
+      chunk_bytes_(mode == Mode::Direct || mode == Mode::Mapped ? split_bytes : w.pool->chunk_bytes()),
+      mode_(mode), n_records_(n_records), target_(std::move(target)) {
+  if (mode == Mode::Mapped) {
+    if (!target_.pool) throw std::invalid_argument("a mapped job needs a pool");
+    const uint64_t lo = data_begin + target_.shift, n = data_end - data_begin;
+    if (lo > target_.pool->size() || n > target_.pool->size() - lo)
+      throw std::invalid_argument("the data extent falls outside the pool");
+    file_ready_ = true;  // nothing to open
+  }
   if (chunk_bytes_ == 0 || chunk_bytes_ % kAlign != 0)
     throw std::invalid_argument("chunk size must be a positive multiple of 4096");
-  if (mode != Mode::Direct && data_begin % kAlign != 0)
+  if (!per_span() && data_begin % kAlign != 0)
     throw std::invalid_argument("data must start 4096-aligned");
   std::sort(pieces.begin(), pieces.end(),
             [](const Piece& a, const Piece& b) { return a.file_off < b.file_off; });
@@ -31,7 +38,7 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     uint64_t off = p.file_off, left = p.len;
     while (left > 0) {
       uint64_t c = (off - data_begin) / chunk_bytes_;
-      uint64_t room = mode == Mode::Direct ? chunk_bytes_ : chunk_begin(c) + chunk_bytes_ - off;
+      uint64_t room = per_span() ? chunk_bytes_ : chunk_begin(c) + chunk_bytes_ - off;
       uint64_t n = std::min(left, room);
       spans_.push_back({p.src + (off - p.file_off), n, off, p.record});
       off += n;
@@ -39,7 +46,7 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     }
   }
   if (pieces.empty()) n_chunks_ = 0;
-  if (mode != Mode::Direct) {
+  if (!per_span()) {
     size_t s = 0;
     for (size_t c = 0; c < n_chunks_; ++c) {
       chunk_first_span_[c] = s;
@@ -50,7 +57,7 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
   span_crc_.assign(spans_.size(), 0);
   file_size_ = file_size;
   direct_io_ = direct_io;
-  if (mode == Mode::Direct) {
+  if (per_span()) {
     copies_left_ = writes_left_ = spans_.size();
   } else {
     copies_left_ = mode == Mode::Stage ? n_chunks_ : 0;
@@ -58,12 +65,12 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
   }
   if (held && mode == Mode::External) throw std::invalid_argument("external jobs cannot be held");
   held_ = held;
-  const size_t n_units = mode == Mode::Direct ? spans_.size() : n_chunks_;
+  const size_t n_units = per_span() ? spans_.size() : n_chunks_;
   unit_state_.assign(n_units, held ? 0 : 1);
   record_units_.assign(n_records, {});
   for (size_t u = 0; u < n_units; ++u) {
-    size_t lo = mode == Mode::Direct ? u : chunk_first_span_[u];
-    size_t hi = mode == Mode::Direct ? u + 1 : chunk_first_span_[u + 1];
+    size_t lo = per_span() ? u : chunk_first_span_[u];
+    size_t hi = per_span() ? u + 1 : chunk_first_span_[u + 1];
     for (size_t s = lo; s < hi; ++s) {
       auto& units = record_units_[spans_[s].record];
       if (units.empty() || units.back() != u) units.push_back(u);
@@ -106,7 +113,8 @@ bool WriteJob::wait_file() {
 
 void WriteJob::start() {
   auto self = shared_from_this();
-  w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
+  if (mode_ != Mode::Mapped)
+    w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
   if (!held_ && mode_ != Mode::External)
     for (size_t u = 0; u < unit_state_.size(); ++u) submit_unit(u);
 }
@@ -115,6 +123,8 @@ void WriteJob::submit_unit(size_t u) {
   auto self = shared_from_this();
   if (mode_ == Mode::Stage)
     w_.copiers->submit([self, u] { self->copy_chunk(u); });
+  else if (mode_ == Mode::Mapped)
+    w_.copiers->submit([self, u] { self->map_span(u); });
   else
     w_.writers->submit([self, u] { self->write_span(u); });
 }
@@ -283,6 +293,49 @@ void WriteJob::write_span(size_t i) {
   count_written();
 }
 
+// Mapped mode: one span stored straight into the pool on a copy thread. The caller's
+// tensor is free once the copy is done; persisting is the fence on this same thread
+// (non-temporal stores are ordered per thread), or an msync left to a writer thread.
+void WriteJob::map_span(size_t i) {
+  bool copied = false;
+  try {
+    bool skip;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      skip = failed_;
+    }
+    if (!skip) {
+      const Span& sp = spans_[i];
+      const void* src = reinterpret_cast<const void*>(sp.src);
+      span_crc_[i] = crc32_update(0, src, sp.len);
+      target_.pool->copy_in(sp.file_off + target_.shift, src, sp.len);
+      if (target_.pool->mode() == Persist::Fence) {
+        target_.pool->persist_copied(sp.file_off + target_.shift, sp.len);
+        bytes_written_ += sp.len;
+      } else {
+        count_copied(i);
+        copied = true;
+        auto self = shared_from_this();
+        w_.writers->submit([self, i] {
+          try {
+            const Span& s = self->spans_[i];
+            self->target_.pool->persist_copied(s.file_off + self->target_.shift, s.len);
+            self->bytes_written_ += s.len;
+          } catch (const std::exception& e) {
+            self->fail(e);
+          }
+          self->count_written();
+        });
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    fail(e);
+  }
+  if (!copied) count_copied(i);
+  count_written();
+}
+
 bool WriteJob::wait_until(const std::function<bool()>& done, double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
   auto ready = [&] { return failed_ || done(); };
@@ -308,6 +361,7 @@ bool WriteJob::wait_written(double timeout_s) { return wait_latch(writes_left_, 
 
 void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs,
                         uint64_t file_size) {
+  if (mode_ == Mode::Mapped) throw std::logic_error("a mapped job has no file to finalize");
   // A file with no data units has nothing for wait_written() to wait on: wait for
   // prepare_file() too, which a writer thread may not have run yet.
   wait_until([this] { return writes_left_ == 0 && file_ready_; }, -1.0);

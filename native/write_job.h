@@ -1,7 +1,9 @@
 // write_job.h — one checkpoint file being written: its layout (pieces of raw
 // memory and where they go in the file), the copy of those pieces into
 // staging chunks (or none, in direct mode), the CRC of every byte, the writes,
-// and the final header blobs + fdatasync. Progress is two latches: "copied"
+// and the final header blobs + fdatasync. In mapped mode the "file" is a region
+// of a mapped pool (pmem_pool.h): copy threads store straight into it, and the
+// caller writes the headers wherever its pool layout keeps them. Progress is two latches: "copied"
 // (the caller may overwrite its tensors) and "written" (all data is in the file).
 // A held job (layer-wise checkpointing) copies nothing until the caller
 // releases records; each record's copy can then be waited on alone.
@@ -19,6 +21,7 @@
 
 #include "crc.h"
 #include "file_io.h"
+#include "pmem_pool.h"
 #include "staging_pool.h"
 #include "thread_pool.h"
 
@@ -36,6 +39,13 @@ enum class Mode : int {
   Stage = 0,     // copy threads fill staging chunks, writers drain them
   Direct = 1,    // writers write straight from the source memory
   External = 2,  // the caller fills staging chunks (e.g. a CUDA stream) and pushes them
+  Mapped = 3,    // copy threads store straight into a mapped pool; no staging, no file
+};
+
+// Where a mapped job's bytes go: file offset f lands at pool offset f + shift (mod 2^64).
+struct MappedTarget {
+  std::shared_ptr<PmemPool> pool;
+  uint64_t shift = 0;
 };
 
 struct Workers {
@@ -48,7 +58,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
  public:
   WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
            uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io, uint64_t split_bytes,
-           uint32_t n_records, bool held = false);
+           uint32_t n_records, bool held = false, MappedTarget target = {});
   ~WriteJob();
 
   void start();
@@ -84,6 +94,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void copy_chunk(size_t c);
   void write_chunk(size_t c, int slot);
   void write_span(size_t i);
+  void map_span(size_t i);
+  bool per_span() const { return mode_ == Mode::Direct || mode_ == Mode::Mapped; }
   void fill_chunk(size_t c, uint8_t* buf);
   void fail(const std::string& why, int err = 0);
   void fail(const std::exception& e);
@@ -128,6 +140,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   bool file_ready_ = false;
   uint64_t file_size_ = 0;
   bool direct_io_ = false;
+  MappedTarget target_;
 };
 
 }  // namespace fastckpt

@@ -142,54 +142,80 @@ def read_header(path: str) -> tuple[dict, int, bytes]:
         if hlen > MAX_HEADER or 8 + hlen > size:
             raise _bad(path, f"header length {hlen} does not fit a {size}-byte file")
         raw = f.read(hlen)
+    return parse_header(head + raw, size, path)
+
+
+def parse_header(head: bytes, size: int, where) -> tuple[dict, int, bytes]:
+    """The one validator of a header (8-byte length + JSON) of an image of `size` bytes:
+    every entry well-formed, entries tiling the data section with no hole or overlap, and
+    the data ending where the image does. Returns (header, data start, header bytes)."""
+    if len(head) < 8:
+        raise _bad(where, "shorter than 8 bytes (truncated?)")
+    (hlen,) = struct.unpack_from("<Q", head)
+    if hlen > MAX_HEADER or 8 + hlen > size or len(head) < 8 + hlen:
+        raise _bad(where, f"header length {hlen} does not fit a {size}-byte image")
+    head = head[:8 + hlen]
     try:
-        header = json.loads(raw)
+        header = json.loads(head[8:])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(path, f"header is not JSON: {e}") from None
+        raise _bad(where, f"header is not JSON: {e}") from None
     if not isinstance(header, dict):
-        raise _bad(path, "header is not a JSON object")
+        raise _bad(where, "header is not a JSON object")
     spans = []
     for name, info in header.items():
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise _bad(path, "__metadata__ must map strings to strings")
+                raise _bad(where, "__metadata__ must map strings to strings")
             continue
         try:
             dtype = FROM_ST[info["dtype"]]
             shape = [int(x) for x in info["shape"]]
             begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
-            raise _bad(path, f"entry {name!r} is malformed") from None
+            raise _bad(where, f"entry {name!r} is malformed") from None
         numel = 1
         for x in shape:
             if x < 0:
-                raise _bad(path, f"entry {name!r} has a negative dimension")
+                raise _bad(where, f"entry {name!r} has a negative dimension")
             numel *= x
         if end - begin != numel * torch.empty((), dtype=dtype).element_size() or begin > end:
-            raise _bad(path, f"entry {name!r}: offsets do not match its shape and dtype")
+            raise _bad(where, f"entry {name!r}: offsets do not match its shape and dtype")
         spans.append((begin, end, name))
     spans.sort()
     cursor = 0
     for begin, end, name in spans:
         if begin != cursor:
-            raise _bad(path, f"entry {name!r} leaves a hole or overlaps (at byte {begin})")
+            raise _bad(where, f"entry {name!r} leaves a hole or overlaps (at byte {begin})")
         cursor = end
     if 8 + hlen + cursor != size:
-        raise _bad(path, f"data ends at {8 + hlen + cursor} but the file has {size} bytes")
-    return header, 8 + hlen, head + raw
+        raise _bad(where, f"data ends at {8 + hlen + cursor} but the image has {size} bytes")
+    return header, 8 + hlen, head
+
+
+def entry_spans(header: dict) -> tuple[list[str], list[tuple[int, int]]]:
+    """Entry names in data order, and each one's (offset in the data section, length)."""
+    names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+    return names, [(header[n]["data_offsets"][0], header[n]["data_offsets"][1] - header[n]["data_offsets"][0])
+                   for n in names]
 
 
 def read_safetensors(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
                      threads: int | None = None, expect_crc: int | None = None, mmap: bool | None = None):
     header, data_begin, head_bytes = read_header(path)
+    names, spans = entry_spans(header)
+    data, crcs = read_records(path, [(data_begin + o, n) for o, n in spans], verify,
+                              True if mmap is None else mmap, threads)
+    return assemble(path, header, head_bytes, names, data, crcs, verify, map_location, weights_only, expect_crc)
+
+
+def assemble(where, header: dict, head_bytes: bytes, names: list[str], data: list[torch.Tensor], crcs,
+             verify: bool, map_location, weights_only: bool, expect_crc: int | None):
+    """The state from validated entries' bytes (uint8 tensors, in data order): CRCs checked
+    (when verify and the image is ours), views and dtypes restored, the skeleton rebuilt."""
     meta = header.get("__metadata__", {})
-    names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
-    spans = [(data_begin + header[n]["data_offsets"][0],
-              header[n]["data_offsets"][1] - header[n]["data_offsets"][0]) for n in names]
-    data, crcs = read_records(path, spans, verify, True if mmap is None else mmap, threads)
     bufs = dict(zip(names, data))
-    if verify and has_checksums(path, meta):
-        check_crcs(path, meta, head_bytes, names, crcs, [bufs[n].numel() for n in names], expect_crc)
+    if verify and has_checksums(where, meta):
+        check_crcs(where, meta, head_bytes, names, crcs, [bufs[n].numel() for n in names], expect_crc)
     out = {}
     for n in names:
         info = header[n]

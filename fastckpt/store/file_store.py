@@ -17,13 +17,14 @@ from .. import commit
 from ..commit import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..fsutil import fsync_dir, write_atomic
+from .base import Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
 LATEST = "latest"
 EXT = {"torch": "pt", "safetensors": "safetensors"}
 
 
-class FileStore:
+class FileStore(Store):
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
 
@@ -50,7 +51,8 @@ class FileStore:
         return f"rank-{rank}.{EXT[fmt]}"
 
     # -- the store protocol the Checkpointer drives ----------------------
-    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
+              meta=None) -> tuple[str, str]:
         """(checkpoint id, path this rank writes) for a new checkpoint; target is unused here."""
         ckpt_dir = self.new_dir(step, counter)
         return ckpt_dir, os.path.join(ckpt_dir, self.file_name(rank, fmt))

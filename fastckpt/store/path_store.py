@@ -27,6 +27,7 @@ from .. import commit
 from ..commit import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..fsutil import fsync_dir, write_atomic
+from .base import Store
 from .file_store import FileStore
 
 MARKER_SUFFIX = ".fastckpt-commit"
@@ -51,7 +52,7 @@ def filesystem(url: str):
     return fs
 
 
-class PathStore:
+class PathStore(Store):
     """Store protocol (see FileStore) for caller-named paths; no retention, no `latest`."""
 
     root = None
@@ -75,7 +76,8 @@ class PathStore:
     def committed(self, warn: bool = False) -> list:
         return []
 
-    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None) -> tuple[str, str]:
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
+              meta=None) -> tuple[str, str]:
         target = os.fspath(target)
         if is_remote(target):
             if self.per_rank:

@@ -1,0 +1,215 @@
+"""The pmem store: the Checkpointer's checkpoints as versions of a model in a pool.
+
+ROOT is the pool (a file, a file on an fsdax mount, /dev/daxN.M, or a file on /dev/shm);
+`model` names this run's model in it (one per rank when several ranks save: MODEL/rank-R).
+Each model has concurrency + 1 version slots (two for concurrency 1: Portus' double
+mapping; PCcheck's N + 1 otherwise). A save claims the oldest slot that is neither the
+current version nor in flight, copies the tensors straight into it, persists, seals the
+slot, and once every rank has sealed its part each rank flips its model's active word.
+
+Recovery (committed()): a step is loadable when every rank has a sealed version of it and
+it is not newer than the newest active word of any rank (a rank flips only after all
+ranks' parts are durable, so an active word anywhere vouches for all of them). Newest
+first; the Checkpointer's load falls back to older ones if one fails its CRCs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zlib
+
+from ..commit import CommitInfo, FileEntry
+from ..errors import ConfigError, CorruptCheckpointError
+from ..pmem import layout as L
+from ..pmem.image import MappedWrite, read_version
+from ..pmem.pool import Pool, Version
+from ..snapshot import FileResult
+from .base import Store
+
+
+POOL_NAME = "fastckpt.pool"  # the pool's name when root is a directory
+HEADROOM = 1.25  # a pool sized at the first save holds the slots' versions and this much more
+
+
+class PoolStore(Store):
+    layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
+    stages = False  # tensors go straight into the pool: no staging pool
+
+    def __init__(self, root, model: str = "default", pool_mb: int | None = None, persist: str = "auto",
+                 concurrency: int = 1, rank: int = 0, world_size: int = 1):
+        if root is None:
+            raise ConfigError("store='pmem' needs root=<the pool: a file, /dev/daxN.M, or a file on /dev/shm>")
+        if not 1 <= concurrency < L.SLOTS:
+            raise ConfigError(f"store='pmem' allows concurrency 1..{L.SLOTS - 1} "
+                              f"(a model has {L.SLOTS} version slots), got {concurrency}")
+        self.root = os.path.abspath(os.fspath(root))
+        if os.path.isdir(self.root):
+            self.root = os.path.join(self.root, POOL_NAME)
+        self.model, self.pool_mb, self.persist = model, pool_mb, persist
+        self.slots = concurrency + 1
+        self.world_size = world_size
+        L.encode_name(self.model_of(world_size - 1))  # a bad name fails here, not at the first save
+        self.pool: Pool | None = None
+        self._busy: dict[int, set[int]] = {}  # entry -> slots in flight
+        self._claims: dict[str, tuple[int, int, L.Slot, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def model_of(self, rank: int) -> str:
+        return self.model if self.world_size == 1 else f"{self.model}/rank-{rank}"
+
+    def _open(self, create: bool, need: int = 0) -> Pool | None:
+        """The pool; a missing one is created when asked (sized from pool_mb, or from `need`,
+        one version's bytes, when pool_mb is None); None when missing and not needed yet."""
+        if self.pool is None:
+            if not os.path.exists(self.root):
+                if not create:
+                    return None
+                auto = max(L.MIN_POOL, L.HEAP_OFF + int(need * self.slots * self.world_size * HEADROOM))
+                mb = self.pool_mb or -(-auto >> 20)
+                self.pool = Pool(self.root, mb, self.persist)
+            else:
+                self.pool = Pool(self.root, None, self.persist, create=False)
+        return self.pool
+
+    # -- the store protocol (see FileStore) ---------------------------------
+    def prepare(self) -> None:
+        parent = os.path.dirname(self.root)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot create pool {self.root!r}: directory {parent!r} does not exist")
+        self._open(create=self.pool_mb is not None)
+
+    def next_counter(self) -> int:
+        pool = self._open(create=False)
+        if pool is None:
+            return 1
+        top = 0
+        for r in range(self.world_size):
+            for v in pool.versions(self.model_of(r)):
+                top = max(top, v.counter)
+            i = pool.find(self.model_of(r))
+            act = pool.active(i) if i is not None else None
+            top = max(top, act[0] if act else 0)
+        return top + 1
+
+    def remove_uncommitted(self) -> None:
+        pass  # an unsealed slot is invisible and is the next one claimed
+
+    def retain(self, keep: int, in_flight: set) -> None:
+        pass  # a model never has more than concurrency + 1 versions
+
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None, meta=None):
+        if target is not None:
+            raise ValueError("store='pmem' names its own versions; save(..., path=...) is for store='path'")
+        extra = json.dumps(meta or {}, sort_keys=True).encode()
+        pool = self._open(create=True, need=plan.data_end + len(extra) + 2 * L.ALIGN)
+        i = pool.ensure_model(self.model_of(rank))
+        with self._lock:
+            busy = self._busy.setdefault(i, set())
+            s, desc = pool.claim(i, self.slots, busy, plan.data_begin + len(extra), plan.data_end - plan.data_begin)
+            busy.add(s)
+        desc.counter, desc.step, desc.rank, desc.world_size = counter, step, rank, self.world_size
+        desc.extra_len, desc.extra_crc = len(extra), zlib.crc32(extra)
+        ckpt_id = f"{self.root}#{self.model_of(rank)}@{counter}"
+        with self._lock:
+            self._claims[ckpt_id] = (i, s, desc, extra)
+        return ckpt_id, ckpt_id
+
+    def start_write(self, engine, plan, file_path: str, strategy: str, direct_io: bool, held: bool = False):
+        i, s, desc, _ = self._claims[file_path]
+        if plan.devices() - {"cpu"}:
+            from ..pmem.cuda_pool import CudaMappedWrite
+            return CudaMappedWrite(engine, self.pool, plan, desc.data_off, strategy, held)
+        return MappedWrite(engine, self.pool, plan, desc.data_off, held)
+
+    def finish_write(self, write, file_path: str) -> FileResult:
+        """Data persistent -> header and meta persisted -> the slot sealed (not yet current)."""
+        i, s, desc, extra = self._claims[file_path]
+        crcs, spans, header, image_crc = write.finish()
+        self.pool.write_at(desc.meta_off, header + extra)
+        desc.meta_len, desc.data_len = len(header), write.plan.data_end - write.plan.data_begin
+        desc.image_crc, desc.time = image_crc, time.time()
+        self.pool.seal(i, s, desc)
+        return FileResult(file_path, desc.meta_len + desc.data_len, image_crc, crcs, spans, False,
+                          [r.name for r in write.plan.records])
+
+    def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
+        return file_path
+
+    def commit_rank(self, ckpt_id: str, info: CommitInfo) -> None:
+        """Every rank, once all ranks' parts are sealed: this rank's model moves to it."""
+        with self._lock:
+            i, s, desc, _ = self._claims.pop(ckpt_id)
+        self.pool.flip(i, s, desc.counter)
+        with self._lock:
+            self._busy[i].discard(s)
+
+    def commit(self, info: CommitInfo) -> None:
+        pass  # the active words are the commit; there is no separate record
+
+    def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
+        with self._lock:
+            claim = self._claims.pop(ckpt_id, None) if ckpt_id is not None else None
+            if claim is not None:
+                self._busy[claim[0]].discard(claim[1])  # never sealed, or sealed but never current
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    # -- reading -------------------------------------------------------------
+    def _rank_versions(self) -> tuple[list[dict[int, Version]], int]:
+        pool = self._open(create=False)
+        if pool is None:
+            return [{} for _ in range(self.world_size)], 0
+        per_rank, newest_active = [], 0
+        for r in range(self.world_size):
+            by_counter: dict[int, Version] = {}
+            for v in pool.versions(self.model_of(r)):  # a repack cut short may leave two copies
+                if v.counter not in by_counter or v.active:
+                    by_counter[v.counter] = v
+            per_rank.append(by_counter)
+            i = pool.find(self.model_of(r))
+            act = pool.active(i) if i is not None else None  # the word, even if its slot is damaged
+            newest_active = max(newest_active, act[0] if act else 0)
+        return per_rank, newest_active
+
+    def committed(self, warn: bool = False) -> list[CommitInfo]:
+        per_rank, newest_active = self._rank_versions()
+        common = set(per_rank[0])
+        for vs in per_rank[1:]:
+            common &= set(vs)
+        out = []
+        for c in sorted((c for c in common if c <= newest_active), reverse=True):
+            parts = [vs[c] for vs in per_rank]
+            try:
+                meta = self._extra(parts[0])
+            except CorruptCheckpointError as e:
+                if warn:
+                    import warnings
+                    warnings.warn(f"skipping {e}", stacklevel=3)
+                continue
+            files = tuple(FileEntry(f"{v.model}@{v.counter}", r, v.nbytes, v.desc.image_crc)
+                          for r, v in enumerate(parts))
+            out.append(CommitInfo(parts[0].step, f"{self.root}#{self.model}@{c}", sum(v.nbytes for v in parts), c,
+                                  parts[0].desc.time, self.world_size, "safetensors", files, meta))
+        return out
+
+    def _extra(self, v: Version) -> dict:
+        d = v.desc
+        raw = self.pool.read_at(d.meta_off + d.meta_len, d.extra_len)
+        if zlib.crc32(raw) != d.extra_crc:
+            raise CorruptCheckpointError(f"{self.root}#{v.model}@{v.counter}: its saved meta is damaged")
+        return json.loads(raw)
+
+    def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True,
+             weights_only: bool = True, mmap=None):
+        name = info.entry_for(rank).name
+        model, counter = name.rsplit("@", 1)
+        pool = self._open(create=False)
+        for v in pool.versions(model) if pool is not None else []:
+            if v.counter == int(counter):
+                return read_version(self.pool, v, map_location, verify, weights_only)
+        raise CorruptCheckpointError(f"{self.root}#{name} is no longer in the pool")
