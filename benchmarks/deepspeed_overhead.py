@@ -7,11 +7,12 @@ engine (CPU accelerator, one gloo rank) under ZeRO-1 and ZeRO-3, with
 a "fastckpt" config entry (strategy c, N = 1..4).
 
 Each run is one fresh process with one engine: a warm-up holding the first save, then
---steps steps without saves (the run's own baseline), then --steps steps with a save every k.
+--steps/2 steps without saves, --steps steps with a save every k, and --steps/2 more
+without saves (the quiet halves on both sides are the run's own baseline).
 Per run: the time inside save_checkpoint (median), the stall per save = (saving phase - quiet
 phase) / saves, i.e. everything a save costs the training loop including the gate before the
 next optimizer step and the background write's share of the cores, the overhead %, and apart
-the final wait at destroy() until every tag is committed. The default engine calls torch.save
+the final wait after the saving phase until every tag is committed. The default engine calls torch.save
 without fsync (its files may still be in the page cache when it returns); fastckpt's tags are
 durable and committed when the final wait ends. Configurations run in rounds (every one once
 per round), --runs rounds; medians are reported, with the ratio of each stall to the default
@@ -94,28 +95,33 @@ def timed_steps(engine, data, first: int, n: int, save_every: int, ckdir: str):
 
 
 def one_run(args, stage: int, config: str, k: int, ckdir: str) -> dict:
-    """One engine, three phases: a warm-up holding the first save (staging allocated, pages
-    touched), `steps` steps without saves (this run's own baseline), then `steps` steps with a
-    save every k. Stall per save = (saving phase - quiet phase) / saves: both phases run in the
-    same process on the same engine, so the process-to-process spread of a shared 2-core VM
-    (±25 % seen between runs) does not enter the difference."""
+    """One engine: a warm-up holding the first save (staging allocated, pages touched), then
+    steps/2 steps without saves, `steps` steps with a save every k, and steps/2 more without
+    saves, the quiet halves being this run's own baseline. Stall per save = (saving phase -
+    quiet steps scaled to the same count) / saves: both run in one process on one engine, so
+    the process-to-process spread of a shared 2-core VM (±25 % between runs) stays out, and
+    quiet steps on both sides cancel a drift within the run. Every save has finished (and
+    the kernel has written back torch.save's pages) before a quiet half starts."""
     shutil.rmtree(ckdir, ignore_errors=True)
     engine = make_engine(args, stage, config)
     g = torch.Generator().manual_seed(0)
-    warmup = args.warmup
-    data = torch.randint(0, args.vocab, (warmup + 2 * args.steps, args.batch, args.seq + 1), generator=g)
-    timed_steps(engine, data, 0, warmup, k, ckdir)
+    half = max(1, args.steps // 2)
+    data = torch.randint(0, args.vocab, (args.warmup + args.steps + 2 * half, args.batch, args.seq + 1), generator=g)
+    timed_steps(engine, data, 0, args.warmup, args.warmup, ckdir)
     settle(engine)
-    quiet, _ = timed_steps(engine, data, warmup, args.steps, 0, ckdir)
-    saving, save_times = timed_steps(engine, data, warmup + args.steps, args.steps, k, ckdir)
+    quiet_a, _ = timed_steps(engine, data, args.warmup, half, 0, ckdir)
+    saving, save_times = timed_steps(engine, data, args.warmup + half, args.steps, k, ckdir)
     t0 = time.perf_counter()
-    engine.destroy()  # fastckpt: every tag in flight lands and commits
+    settle(engine)  # fastckpt: every tag in flight lands and commits
     final_wait = time.perf_counter() - t0
+    quiet_b, _ = timed_steps(engine, data, args.warmup + half + args.steps, half, 0, ckdir)
+    engine.destroy()
     tags = sorted((d for d in os.listdir(ckdir) if d.startswith("global_step")), key=lambda d: int(d[11:]))
     tag = os.path.join(ckdir, tags[-1])
     tag_bytes = sum(os.path.getsize(os.path.join(tag, f)) for f in os.listdir(tag))
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters())
-    return {"stage": stage, "config": config, "k": k, "quiet_total": quiet, "saving_total": saving,
+    return {"stage": stage, "config": config, "k": k, "quiet_total": (quiet_a + quiet_b) * args.steps / (2 * half),
+            "quiet_a": quiet_a, "quiet_b": quiet_b, "saving_total": saving,
             "n_measured": args.steps, "saves": len(save_times), "save_call_median": statistics.median(save_times),
             "final_wait": final_wait, "tag_bytes": tag_bytes, "params": n_params}
 
@@ -157,7 +163,7 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 5])
     ap.add_argument("--configs", nargs="+", default=["torch", "fast-N1", "fast-N2", "fast-N4"])
     ap.add_argument("--steps", type=int, default=10, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-results", action="store_true")
@@ -204,9 +210,10 @@ def table(res: dict) -> str:
             f"--vocab {a['vocab']} --ks {' '.join(map(str, a['ks']))} --steps {a['steps']} --runs {a['runs']}`\n\n"
             f"{res['params'] / 1e6:.1f} M parameters; one tag ≈ {b['bytes'] / 2**30:.2f} GiB. Bounds for one tag, "
             f"same run: memcpy {b['memcpy_s'] * 1e3:.0f} ms, O_DIRECT write {b['direct_write_s'] * 1e3:.0f} ms. "
-            f"Each run is one process: a warm-up holding the first save, {a['steps']} steps without saves (the "
-            f"run's own baseline, \"step\"), then {a['steps']} steps with a save every k. Stall per save = "
-            "(saving phase - quiet phase) / saves: everything a save adds to training, the save call, the gate "
+            f"Each run is one process: a warm-up holding the first save, {a['steps'] // 2} steps without saves, "
+            f"{a['steps']} steps with a save every k, {a['steps'] // 2} more without saves (the quiet steps on both "
+            "sides are the run's own baseline, \"step\"). Stall per save = (saving phase - as many quiet steps) / "
+            "saves: everything a save adds to training, the save call, the gate "
             f"before the next optimizer step and the background write's share of the cores. Medians of {a['runs']} "
             "runs in rounds. The default engine's torch.save does not fsync; fastckpt's final wait ends with "
             "every tag durable and committed.\n")
