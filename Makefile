@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed clean
+.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(VPY) -m pytest -q tests $(ARGS)
 
 test-many: $(STAMP)
-	$(VPY) -m pytest -q tests/test_crash.py --many
+	$(VPY) -m pytest -q tests/test_crash.py tests/test_pmem.py -k "kill9" --many
 
 bench: $(STAMP)
 	$(VPY) benchmarks/save_load.py $(ARGS)
@@ -36,6 +36,9 @@ bench-lightning: $(STAMP)
 
 bench-deepspeed: $(STAMP)
 	$(VPY) benchmarks/deepspeed_overhead.py $(ARGS)
+
+bench-pmem: $(STAMP)
+	$(VPY) benchmarks/pmem_store.py $(ARGS)
 
 clean:
 	rm -rf build *.egg-info fastckpt/*.so .pytest_cache

@@ -1,4 +1,6 @@
-"""One rank of the 2-rank gloo tests. Usage: dist_worker.py MODE ROOT (env: RANK, WORLD_SIZE, MASTER_*)."""
+"""One rank of the 2-rank gloo tests. Usage: dist_worker.py MODE ROOT [STORE] (env: RANK, WORLD_SIZE, MASTER_*).
+
+STORE: file (default) or pmem (ROOT is then a pool both ranks share, one model per rank)."""
 import sys
 
 import torch
@@ -14,9 +16,11 @@ def state_for(rank: int, step: int) -> dict:
 
 def main() -> None:
     mode, root = sys.argv[1], sys.argv[2]
+    store = sys.argv[3] if len(sys.argv) > 3 else "file"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    ck = fastckpt.Checkpointer(root, concurrency=2, chunk_mb=1, keep=3, commit_timeout_s=20)
+    pool = {"store": "pmem", "pool_mb": 64} if store == "pmem" else {}
+    ck = fastckpt.Checkpointer(root, concurrency=2, chunk_mb=1, keep=3, commit_timeout_s=20, **pool)
     if mode == "roundtrip":
         for step in range(1, 6):
             ck.save(state_for(rank, step), step=step)

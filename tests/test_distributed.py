@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import pytest
 import torch
 
 import fastckpt
@@ -25,34 +26,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(mode: str, root: str, world: int = 2) -> list[subprocess.Popen]:
+def launch(mode: str, root: str, world: int = 2, store: str = "file") -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), mode, root],
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), mode, root, store],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     return procs
 
 
-def test_two_ranks_roundtrip(tmp_path):
-    procs = launch("roundtrip", str(tmp_path))
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, out
-        assert f"rank {rank} OK 5" in out
-    info = fastckpt.Checkpointer(tmp_path).latest()
-    assert info.step == 5 and sorted(f.rank for f in info.files) == [0, 1]
-    for rank in (0, 1):
-        out = fastckpt.Checkpointer(tmp_path).load(rank=rank)
-        assert torch.equal(out["w"], state_for(rank, 5)["w"])
+def where(tmp_path, store: str) -> tuple[str, dict]:
+    """(root, reader kwargs): a directory for the file store, a pool on /dev/shm for pmem."""
+    if store == "file":
+        return str(tmp_path), {}
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    return f"/dev/shm/fastckpt-dist-{os.getpid()}-{tmp_path.name}.pool", {"store": "pmem"}
 
 
-def test_rank_killed_mid_commit_keeps_previous_global(tmp_path):
+@pytest.mark.parametrize("store", ["file", "pmem"])
+def test_two_ranks_roundtrip(tmp_path, store):
+    root, reader = where(tmp_path, store)
+    try:
+        procs = launch("roundtrip", root, store=store)
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+        for rank, (p, out) in enumerate(zip(procs, outs)):
+            assert p.returncode == 0, out
+            assert f"rank {rank} OK 5" in out
+        info = fastckpt.Checkpointer(root, **reader).latest()
+        assert info.step == 5 and sorted(f.rank for f in info.files) == [0, 1]
+        for rank in (0, 1):
+            out = fastckpt.Checkpointer(root, **reader).load(rank=rank)
+            assert torch.equal(out["w"], state_for(rank, 5)["w"])
+    finally:
+        if store == "pmem" and os.path.exists(root):
+            os.unlink(root)
+
+
+@pytest.mark.parametrize("store", ["file", "pmem"])
+def test_rank_killed_mid_commit_keeps_previous_global(tmp_path, store):
+    root, reader = where(tmp_path, store)
+    try:
+        killed_mid_commit(root, reader, store)
+    finally:
+        if store == "pmem" and os.path.exists(root):
+            os.unlink(root)
+
+
+def killed_mid_commit(root: str, reader: dict, store: str) -> None:
     rng = random.Random(7)
     for attempt in range(3):
-        procs = launch("loop", str(tmp_path))
+        procs = launch("loop", root, store=store)
         committed = [0, 0]
         ready = [threading.Event(), threading.Event()]
 
@@ -77,7 +103,7 @@ def test_rank_killed_mid_commit_keeps_previous_global(tmp_path):
             procs[0].wait()
         for t in threads:
             t.join(5)
-        ck = fastckpt.Checkpointer(tmp_path)
+        ck = fastckpt.Checkpointer(root, **reader)
         info = ck.latest()
         assert info is not None and info.world_size == 2
         assert info.step >= max(committed), (info.step, committed)

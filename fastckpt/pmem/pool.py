@@ -62,23 +62,24 @@ class Pool:
         env = os.environ.get("FASTCKPT_PMEM_PERSIST")
         if persist == "auto" and env in ("fence", "msync"):
             force = {"fence": 0, "msync": 1}[env]
-        exists = os.path.exists(self.path)
-        if not exists and not create:
+        if not create and not os.path.exists(self.path):
             raise FileNotFoundError(f"no pool at {self.path!r}")
-        st = os.stat(self.path) if exists else None
-        fresh = st is None or (stat.S_ISREG(st.st_mode) and st.st_size == 0)
-        size = 0
-        if fresh:
-            parent = os.path.dirname(self.path)
-            if not os.path.isdir(parent):
-                raise FileNotFoundError(f"cannot create pool {self.path!r}: directory {parent!r} does not exist")
-            size = (size_mb or 0) << 20
-            if size < L.MIN_POOL:
-                raise ConfigError(f"a new pool needs pool_mb >= {L.MIN_POOL >> 20} (got {size_mb!r})")
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot create pool {self.path!r}: directory {parent!r} does not exist")
         self._lock = threading.RLock()
-        self._lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
-            with self._flock():
+            with self._flock():  # whoever creates the pool does it whole before anyone maps it
+                st = os.fstat(self._lock_fd)
+                fresh = stat.S_ISREG(st.st_mode) and st.st_size == 0
+                size = 0
+                if fresh and not create:
+                    raise CorruptCheckpointError(f"{self.path} is an empty file, not a fastckpt pool")
+                if fresh:
+                    size = (size_mb or 0) << 20
+                    if size < L.MIN_POOL:
+                        raise ConfigError(f"a new pool needs pool_mb >= {L.MIN_POOL >> 20} (got {size_mb!r})")
                 self.native = _native.PmemPool(self.path, size, fresh, force)
                 self.view = memoryview(self.native)
                 if not any(self.view[:4096]):  # new (or created by a process that died at once)

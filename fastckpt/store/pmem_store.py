@@ -56,20 +56,27 @@ class PoolStore(Store):
         self._claims: dict[str, tuple[int, int, L.Slot, bytes]] = {}
         self._lock = threading.Lock()
 
-    def model_of(self, rank: int) -> str:
-        return self.model if self.world_size == 1 else f"{self.model}/rank-{rank}"
+    def model_of(self, rank: int, world_size: int | None = None) -> str:
+        return self.model if (world_size or self.world_size) == 1 else f"{self.model}/rank-{rank}"
+
+    def _saved_world(self, pool: Pool) -> int:
+        """How many ranks saved this model: this job's, or for a single process reading a
+        multi-rank job's pool, the number of MODEL/rank-R models present."""
+        if self.world_size > 1 or pool.find(self.model) is not None:
+            return self.world_size
+        names, n = pool.models(), 0
+        while f"{self.model}/rank-{n}" in names:
+            n += 1
+        return max(n, 1)
 
     def _open(self, create: bool, need: int = 0) -> Pool | None:
         """The pool; a missing one is created when asked (sized from pool_mb, or from `need`,
         one version's bytes, when pool_mb is None); None when missing and not needed yet."""
         if self.pool is None:
-            if not os.path.exists(self.root):
-                if not create:
-                    return None
+            if create:
                 auto = max(L.MIN_POOL, L.HEAP_OFF + int(need * self.slots * self.world_size * HEADROOM))
-                mb = self.pool_mb or -(-auto >> 20)
-                self.pool = Pool(self.root, mb, self.persist)
-            else:
+                self.pool = Pool(self.root, self.pool_mb or -(-auto >> 20), self.persist)
+            elif os.path.exists(self.root):
                 self.pool = Pool(self.root, None, self.persist, create=False)
         return self.pool
 
@@ -165,13 +172,14 @@ class PoolStore(Store):
         if pool is None:
             return [{} for _ in range(self.world_size)], 0
         per_rank, newest_active = [], 0
-        for r in range(self.world_size):
+        world = self._saved_world(pool)
+        for r in range(world):
             by_counter: dict[int, Version] = {}
-            for v in pool.versions(self.model_of(r)):  # a repack cut short may leave two copies
+            for v in pool.versions(self.model_of(r, world)):  # a repack cut short may leave two copies
                 if v.counter not in by_counter or v.active:
                     by_counter[v.counter] = v
             per_rank.append(by_counter)
-            i = pool.find(self.model_of(r))
+            i = pool.find(self.model_of(r, world))
             act = pool.active(i) if i is not None else None  # the word, even if its slot is damaged
             newest_active = max(newest_active, act[0] if act else 0)
         return per_rank, newest_active
@@ -194,7 +202,7 @@ class PoolStore(Store):
             files = tuple(FileEntry(f"{v.model}@{v.counter}", r, v.nbytes, v.desc.image_crc)
                           for r, v in enumerate(parts))
             out.append(CommitInfo(parts[0].step, f"{self.root}#{self.model}@{c}", sum(v.nbytes for v in parts), c,
-                                  parts[0].desc.time, self.world_size, "safetensors", files, meta))
+                                  parts[0].desc.time, len(parts), "safetensors", files, meta))
         return out
 
     def _extra(self, v: Version) -> dict:
