@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -34,7 +34,42 @@ class FileResult:
     names: list[str] = None  # record names, by index
 
 
-class FileWrite:
+class JobWrite:
+    """What a write driven by one native job offers the Checkpointer while in flight: release
+    of held records, per-record and whole copy waits, progress. Needs self._job and self._copied."""
+
+    _job = None
+    _copied: threading.Event
+
+    def release(self, records: list[int]) -> None:
+        """Held writes: start moving these records (indices into plan.records)."""
+        if not self._copied.is_set():
+            self._job.release(records)
+
+    def release_all(self) -> None:
+        if not self._copied.is_set():
+            self._job.release_all()
+
+    def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
+        """True once these records no longer read the caller's tensors."""
+        if self._copied.is_set() or not records:
+            return True
+        return self._job.wait_records_copied(records, -1.0 if timeout is None else timeout)
+
+    def wait_copied(self, timeout: float | None = None) -> bool:
+        if self._copied.is_set():
+            return True
+        done = self._job.wait_copied(-1.0 if timeout is None else timeout)
+        if done:
+            self._copied.set()
+        return done
+
+    @property
+    def bytes_written(self) -> int:
+        return self._job.bytes_written
+
+
+class FileWrite(JobWrite):
     """One file in flight. copied() releases the caller's gate; finish() makes it durable."""
 
     def __init__(self, engine: "_native.Engine", plan: FilePlan, path: str, strategy: str,
@@ -63,33 +98,6 @@ class FileWrite:
             self._job = engine.submit(path, copies, *args, _native.Mode.Direct, direct_io, n)
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
-
-    def release(self, records: list[int]) -> None:
-        """Held writes: start moving these records (indices into plan.records)."""
-        if not self._copied.is_set():
-            self._job.release(records)
-
-    def release_all(self) -> None:
-        if not self._copied.is_set():
-            self._job.release_all()
-
-    def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
-        """True once these records no longer read the caller's tensors."""
-        if self._copied.is_set() or not records:
-            return True
-        return self._job.wait_records_copied(records, -1.0 if timeout is None else timeout)
-
-    def wait_copied(self, timeout: float | None = None) -> bool:
-        if self._copied.is_set():
-            return True
-        done = self._job.wait_copied(-1.0 if timeout is None else timeout)
-        if done:
-            self._copied.set()
-        return done
-
-    @property
-    def bytes_written(self) -> int:
-        return self._job.bytes_written
 
     def finish(self) -> FileResult:
         """Waits for the data, writes headers/directory, ftruncate + fdatasync."""

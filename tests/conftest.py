@@ -1,7 +1,12 @@
 """Shared fixtures: a state matrix covering every dtype/shape/sharing case, and --many."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import threading
+import time
 import uuid
 
 import pytest
@@ -115,3 +120,28 @@ def mount_tmpfs(tmp_path):
     yield mount
     for d in mounted:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line) -> None:
+    """Runs tests/SCRIPT ARGS; once it prints "ready", kills it with SIGKILL after a random
+    delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    proc = subprocess.Popen([sys.executable, os.path.join(here, script), *args], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            if line.startswith("ready"):
+                ready.set()
+            else:
+                on_line(line)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    assert ready.wait(60), f"{script} never started"
+    time.sleep(rng.uniform(0.0, max_delay))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t.join()

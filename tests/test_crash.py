@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -22,31 +18,18 @@ from fastckpt.cli import main as cli_main
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 from crash_child import state_for  # noqa: E402
-from conftest import assert_same  # noqa: E402
+from conftest import assert_same, kill_at_random  # noqa: E402
 
 
 def run_and_kill(root: str, rng: random.Random, concurrency: int, fmt: str) -> int:
     """Starts the child, kills it at a random moment after it starts saving; returns last committed."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "crash_child.py"), root,
-                             str(concurrency), fmt], stdout=subprocess.PIPE, text=True, env=env)
     committed = [0]
-    ready = threading.Event()
 
-    def read():
-        for line in proc.stdout:
-            if line.startswith("ready"):
-                ready.set()
-            elif line.startswith("committed"):
-                committed[0] = max(committed[0], int(line.split()[1]))
+    def on_line(line: str) -> None:
+        if line.startswith("committed"):
+            committed[0] = max(committed[0], int(line.split()[1]))
 
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    assert ready.wait(60), "child never started"
-    time.sleep(rng.uniform(0.0, 0.6))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    t.join()
+    kill_at_random("crash_child.py", [root, str(concurrency), fmt], rng, 0.6, on_line)
     return committed[0]
 
 

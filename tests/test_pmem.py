@@ -10,11 +10,7 @@ import filecmp
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
-import threading
-import time
 import uuid
 
 import pytest
@@ -25,7 +21,7 @@ from fastckpt.cli import main as cli_main
 from fastckpt.errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from fastckpt.pmem import layout as L
 from fastckpt.pmem.pool import Pool
-from conftest import assert_same, assert_sharing, state_matrix
+from conftest import assert_same, assert_sharing, kill_at_random, state_matrix
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
@@ -208,27 +204,14 @@ def test_hydra_store_pmem_builds_a_pool_checkpointer(shm):
 
 
 def run_and_kill(pool: str, rng: random.Random, concurrency: int, persist: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "pmem_crash_child.py"), pool, str(concurrency),
-                             persist], stdout=subprocess.PIPE, text=True, env=env)
     committed: dict = {}
-    ready = threading.Event()
 
-    def read():
-        for line in proc.stdout:
-            if line.startswith("ready"):
-                ready.set()
-            elif line.startswith("committed"):
-                _, m, step = line.split()
-                committed[m] = max(committed.get(m, 0), int(step))
+    def on_line(line: str) -> None:
+        if line.startswith("committed"):
+            _, m, step = line.split()
+            committed[m] = max(committed.get(m, 0), int(step))
 
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    assert ready.wait(60), "child never started"
-    time.sleep(rng.uniform(0.0, 0.5))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    t.join()
+    kill_at_random("pmem_crash_child.py", [pool, str(concurrency), persist], rng, 0.5, on_line)
     return committed
 
 

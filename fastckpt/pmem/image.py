@@ -21,12 +21,13 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from ..format import safetensors_format as st
 from ..format.plan import FilePlan
+from ..snapshot import JobWrite
 from .pool import Pool, Version
 
 READ_THREADS = 4
 
 
-class MappedWrite:
+class MappedWrite(JobWrite):
     """One version in flight into the pool. wait_copied() frees the caller's tensors;
     finish() returns once every byte of the data extent is persistent."""
 
@@ -38,31 +39,6 @@ class MappedWrite:
         pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
         self._job = engine.submit_mapped(pool.native, (data_off - plan.data_begin) % (1 << 64), pieces,
                                          plan.data_begin, plan.data_end, len(plan.records), held)
-
-    def release(self, records: list[int]) -> None:
-        if not self._copied.is_set():
-            self._job.release(records)
-
-    def release_all(self) -> None:
-        if not self._copied.is_set():
-            self._job.release_all()
-
-    def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
-        if self._copied.is_set() or not records:
-            return True
-        return self._job.wait_records_copied(records, -1.0 if timeout is None else timeout)
-
-    def wait_copied(self, timeout: float | None = None) -> bool:
-        if self._copied.is_set():
-            return True
-        done = self._job.wait_copied(-1.0 if timeout is None else timeout)
-        if done:
-            self._copied.set()
-        return done
-
-    @property
-    def bytes_written(self) -> int:
-        return self._job.bytes_written
 
     def finish(self) -> tuple[list[int], list, bytes, int]:
         """(record CRCs, spans, header bytes, image CRC) once the data is persistent."""
