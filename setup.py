@@ -1,12 +1,27 @@
-"""Builds only the native extension fastckpt._native; metadata lives in setup.cfg."""
+"""Builds only the native extension fastckpt._native; metadata lives in setup.cfg.
+
+libpmem2 is used for the pmem store when its header is found at build time
+(FASTCKPT_NO_LIBPMEM2=1 builds without it); otherwise the core's own persistence path runs.
+"""
+import os
+
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
+
+def has_libpmem2() -> bool:
+    if os.environ.get("FASTCKPT_NO_LIBPMEM2"):
+        return False
+    return any(os.path.exists(os.path.join(d, "libpmem2.h")) for d in ("/usr/include", "/usr/local/include"))
+
+
+pmem2 = has_libpmem2()
 native = Pybind11Extension(
     "fastckpt._native",
     sources=["native/bindings.cc", "native/write_job.cc"],
     include_dirs=["native"],
-    libraries=["z", "dl"],
+    libraries=["z", "dl"] + (["pmem2"] if pmem2 else []),
+    define_macros=[("FASTCKPT_HAVE_LIBPMEM2", "1")] if pmem2 else [],
     cxx_std=17,
     extra_compile_args=["-O3", "-Wall", "-Wextra"],
 )

@@ -21,7 +21,7 @@ py::dict features() {
   d["o_direct"] = has_o_direct();
   d["fallocate"] = true;
   d["io_uring"] = false;
-  d["libpmem2"] = false;
+  d["libpmem2"] = has_libpmem2();
   d["pmem_flush"] = std::string(detail::flush_name());
   d["crc32"] = crc32_backend_name();
   d["hardware_threads"] = std::thread::hardware_concurrency();
@@ -91,7 +91,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("path", &PmemPool::path)
       .def_property_readonly("map_sync", &PmemPool::map_sync)
       .def_property_readonly("device_dax", &PmemPool::device_dax)
-      .def_property_readonly("fence", [](const PmemPool& p) { return p.mode() == Persist::Fence; })
+      .def_property_readonly("fence", &PmemPool::fence_on_copy_thread)
       .def_property_readonly("persist_name", &PmemPool::persist_name)
       .def("write", [](const PmemPool& p, uint64_t off, py::bytes data) {
         std::string b(data);

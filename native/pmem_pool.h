@@ -6,6 +6,10 @@
 //          fence. Correct where the mapping is real persistent memory
 //          (MAP_SYNC on fsdax, or device-dax); forcible anywhere for testing.
 //   Msync: msync(MS_SYNC) of the touched pages (ordinary files, /dev/shm).
+//   Lib:   libpmem2 (when it was found at build time, and nothing is forced): its
+//          own detection of the mapping's store granularity and its persist /
+//          non-temporal memcpy / drain functions. PMEM2_FORCE_GRANULARITY is its
+//          switch to run the fence path on ordinary memory.
 // The layout inside the pool is the Python layer's business (fastckpt/pmem).
 #pragma once
 #include <fcntl.h>
@@ -27,6 +31,10 @@
 
 #include "file_io.h"
 
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+#include <libpmem2.h>
+#endif
+
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03
 #endif
@@ -36,7 +44,15 @@
 
 namespace fastckpt {
 
-enum class Persist : int { Fence = 0, Msync = 1 };
+enum class Persist : int { Fence = 0, Msync = 1, Lib = 2 };
+
+inline constexpr bool has_libpmem2() {
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+  return true;
+#else
+  return false;
+#endif
+}
 
 namespace detail {
 
@@ -151,6 +167,9 @@ class PmemPool {
         size_ = static_cast<uint64_t>(st.st_size);
       }
       if (size_ == 0) throw IoError("pool " + path + " is empty", EINVAL);
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+      if (force == -1 && map_with_libpmem2()) return;
+#endif
       void* p = MAP_FAILED;
       if (!devdax_) {
         p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED_VALIDATE | MAP_SYNC, fd_, 0);
@@ -169,6 +188,13 @@ class PmemPool {
     if (mode_ == Persist::Fence && !detail::fence_path_available()) mode_ = Persist::Msync;
   }
   ~PmemPool() {
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+    if (map2_) {
+      pmem2_map_delete(&map2_);
+      pmem2_source_delete(&src2_);
+      base_ = nullptr;
+    }
+#endif
     if (base_) ::munmap(base_, size_);
     if (fd_ >= 0) ::close(fd_);
   }
@@ -178,10 +204,13 @@ class PmemPool {
   uint8_t* base() const { return base_; }
   uint64_t size() const { return size_; }
   Persist mode() const { return mode_; }
+  // True where persisting a copy is a store fence, which must run on the copying thread.
+  bool fence_on_copy_thread() const { return mode_ == Persist::Fence || (mode_ == Persist::Lib && lib_fence_); }
   bool map_sync() const { return map_sync_; }
   bool device_dax() const { return devdax_; }
   const std::string& path() const { return path_; }
   std::string persist_name() const {
+    if (mode_ == Persist::Lib) return "libpmem2 (" + lib_granularity_ + " granularity)";
     return mode_ == Persist::Fence ? std::string("fence (") + detail::flush_name() + " + sfence)"
                                    : std::string("msync");
   }
@@ -189,6 +218,12 @@ class PmemPool {
   // Copies src into the pool at off; persistent once persist_copied(off, n) returns.
   void copy_in(uint64_t off, const void* src, uint64_t n) const {
     check(off, n);
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+    if (mode_ == Persist::Lib && lib_fence_) {
+      lib_memcpy_(base_ + off, src, n, PMEM2_F_MEM_NONTEMPORAL | PMEM2_F_MEM_NODRAIN);
+      return;
+    }
+#endif
     if (mode_ == Persist::Fence)
       detail::copy_nontemporal(base_ + off, static_cast<const uint8_t*>(src), n);
     else
@@ -197,6 +232,15 @@ class PmemPool {
   // Persists bytes stored by copy_in (Fence: its stores are already written back; a fence
   // orders them). Other stores into the pool use persist().
   void persist_copied(uint64_t off, uint64_t n) const {
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+    if (mode_ == Persist::Lib) {
+      if (lib_fence_)
+        lib_drain_();
+      else
+        lib_persist_(base_ + off, n);
+      return;
+    }
+#endif
     if (mode_ == Persist::Fence)
       detail::store_fence();
     else
@@ -205,6 +249,12 @@ class PmemPool {
   // Persists any bytes stored into [off, off + n).
   void persist(uint64_t off, uint64_t n) const {
     check(off, n);
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+    if (mode_ == Persist::Lib) {
+      lib_persist_(base_ + off, n);
+      return;
+    }
+#endif
 #if defined(__x86_64__)
     if (mode_ == Persist::Fence) {
       detail::flusher().fn(base_ + off, n);
@@ -227,6 +277,41 @@ class PmemPool {
   }
 
  private:
+#ifdef FASTCKPT_HAVE_LIBPMEM2
+  // Maps through libpmem2; false (nothing changed) where it declines the file.
+  bool map_with_libpmem2() {
+    pmem2_config* cfg = nullptr;
+    if (pmem2_config_new(&cfg) != 0) return false;
+    bool ok = pmem2_source_from_fd(&src2_, fd_) == 0 &&
+              pmem2_config_set_required_store_granularity(cfg, PMEM2_GRANULARITY_PAGE) == 0 &&
+              pmem2_map_new(&map2_, cfg, src2_) == 0;
+    pmem2_config_delete(&cfg);
+    if (!ok) {
+      if (src2_) pmem2_source_delete(&src2_);
+      map2_ = nullptr;
+      return false;
+    }
+    base_ = static_cast<uint8_t*>(pmem2_map_get_address(map2_));
+    size_ = pmem2_map_get_size(map2_);
+    const pmem2_granularity g = pmem2_map_get_store_granularity(map2_);
+    lib_granularity_ = g == PMEM2_GRANULARITY_BYTE ? "byte" : g == PMEM2_GRANULARITY_CACHE_LINE ? "cache line" : "page";
+    lib_fence_ = g != PMEM2_GRANULARITY_PAGE;
+    map_sync_ = lib_fence_;
+    lib_persist_ = pmem2_get_persist_fn(map2_);
+    lib_memcpy_ = pmem2_get_memcpy_fn(map2_);
+    lib_drain_ = pmem2_get_drain_fn(map2_);
+    mode_ = Persist::Lib;
+    return true;
+  }
+  pmem2_map* map2_ = nullptr;
+  pmem2_source* src2_ = nullptr;
+  pmem2_persist_fn lib_persist_ = nullptr;
+  pmem2_memcpy_fn lib_memcpy_ = nullptr;
+  pmem2_drain_fn lib_drain_ = nullptr;
+#endif
+  bool lib_fence_ = false;
+  std::string lib_granularity_;
+
   void check(uint64_t off, uint64_t n) const {
     if (off > size_ || n > size_ - off)
       throw std::out_of_range("range [" + std::to_string(off) + ", +" + std::to_string(n) +

@@ -309,7 +309,7 @@ void WriteJob::map_span(size_t i) {
       const void* src = reinterpret_cast<const void*>(sp.src);
       span_crc_[i] = crc32_update(0, src, sp.len);
       target_.pool->copy_in(sp.file_off + target_.shift, src, sp.len);
-      if (target_.pool->mode() == Persist::Fence) {
+      if (target_.pool->fence_on_copy_thread()) {
         target_.pool->persist_copied(sp.file_off + target_.shift, sp.len);
         bytes_written_ += sp.len;
       } else {

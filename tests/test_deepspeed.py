@@ -83,12 +83,13 @@ def test_two_ranks_resume_bit_exact_and_zero_to_fp32_consolidates_what_we_wrote(
         assert torch.equal(merged[name].float(), value), name
 
 
-def test_resume_after_kill_9_of_both_ranks_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_resume_after_kill_9_of_both_ranks_is_bit_exact(tmp_path, stage):
     """Both ranks checkpoint every step and are SIGKILLed at a random moment (a save in flight,
     a commit half-done); the newest committed tag loads and training continues exactly as a
     run that never stopped."""
-    save_dir, width = tmp_path / "ck", {"WIDTH": "512"}
-    procs = launch("loop", save_dir, tmp_path / "x.pt", "--stage", "2", "--steps", "400", ranks=2, **width)
+    save_dir, width, zero = tmp_path / "ck", {"WIDTH": "512"}, ("--stage", str(stage))
+    procs = launch("loop", save_dir, tmp_path / "x.pt", *zero, "--steps", "400", ranks=2, **width)
     latest = save_dir / "fastckpt-latest"
     deadline = time.monotonic() + 300
     while not (latest.exists() and int(latest.read_text().removeprefix("global_step") or 0) >= 4):
@@ -101,10 +102,10 @@ def test_resume_after_kill_9_of_both_ranks_is_bit_exact(tmp_path):
         p.send_signal(signal.SIGKILL)
     for p in procs:
         p.communicate()
-    resumed = run("resume", save_dir, tmp_path / "b.pt", "--stage", "2", ranks=2, **width)
+    resumed = run("resume", save_dir, tmp_path / "b.pt", *zero, ranks=2, **width)
     done = resumed["loaded_steps"]
     assert done >= 4 and resumed["client"] == {"data_pos": done, "note": "loop"}
-    ref = run("reference", tmp_path / "unused", tmp_path / "r.pt", "--stage", "2", "--steps", str(done + 2),
+    ref = run("reference", tmp_path / "unused", tmp_path / "r.pt", *zero, "--steps", str(done + 2),
               ranks=2, **width)
     assert resumed["losses"] == ref["losses"][done:done + 2]
     for name, value in ref["params_after"][done + 1].items():

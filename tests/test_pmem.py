@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fastckpt
+from fastckpt import _native
 from fastckpt.cli import main as cli_main
 from fastckpt.errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from fastckpt.pmem import layout as L
@@ -144,9 +145,11 @@ def test_a_full_pool_is_a_clear_error_and_the_current_version_survives(shm):
     with pool_ck(pool_path, pool_mb=6, concurrency=1) as ck:
         ck.save(state_for(1), step=1).wait()
         big = {"w": torch.randn(2 << 20)}  # 8 MiB: cannot fit
+        ck.save(state_for(2), step=2).wait()
         with pytest.raises(CheckpointWriteError, match="pool .* is full"):
-            ck.save(big, step=2).wait()
-        assert_same(state_for(1), ck.load())
+            ck.save(big, step=3).wait()
+        assert [i.step for i in ck.list()] == [2, 1]  # neither the current nor the previous one is touched
+        assert_same(state_for(2), ck.load())
 
 
 def test_bad_input_gets_a_clear_error(shm, tmp_path):
@@ -224,7 +227,7 @@ def test_kill9_while_two_models_checkpoint_into_one_pool(shm, many):
     best: dict = {}
     for i in range(1000 if many else 30):
         concurrency = 1 + i % 3
-        persist = ("msync", "fence")[i % 2]
+        persist = ("msync", "fence", "auto")[i % 3]  # auto: libpmem2 where it was built in
         reported = run_and_kill(pool, rng, concurrency, persist)
         for m in ("alpha", "beta"):
             best[m] = max(best.get(m, 0), reported.get(m, 0))
@@ -237,6 +240,19 @@ def test_kill9_while_two_models_checkpoint_into_one_pool(shm, many):
                 assert_same(state_for(info.step), ck.load())
                 best[m] = info.step
     assert cli_main(["verify", pool]) == 0
+
+
+@pytest.mark.skipif(not _native.features()["libpmem2"], reason="built without libpmem2 (no libpmem2-dev)")
+def test_libpmem2_maps_the_pool_and_its_forced_granularity_takes_the_fence_path(shm, monkeypatch):
+    state = state_matrix()
+    for force, word in ((None, "libpmem2 (page"), ("CACHE_LINE", "libpmem2 (cache line")):
+        if force:
+            monkeypatch.setenv("PMEM2_FORCE_GRANULARITY", force)
+        path = os.path.join(shm, f"lib-{force}")
+        with pool_ck(path) as ck:
+            ck.save(state, step=1).wait()
+            assert ck.store.pool.persist_name.startswith(word), ck.store.pool.persist_name
+            assert_same(state, ck.load())
 
 
 @pytest.mark.gpu

@@ -62,8 +62,8 @@ def read_version(pool: Pool, v: Version, map_location=None, verify: bool = True,
     where = f"{pool.path}#{v.model}@{v.counter}"
     d = v.desc
     head = pool.read_at(d.meta_off, d.meta_len)
-    if d.data_len > d.data_cap or d.meta_len > d.meta_cap:
-        raise CorruptCheckpointError(f"{where}: its descriptor's lengths exceed its extents")
+    if d.data_len > d.data_cap or d.meta_len > d.meta_cap or d.data_off + d.data_len > pool.size:
+        raise CorruptCheckpointError(f"{where}: its descriptor's lengths exceed its extents or the pool")
     header, data_begin, head = st.parse_header(head, d.meta_len + d.data_len, where)
     if data_begin != d.meta_len:
         raise CorruptCheckpointError(f"{where}: header length disagrees with its descriptor")

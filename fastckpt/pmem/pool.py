@@ -234,12 +234,11 @@ class Pool:
                                            f"slot ({slots} slots, {len(busy)} versions in flight)")
             _, s, desc = min(choices)
             off = L.slot_off(i, s)
-            self.native.store8(off, 0)  # invalid from here on: its old bytes are about to go
             if desc.meta_cap < meta_cap or desc.data_cap < data_cap:
-                used = self._used_extents(skip=(i, s))
+                used = self._used_extents(skip=(i, s))  # the victim's own room counts as free
                 m = self._first_fit(used, meta_cap)
                 d = self._first_fit(sorted(used + [(m, meta_cap)]), data_cap) if m is not None else None
-                if m is None or d is None:
+                if m is None or d is None:  # nothing was touched: the victim's version stays valid
                     free = self.size - L.HEAP_OFF - sum(c for _, c in used)
                     raise CheckpointWriteError(
                         f"pool {self.path} is full: a version of {meta_cap + data_cap} bytes does not fit "
@@ -249,6 +248,7 @@ class Pool:
             else:
                 desc = L.Slot(meta_off=desc.meta_off, meta_cap=desc.meta_cap, data_off=desc.data_off,
                               data_cap=desc.data_cap)
+            self.native.store8(off, 0)  # invalid from here on: its old bytes are about to go
             self.native.write(off, desc.encode())  # counter 0: claimed, not sealed
             return s, desc
 
