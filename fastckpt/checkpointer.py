@@ -61,8 +61,9 @@ class Checkpointer:
         pool = {"model": model, "pool_mb": pool_mb, "persist": persist, "concurrency": concurrency,
                  "rank": self.rank, "world_size": self.world_size} if store == "pmem" else {}
         self.store = open_store(store, root, per_rank=self.world_size > 1, **pool)
+        self.store_kind = store
         self.root = self.store.root
-        self._named_paths = store == "path"
+        self._named_paths = store == "path" or (store == "pmem" and model is None)
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._inflight: dict[int, tuple[Pending, str, threading.Thread]] = {}
@@ -86,8 +87,9 @@ class Checkpointer:
         """
         self._check_open()
         if (path is not None) != self._named_paths:
-            raise ValueError("store='path' needs save(..., path=...)" if self._named_paths else
-                             "save(..., path=...) needs store='path'; the file store names its own")
+            raise ValueError(f"store={self.store_kind!r} here needs save(..., path=...)" if self._named_paths else
+                             "save(..., path=...) needs store='path' (or store='pmem' with model=None); "
+                             f"store={self.store_kind!r} names its own checkpoints")
         self._raise_background_errors()
         got = self._slots.acquire(blocking=self.policy == "wait")
         try:

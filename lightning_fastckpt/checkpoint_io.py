@@ -8,7 +8,8 @@ waits for them (step_gate); every other tensor is copied before save returns.
 Outside a training run a save is durable when it returns. `load_checkpoint` of an
 in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
 whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
-one is committed. `teardown` waits for
+one is committed. With `pool=...` the paths name models of a persistent-memory pool instead
+of files (fastckpt's pmem store): saved, loaded and removed by path the same way. `teardown` waits for
 everything and raises the first write error; one nobody saw is raised by the next save.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fastckpt.step_gate import StepGate
 from fastckpt.store import path_store
 
 
-IGNORED_KEYS = ("root", "store", "keep", "distributed")  # Lightning decides paths and retention
+IGNORED_KEYS = ("root", "store", "keep", "distributed", "model")  # Lightning decides paths and retention
 
 
 class FastCheckpointIO(CheckpointIO):
@@ -52,16 +53,25 @@ class FastCheckpointIO(CheckpointIO):
             file per rank and a COMMIT record written once all ranks are durable.
         layerwise: hold each snapshot until its DDP gradient bucket is final (needs the
             `LayerwiseCheckpointing` callback, which sets this).
+        pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
+            each checkpoint path becomes a model of the pool instead of a file.
+        pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (see the README).
     """
 
     def __init__(self, strategy: str = "c", concurrency: int = 2, writers: int = 4,
                  chunk_mb: int = 64, staging_mb: Optional[int] = None, format: str = "torch",
                  policy: str = "wait", direct_io: bool = True, verify: bool = True,
-                 per_rank: bool = False, layerwise: bool = False):
+                 per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
+                 pool_mb: Optional[int] = None, persist: str = "auto"):
         self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
                             chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
                             direct_io=direct_io, verify=verify)
-        Checkpointer(store="path", distributed=False, **self._kwargs).close()  # validates the settings
+        self.pool = os.fspath(pool) if pool is not None else None
+        if self.pool is not None:
+            self._kwargs.update(root=self.pool, store="pmem", model=None, pool_mb=pool_mb, persist=persist)
+        else:
+            self._kwargs.update(store="path")
+        Checkpointer(distributed=False, **self._kwargs).close()  # validates the settings
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, fastckpt.Pending] = {}
@@ -96,7 +106,8 @@ class FastCheckpointIO(CheckpointIO):
         self._remove_deferred()
         running = self.gate.steps_seen > 0
         state, owned = self.gate.frozen_view(checkpoint)
-        _make_parent(path)
+        if self.pool is None:
+            _make_parent(path)
         held = self.layerwise and running
         pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
                                             path=path, held=held)
@@ -110,8 +121,7 @@ class FastCheckpointIO(CheckpointIO):
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
-            self._ck = Checkpointer(store="path", distributed=None if self.per_rank else False,
-                                    **self._kwargs)
+            self._ck = Checkpointer(distributed=None if self.per_rank else False, **self._kwargs)
         return self._ck
 
     def _gate(self) -> None:
@@ -129,6 +139,9 @@ class FastCheckpointIO(CheckpointIO):
         path = os.fspath(path)
         self._settle(_key(path))
         weights_only = True if weights_only is None else weights_only
+        if self.pool is not None:
+            rank = torch.distributed.get_rank() if self.per_rank and torch.distributed.is_initialized() else 0
+            return self._checkpointer().store.load_named(path, rank, map_location, self.verify, weights_only)
         if path_store.is_remote(path):
             tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
             try:
@@ -170,7 +183,10 @@ class FastCheckpointIO(CheckpointIO):
                 continue  # still in flight: deleting now would let its rename bring it back
             if self._committed_newer(base, exclude=key):
                 del self._deferred[key]
-                path_store.remove(path, later=self._reap)
+                if self.pool is not None:
+                    self._checkpointer().store.drop_named(path)
+                else:
+                    path_store.remove(path, later=self._reap)
                 self._by_path.pop(key, None)
 
     def _reap(self, free) -> None:

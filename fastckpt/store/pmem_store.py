@@ -2,6 +2,8 @@
 
 ROOT is the pool (a file, a file on an fsdax mount, /dev/daxN.M, or a file on /dev/shm);
 `model` names this run's model in it (one per rank when several ranks save: MODEL/rank-R).
+model=None: every save names its model by the path it is given (Lightning's `.ckpt` paths
+become models of the pool; load_named / drop_named read and remove them).
 Each model has concurrency + 1 version slots (two for concurrency 1: Portus' double
 mapping; PCcheck's N + 1 otherwise). A save claims the oldest slot that is neither the
 current version nor in flight, copies the tensors straight into it, persists, seals the
@@ -50,14 +52,26 @@ class PoolStore(Store):
         self.model, self.pool_mb, self.persist = model, pool_mb, persist
         self.slots = concurrency + 1
         self.world_size = world_size
-        L.encode_name(self.model_of(world_size - 1))  # a bad name fails here, not at the first save
+        self.named = model is None
+        if not self.named:
+            L.encode_name(self.model_of(world_size - 1))  # a bad name fails here, not at the first save
         self.pool: Pool | None = None
         self._busy: dict[int, set[int]] = {}  # entry -> slots in flight
         self._claims: dict[str, tuple[int, int, L.Slot, bytes]] = {}
         self._lock = threading.Lock()
 
-    def model_of(self, rank: int, world_size: int | None = None) -> str:
-        return self.model if (world_size or self.world_size) == 1 else f"{self.model}/rank-{rank}"
+    def model_of(self, rank: int, world_size: int | None = None, model: str | None = None) -> str:
+        model = self.model if model is None else model
+        return model if (world_size or self.world_size) == 1 else f"{model}/rank-{rank}"
+
+    def name_of(self, target) -> str:
+        """The model a path-named save goes to: the absolute path, or its tail and a CRC when long."""
+        name = os.path.abspath(os.fspath(target))
+        room = L.NAME_MAX - 16
+        if len(name.encode()) > room:
+            tail = name.encode()[-(room - 10):].decode(errors="ignore")
+            name = f"~{zlib.crc32(name.encode()):08x}~{tail}"
+        return name
 
     def _saved_world(self, pool: Pool) -> int:
         """How many ranks saved this model: this job's, or for a single process reading a
@@ -92,6 +106,13 @@ class PoolStore(Store):
         if pool is None:
             return 1
         top = 0
+        if self.named:  # counters order saves across every model this process may write
+            names = list(pool.models())
+            for name in names:
+                i = pool.find(name)
+                act = pool.active(i)
+                top = max([top, act[0] if act else 0] + [v.counter for v in pool.versions(name)])
+            return top + 1
         for r in range(self.world_size):
             for v in pool.versions(self.model_of(r)):
                 top = max(top, v.counter)
@@ -107,18 +128,20 @@ class PoolStore(Store):
         pass  # a model never has more than concurrency + 1 versions
 
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None, meta=None):
-        if target is not None:
-            raise ValueError("store='pmem' names its own versions; save(..., path=...) is for store='path'")
+        if (target is not None) != self.named:
+            raise ValueError("this pool store names models by save(..., path=...)" if self.named else
+                             f"this pool store saves model {self.model!r}; save(..., path=...) needs model=None")
         extra = json.dumps(meta or {}, sort_keys=True).encode()
         pool = self._open(create=True, need=plan.data_end + len(extra) + 2 * L.ALIGN)
-        i = pool.ensure_model(self.model_of(rank))
+        model = self.model_of(rank, model=self.name_of(target) if self.named else None)
+        i = pool.ensure_model(model)
         with self._lock:
             busy = self._busy.setdefault(i, set())
             s, desc = pool.claim(i, self.slots, busy, plan.data_begin + len(extra), plan.data_end - plan.data_begin)
             busy.add(s)
         desc.counter, desc.step, desc.rank, desc.world_size = counter, step, rank, self.world_size
         desc.extra_len, desc.extra_crc = len(extra), zlib.crc32(extra)
-        ckpt_id = f"{self.root}#{self.model_of(rank)}@{counter}"
+        ckpt_id = f"{self.root}#{model}@{counter}"
         with self._lock:
             self._claims[ckpt_id] = (i, s, desc, extra)
         return ckpt_id, ckpt_id
@@ -185,6 +208,8 @@ class PoolStore(Store):
         return per_rank, newest_active
 
     def committed(self, warn: bool = False) -> list[CommitInfo]:
+        if self.named:
+            return []  # path-named models are read by path (load_named), as the path store's files are
         per_rank, newest_active = self._rank_versions()
         common = set(per_rank[0])
         for vs in per_rank[1:]:
@@ -211,6 +236,29 @@ class PoolStore(Store):
         if zlib.crc32(raw) != d.extra_crc:
             raise CorruptCheckpointError(f"{self.root}#{v.model}@{v.counter}: its saved meta is damaged")
         return json.loads(raw)
+
+    def load_named(self, target, rank: int = 0, map_location=None, verify: bool = True,
+                   weights_only: bool = True):
+        """The newest loadable version of the model a path-named save wrote at `target`."""
+        pool = self._open(create=False)
+        model = self.model_of(rank, model=self.name_of(target))
+        vs = pool.versions(model) if pool is not None else []
+        i = pool.find(model) if pool is not None else None
+        act = pool.active(i) if i is not None else None
+        errors = []
+        for v in [v for v in vs if act is not None and v.counter <= act[0]]:
+            try:
+                return read_version(pool, v, map_location, verify, weights_only)
+            except CorruptCheckpointError as e:
+                errors.append(str(e))
+        raise FileNotFoundError(f"no checkpoint {os.fspath(target)!r} in pool {self.root}"
+                                + (f": {'; '.join(errors)}" if errors else ""))
+
+    def drop_named(self, target) -> None:
+        pool = self._open(create=False)
+        if pool is not None:
+            for r in range(self.world_size):
+                pool.drop(self.model_of(r, model=self.name_of(target)))
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True,
              weights_only: bool = True, mmap=None):
