@@ -15,11 +15,16 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
   restricted unpickler, which accepts the DeepSpeed types listed in safe_types and
   never runs code from the file;
-- errors of a background write are raised by the next `create`, by `wait()` and by `close()`.
+- errors of a background write are raised by the next `create`, by `wait()` and by `close()`;
+- with `"pool": ...` in the entry the files are models of a persistent-memory pool named by
+  their paths (fastckpt's pmem store). Once a file's version is current in the pool, a small
+  pointer file is written at its path, so that DeepSpeed's own globbing and existence checks
+  see the tag as it is; the tag records stay files in save_dir as well.
 """
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import weakref
@@ -31,12 +36,13 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointComm
 import fastckpt
 from fastckpt.checkpointer import Checkpointer
 from fastckpt.distributed import make_agreement
+from fastckpt.fsutil import write_atomic
 from fastckpt.step_gate import StepGate
 
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
-from .tags import TagCommitter, newest_committed
+from .tags import TagCommitter, file_size, newest_committed
 
 ENGINE_NAME = "FastckptEngine"
 log = logging.getLogger(__name__)
@@ -51,8 +57,11 @@ class FastckptEngine(CheckpointEngine):
         self.name = ENGINE_NAME
         kwargs = checkpointer_kwargs(settings if settings is not None else entry_of(config_params))
         self.verify = kwargs.get("verify", True)
-        self._ck = Checkpointer(store="path", distributed=False, **kwargs)
-        self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)))
+        self.pool = kwargs.pop("pool", None)
+        where = dict(root=self.pool, store="pmem", model=None) if self.pool else dict(store="path")
+        self._ck = Checkpointer(distributed=False, **where, **kwargs)
+        self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
+                                       on_durable=self._write_pointer if self.pool else None)
         self._files: list = []
         self._by_path: dict[str, fastckpt.Pending] = {}
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
@@ -100,12 +109,25 @@ class FastckptEngine(CheckpointEngine):
         if pending is not None:
             pending.wait()
         with torch.serialization.safe_globals(deepspeed_safe_globals()):
+            if self.pool:  # DeepSpeed's map_location callables keep storages where they load: on the CPU
+                where = None if callable(map_location) else map_location
+                return self._ck.store.load_named(path, 0, where, self.verify)
             return fastckpt.load(path, map_location=map_location, verify=self.verify, mmap=False)
+
+    def size_of(self, path: str) -> Optional[int]:
+        """Bytes of what was saved at path: the file, or the pool's current version of it."""
+        return self._ck.store.named_size(path) if self.pool else file_size(path)
+
+    def _write_pointer(self, path: str) -> None:
+        """At a pool-backed path, once its version is current: where the bytes are."""
+        write_atomic(path, json.dumps({"fastckpt_pool": self.pool, "model": self._ck.store.name_of(path),
+                                       "note": "the data is in the pool; `fastckpt export POOL OUT "
+                                               "--model MODEL --to torch` writes the file"}).encode())
 
     def newest_committed_tag(self, save_dir: str) -> Optional[str]:
         """After everything in flight has landed: the newest tag committed on every rank."""
         self.wait()
-        return newest_committed(save_dir)
+        return newest_committed(save_dir, self.size_of)
 
     # -- closing ---------------------------------------------------------
     def cleanup(self) -> None:

@@ -84,7 +84,7 @@ def _wrap_load(original):
                 return None, None
         else:
             engine.wait()
-            read_record(load_dir, str(tag))  # raises CorruptCheckpointError for an uncommitted tag
+            read_record(load_dir, str(tag), engine.size_of)  # CorruptCheckpointError if uncommitted
         return original(self, load_dir, tag, *args, **kwargs)
 
     return load_checkpoint

@@ -2,8 +2,9 @@
 
 DeepSpeed keeps unknown top-level keys in `engine.config`; this module turns that entry
 into Checkpointer keyword arguments and refuses keys it does not know, naming the valid
-ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep` and
-`distributed` are not settings here.
+ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
+`distributed` and `model` are not settings here. `pool` (with `pool_mb`, `persist`) puts
+the tag's files into a persistent-memory pool as models named by their paths.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
 
 CONFIG_KEY = "fastckpt"
-DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed")
-VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED)
+DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed", "model")
+VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + ("pool",)
 
 
 def entry_of(config_params) -> Optional[dict]:

@@ -16,7 +16,7 @@ import json
 import os
 import queue
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from fastckpt.distributed import Agreement
 from fastckpt.errors import CheckpointWriteError, CorruptCheckpointError
@@ -39,19 +39,23 @@ def _parse_record(save_dir: str, tag: str) -> dict:
         raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
 
 
-def read_record(save_dir: str, tag: str) -> dict:
-    """The commit record of a tag, checked against the files it names; CorruptCheckpointError if not."""
+def file_size(path: str) -> Optional[int]:
+    return os.path.getsize(path) if os.path.isfile(path) else None
+
+
+def read_record(save_dir: str, tag: str, size_of: Callable[[str], Optional[int]] = file_size) -> dict:
+    """The commit record of a tag, checked against the files it names (size_of: a file's size,
+    or of the pool version saved under that path); CorruptCheckpointError if not."""
     rec = _parse_record(save_dir, tag)
     for f in rec["files"]:
-        p = os.path.join(save_dir, tag, f["name"])
-        size = os.path.getsize(p) if os.path.isfile(p) else None
+        size = size_of(os.path.join(save_dir, tag, f["name"]))
         if size != f["bytes"]:
             raise CorruptCheckpointError(f"tag {tag!r}: {f['name']} is {size} bytes, its commit record "
                                          f"says {f['bytes']}")
     return rec
 
 
-def newest_committed(save_dir: str) -> Optional[str]:
+def newest_committed(save_dir: str, size_of: Callable[[str], Optional[int]] = file_size) -> Optional[str]:
     """The committed tag with the highest sequence number (None if there is none)."""
     best: Optional[dict] = None
     if not os.path.isdir(save_dir):
@@ -60,7 +64,7 @@ def newest_committed(save_dir: str) -> Optional[str]:
         if not os.path.isfile(os.path.join(save_dir, tag, TAG_RECORD)):
             continue
         try:
-            rec = read_record(save_dir, tag)
+            rec = read_record(save_dir, tag, size_of)
         except CorruptCheckpointError:
             continue
         if best is None or rec["seq"] > best["seq"]:
@@ -81,8 +85,10 @@ def next_seq(save_dir: str) -> int:
 class TagCommitter:
     """One background thread committing tags in the order they were saved, on every rank."""
 
-    def __init__(self, agreement: Agreement):
+    def __init__(self, agreement: Agreement, on_durable: Optional[Callable[[str], None]] = None):
+        """on_durable(path): called for each of this rank's files once it is durable."""
         self._agree = agreement
+        self._on_durable = on_durable
         self._queue: "queue.Queue" = queue.Queue()
         self._errors: list[BaseException] = []
         self._in_flight = 0
@@ -136,6 +142,8 @@ class TagCommitter:
         for path, pending in files:
             try:
                 info = pending.wait()
+                if self._on_durable is not None:
+                    self._on_durable(path)
                 mine.append({"name": os.path.relpath(path, os.path.join(save_dir, tag)),
                              "bytes": info.bytes, "crc32": f"{info.files[0].crc32:08x}"})
             except BaseException as e:  # noqa: BLE001

@@ -96,7 +96,7 @@ class Checkpointer:
             if not self._started:
                 self._start_writing()
                 self._started = True
-            plan = plan_file(state, self.store.layout_format or self.format)
+            plan = plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
             if got and self.strategy == "c" and self.store.stages:
                 got = self._ensure_staging(plan)
         except BaseException:

@@ -84,7 +84,7 @@ def _export(args) -> int:
 
 def _repack(args) -> int:
     from .pmem.tool import repack_pool
-    return repack_pool(args.pool, tuple(args.drop))
+    return repack_pool(args.pool, tuple(args.drop), tuple(args.drop_under))
 
 
 def _info(args) -> int:
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("repack", help="reclaim a pool's space: stale versions, dropped models, gaps")
     s.add_argument("pool")
     s.add_argument("--drop", nargs="*", default=[], metavar="MODEL", help="models to remove first")
+    s.add_argument("--drop-under", nargs="*", default=[], metavar="DIR",
+                   help="remove the models saved by path under DIR (e.g. a deleted DeepSpeed tag)")
     s.set_defaults(fn=_repack)
     s = sub.add_parser("info", help="native features compiled in, CUDA/kvikio availability; a pool's persistence")
     s.add_argument("pool", nargs="?", default=None, help="a pool: report how its stores are made persistent")

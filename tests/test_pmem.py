@@ -264,3 +264,24 @@ def test_cuda_tensors_go_straight_into_the_registered_pool(shm):
         p.wait()
         out = ck.load(map_location="cuda")
     assert_same(state, out)
+
+
+def test_path_named_models_load_drop_and_repack_by_directory(shm, tmp_path):
+    pool_path = os.path.join(shm, "p")
+    a, b = str(tmp_path / "tag1" / "x.pt"), str(tmp_path / "tag2" / "x.pt")
+    with pool_ck(pool_path, model=None) as ck:
+        for step, path in ((1, a), (2, b)):
+            ck.save(state_for(step), step=step, path=path).wait()
+        with pytest.raises(ValueError, match="needs save"):
+            ck.save(state_for(3), step=3)
+        assert_same(state_for(2), ck.store.load_named(b))
+        assert ck.store.named_size(a) == [v for v in ck.store.pool.versions(a)][0].nbytes
+    assert cli_main(["repack", pool_path, "--drop-under", str(tmp_path / "tag1")]) == 0
+    pool = Pool(pool_path, create=False)
+    assert sorted(pool.models()) == [b]
+    pool.close()
+    with pool_ck(pool_path, model=None) as ck:
+        with pytest.raises(FileNotFoundError, match="no checkpoint"):
+            ck.store.load_named(a)
+        ck.store.drop_named(b)
+        assert ck.store.named_size(b) is None

@@ -11,13 +11,15 @@ from .plan import FilePlan
 FORMATS = ("torch", "safetensors")
 
 
-def plan_file(state, fmt: str = "torch") -> FilePlan:
+def plan_file(state, fmt: str = "torch", allow_pickle: bool = False) -> FilePlan:
+    """allow_pickle (safetensors): values JSON cannot hold are pickled into the skeleton;
+    loading them goes through the restricted unpickler unless weights_only=False."""
     if fmt == "torch":
         from .torch_format import plan_torch
         return plan_torch(state)
     if fmt == "safetensors":
         from .safetensors_format import plan_safetensors
-        return plan_safetensors(state)
+        return plan_safetensors(state, allow_pickle)
     raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 

@@ -4,8 +4,9 @@ Owns a lossless, code-free encoding of what model/optimizer/Lightning state
 dicts hold: dicts with any keys (optimizer state uses int keys), OrderedDict,
 lists, tuples, torch.Size, dtypes, devices, non-finite floats, bytes, sets,
 complex numbers, and tensors as references to entries. Anything else is an
-error, unless the caller opts into pickling it (and then loading it needs
-weights_only=False as well).
+error, unless the caller opts into pickling it: such a value is then loaded by the
+restricted unpickler (what torch.load(weights_only=True) accepts, plus the user's
+torch.serialization safe globals), or by plain pickle only with weights_only=False.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError, UnsafeCheckpointError
+from .safe_unpickler import unpickle
 
 
 def encode(obj: Any, on_tensor: Callable[[torch.Tensor, str], dict], allow_pickle: bool = False,
@@ -98,13 +100,13 @@ def decode(data: Any, on_tensor: Callable[[dict], torch.Tensor], weights_only: b
         if tag == "$c":
             return complex(dec(v[0]), dec(v[1]))
         if tag == "$pickle":
-            if weights_only:
-                raise UnsafeCheckpointError(
-                    "this checkpoint holds a pickled value; load it with weights_only=False only "
-                    "if you trust its source")
-            return pickle.loads(base64.b64decode(v))
+            return unpickle(base64.b64decode(v), _no_storages, "a pickled value in the skeleton", weights_only)
         raise ValueError(f"unknown skeleton tag {tag!r}")
     return dec(data)
+
+
+def _no_storages(pid):
+    raise UnsafeCheckpointError("a pickled value in the skeleton refers to a storage; tensors are entries")
 
 
 def _key(k):

@@ -110,10 +110,12 @@ def export_pool(path: str, model: str | None, out: str, to: str, step: int | Non
         pool.close()
 
 
-def repack_pool(path: str, drop: tuple[str, ...]) -> int:
+def repack_pool(path: str, drop: tuple[str, ...], drop_under: tuple[str, ...] = ()) -> int:
     pool = Pool(path, create=False)
     try:
-        r = pool.repack(drop)
+        dirs = [os.path.join(os.path.abspath(d), "") for d in drop_under]
+        under = tuple(m for m in pool.models() if any(m.startswith(d) for d in dirs))
+        r = pool.repack(drop + under)
     finally:
         pool.close()
     print(f"repacked {path}: dropped {len(r['dropped'])} model(s), released {r['released']} stale version(s), "

@@ -14,6 +14,7 @@ from ..snapshot import start_write
 class Store:
     layout_format: str | None = None  # None: the Checkpointer's own format
     stages = True  # strategy "c" copies through the engine's staging pool
+    allow_pickle = False  # safetensors layouts: non-JSON values are an error
 
     def start_write(self, engine, plan, file_path: str, strategy: str, direct_io: bool, held: bool = False):
         return start_write(engine, plan, file_path, strategy, direct_io, held)

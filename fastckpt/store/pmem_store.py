@@ -38,6 +38,7 @@ HEADROOM = 1.25  # a pool sized at the first save holds the slots' versions and 
 class PoolStore(Store):
     layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
     stages = False  # tensors go straight into the pool: no staging pool
+    allow_pickle = True  # like torch.save: other values are pickled, loaded by the restricted unpickler
 
     def __init__(self, root, model: str = "default", pool_mb: int | None = None, persist: str = "auto",
                  concurrency: int = 1, rank: int = 0, world_size: int = 1):
@@ -253,6 +254,16 @@ class PoolStore(Store):
                 errors.append(str(e))
         raise FileNotFoundError(f"no checkpoint {os.fspath(target)!r} in pool {self.root}"
                                 + (f": {'; '.join(errors)}" if errors else ""))
+
+    def named_size(self, target) -> int | None:
+        """Bytes of the current version saved under `target` (None: nothing committed there)."""
+        pool = self._open(create=False)
+        i = pool.find(self.name_of(target)) if pool is not None else None
+        act = pool.active(i) if i is not None else None
+        for v in pool.versions(self.name_of(target)) if act is not None else []:
+            if v.counter == act[0]:
+                return v.nbytes
+        return None
 
     def drop_named(self, target) -> None:
         pool = self._open(create=False)
