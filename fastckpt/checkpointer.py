@@ -179,8 +179,8 @@ class Checkpointer:
         that the first save does not pay for it (page faults run at ~1-3 GB/s) on the training
         thread. A save that comes first simply grows what is still missing. Strategy 'c' only."""
         self._check_open()
-        if self.strategy != "c" or self._reserving is not None:
-            return
+        if self.strategy != "c" or not self.store.stages or self._reserving is not None:
+            return  # only strategy c stages, and not into a pool
         pool = self._engine_now().pool
         need, cap = self._staging_bound(nbytes)
         target = min(need, cap)
