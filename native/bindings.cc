@@ -10,6 +10,7 @@
 #include "file_io.h"
 #include "pmem_pool.h"
 #include "reader.h"
+#include "tensor_io.h"
 
 namespace py = pybind11;
 using namespace fastckpt;
@@ -72,6 +73,22 @@ PYBIND11_MODULE(_native, m) {
                          uint64_t split_bytes) {
     py::gil_scoped_release nogil;
     return crc_ranges(ranges, threads, split_bytes);
+  });
+  m.def("write_buffered", [](const std::string& path, uint64_t off, uintptr_t src, uint64_t n, bool sync) {
+    py::gil_scoped_release nogil;
+    write_buffered(path, off, reinterpret_cast<const void*>(src), n, sync);
+  }, py::arg("path"), py::arg("off"), py::arg("src"), py::arg("n"), py::arg("sync") = false);
+  m.def("read_buffered", [](const std::string& path, uint64_t off, uintptr_t dst, uint64_t n) {
+    py::gil_scoped_release nogil;
+    read_buffered(path, off, reinterpret_cast<void*>(dst), n);
+  });
+  m.def("write_direct", [](const std::string& path, uint64_t off, uintptr_t src, uint64_t n, bool sync) {
+    py::gil_scoped_release nogil;
+    write_direct(path, off, reinterpret_cast<const void*>(src), n, sync);
+  }, py::arg("path"), py::arg("off"), py::arg("src"), py::arg("n"), py::arg("sync") = false);
+  m.def("read_direct", [](const std::string& path, uint64_t off, uintptr_t dst, uint64_t n) {
+    py::gil_scoped_release nogil;
+    read_direct(path, off, reinterpret_cast<void*>(dst), n);
   });
   py::enum_<Mode>(m, "Mode")
       .value("Stage", Mode::Stage)

@@ -1,0 +1,11 @@
+"""Tensor offload (Fastensor): one interface over several tensor I/O tools, an adaptive
+per-size choice among them, and activation offload to SSD.
+
+    from fastckpt.offload import TensorIO
+    io = TensorIO(mode="aware", aware="wr")   # or mode="tool", tool="direct" / mode="dict", dict_path=...
+    io.save(tensor, "/ssd/x.fct"); io.load("/ssd/x.fct")
+"""
+from .adaptive import AWARE_MODES, MODES, TensorIO
+from .tools import TOOLS, available_tools
+
+__all__ = ["TensorIO", "TOOLS", "MODES", "AWARE_MODES", "available_tools"]

@@ -1,0 +1,168 @@
+"""The tensor I/O tools Fastensor chooses among, each usable alone (SpecificTool).
+
+  posix   buffered pwrite/pread from the native core (through the page cache)
+  direct  O_DIRECT from/to an aligned bounce buffer in the native core (bypasses the cache)
+  numpy   numpy.save / numpy.load (allow_pickle=False) of the tensor's bytes
+  torch   torch.save / torch.load(weights_only=True) of the tensor
+  kvikio  kvikio.CuFile (GPU Direct Storage, or kvikio's compat mode) for CUDA tensors
+
+Each writes the same tensor file (tensor_file.py: a header naming the tool, then its
+payload), so any file is read back through read_tensor whoever wrote it. A tool that
+cannot run here (no CUDA or kvikio; O_DIRECT refused by the directory's filesystem) is
+reported by available_tools() with its reason, and never chosen.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+
+import numpy as np
+import torch
+
+from .. import _native
+from ..errors import CorruptCheckpointError
+from . import tensor_file as tf
+
+log = logging.getLogger("fastckpt")
+TOOLS = ("posix", "direct", "numpy", "torch", "kvikio")
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _crc(b: torch.Tensor) -> int:
+    return _native.crc32(b.data_ptr(), b.numel()) if b.numel() else 0
+
+
+def _write_header(path: str, tool: str, t: torch.Tensor, crc: int) -> None:
+    with open(path, "wb") as f:
+        f.write(tf.encode(tool, t, crc))
+
+
+def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
+    """Writes t to path with one tool (the file is replaced)."""
+    if tool == "kvikio":
+        return _write_kvikio(t, path)
+    host = t.detach().cpu() if t.device.type != "cpu" else t
+    b = _flat_bytes(host)
+    crc = _crc(b)
+    _write_header(path, tool, host, crc)
+    if tool == "posix":
+        _native.write_buffered(path, tf.HEADER, b.data_ptr(), b.numel())
+    elif tool == "direct":
+        _native.write_direct(path, tf.HEADER, b.data_ptr(), b.numel())
+    elif tool == "numpy":
+        with open(path, "r+b") as f:
+            f.seek(tf.HEADER)
+            np.save(f, b.numpy(), allow_pickle=False)
+    elif tool == "torch":
+        buf = io.BytesIO()
+        torch.save(host.detach().contiguous(), buf)
+        with open(path, "r+b") as f:
+            f.seek(tf.HEADER)
+            f.write(buf.getbuffer())
+    else:
+        raise ValueError(f"unknown tool {tool!r}; choose one of {', '.join(TOOLS)}")
+
+
+def read_tensor(path: str, device=None, verify: bool = True) -> torch.Tensor:
+    """The tensor in path, read by the tool its header names; CRC-checked when verify."""
+    h = tf.read(path)
+    tool, n = h["tool"], h["nbytes"]
+    if tool == "kvikio":
+        return _read_kvikio(path, h, device, verify)
+    if tool in ("posix", "direct"):
+        b = torch.empty(n, dtype=torch.uint8)
+        if n:
+            (_native.read_direct if tool == "direct" else _native.read_buffered)(path, tf.HEADER, b.data_ptr(), n)
+    elif tool == "numpy":
+        with open(path, "rb") as f:
+            f.seek(tf.HEADER)
+            try:
+                arr = np.load(f, allow_pickle=False)
+            except (ValueError, EOFError, OSError) as e:
+                raise CorruptCheckpointError(f"{path}: numpy payload unreadable ({e})") from None
+        b = torch.from_numpy(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    elif tool == "torch":
+        with open(path, "rb") as f:
+            f.seek(tf.HEADER)
+            data = f.read()
+        try:
+            b = _flat_bytes(torch.load(io.BytesIO(data), weights_only=True))
+        except Exception as e:  # noqa: BLE001 - any failure of the payload is corruption
+            raise CorruptCheckpointError(f"{path}: torch payload unreadable ({e})") from None
+    else:
+        raise CorruptCheckpointError(f"{path}: written by unknown tool {tool!r}")
+    if b.numel() != n:
+        raise CorruptCheckpointError(f"{path}: payload has {b.numel()} bytes, header says {n}")
+    if verify and _crc(b) != h["crc32"]:
+        raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
+    t = b.view(h["dtype_t"]).reshape(h["shape"]) if n else torch.empty(h["shape"], dtype=h["dtype_t"])
+    return t.to(device) if device is not None else t
+
+
+def _kvikio():
+    from ..cuda_snapshot import kvikio_mode
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
+    if kvikio_mode() is None:
+        return None, "kvikio is not installed or has no usable driver"
+    import kvikio
+    return kvikio, None
+
+
+def _write_kvikio(t: torch.Tensor, path: str) -> None:
+    kvikio, why = _kvikio()
+    if kvikio is None:
+        raise OSError(f"tool 'kvikio' is unavailable here: {why}")
+    src = t.detach().contiguous()
+    b = src.reshape(-1).view(torch.uint8) if src.numel() else torch.empty(0, dtype=torch.uint8, device=src.device)
+    crc = _crc(b.cpu()) if b.numel() else 0
+    _write_header(path, "kvikio", src, crc)
+    if b.numel():
+        with kvikio.CuFile(path, "r+") as f:
+            f.write(b, file_offset=tf.HEADER)
+
+
+def _read_kvikio(path: str, h: dict, device, verify: bool) -> torch.Tensor:
+    kvikio, why = _kvikio()
+    if kvikio is None:  # the bytes are raw: any host can still read them
+        b = torch.empty(h["nbytes"], dtype=torch.uint8)
+        if h["nbytes"]:
+            _native.read_buffered(path, tf.HEADER, b.data_ptr(), h["nbytes"])
+    else:
+        b = torch.empty(h["nbytes"], dtype=torch.uint8, device=device if device is not None else "cuda")
+        if h["nbytes"]:
+            with kvikio.CuFile(path, "r") as f:
+                f.read(b, file_offset=tf.HEADER)
+    if verify and _crc(b.cpu()) != h["crc32"]:
+        raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
+    t = b.view(h["dtype_t"]).reshape(h["shape"])
+    return t.to(device) if device is not None else t
+
+
+def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]:
+    """tool -> None when it can write into directory (for CUDA tensors, with cuda=True),
+    else the reason it cannot; probed once by writing a small file."""
+    out: dict[str, str | None] = {}
+    probe = torch.arange(1024, dtype=torch.int32)
+    for tool in TOOLS:
+        if tool == "kvikio":
+            out[tool] = None if cuda and _kvikio()[0] is not None else (
+                _kvikio()[1] if cuda else "for CUDA tensors only")
+            continue
+        path = os.path.join(directory, f".fastckpt-probe-{tool}-{os.getpid()}")
+        try:
+            write_tensor(probe, path, tool)
+            ok = torch.equal(read_tensor(path), probe)
+            out[tool] = None if ok else "read back differs"
+        except OSError as e:
+            out[tool] = f"{type(e).__name__}: {e}"
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        if out[tool]:
+            log.info("fastckpt offload: tool %r unavailable in %s: %s", tool, directory, out[tool])
+    return out
