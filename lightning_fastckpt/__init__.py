@@ -4,9 +4,11 @@
     trainer = Trainer(plugins=[FastCheckpointIO(strategy="c", concurrency=2)])
 
 `LayerwiseCheckpointing` (a callback) adds LightCheck's layer-wise snapshot, pipelined
-with DDP's gradient all-reduce.
+with DDP's gradient all-reduce. `TensorOffload` (a callback) offloads the training step's
+saved activations to SSD (Fastensor).
 """
 from .checkpoint_io import FastCheckpointIO
 from .layerwise import LayerwiseCheckpointing
+from .offload import TensorOffload
 
-__all__ = ["FastCheckpointIO", "LayerwiseCheckpointing"]
+__all__ = ["FastCheckpointIO", "LayerwiseCheckpointing", "TensorOffload"]

@@ -58,3 +58,20 @@ def test_small_tensors_and_parameters_stay_in_memory(tmp_path):
     with ActivationOffload(str(tmp_path), threshold_mb=1) as off:
         model(x).sum().backward()
     assert off.stats["offloaded"] == 0 and off.stats["kept"] > 0
+
+
+def test_lightning_callback_trains_to_the_same_weights(tmp_path):
+    from lightning_fastckpt import TensorOffload
+    from lit_app import TinyModule, loader, trainer
+    runs = {}
+    for name, cbs in (("plain", []), ("offload", [TensorOffload(str(tmp_path), threshold_mb=0.001,
+                                                                learned_path=str(tmp_path / "dics.json"))])):
+        torch.manual_seed(0)
+        model = TinyModule(width=256)
+        trainer(None, cbs, max_steps=6).fit(model, loader(), loader())
+        runs[name] = {k: v.clone() for k, v in model.state_dict().items()}
+        if cbs:
+            assert cbs[0].offload.stats["offloaded"] > 0
+    for k in runs["plain"]:
+        assert torch.equal(runs["plain"][k], runs["offload"][k]), k
+    assert sorted(os.listdir(tmp_path)) == ["dics.json"]  # no step left a file behind
