@@ -86,3 +86,12 @@ def direct_write_seconds(path: str, nbytes: int) -> float:
 
 def direct_read_seconds(path: str, nbytes: int) -> float:
     return min(_direct_io(path, nbytes, t, False) for t in (1, 4))
+
+
+def for_checkpoint(nbytes: int, out_dir: str) -> dict:
+    """The bounds of one checkpoint of nbytes, measured now: a memcpy and an O_DIRECT write."""
+    scratch = os.path.join(out_dir, "bound.bin")
+    bound = {"bytes": nbytes, "memcpy_s": memcpy_seconds({"w": torch.randn(nbytes // 4)}),
+             "direct_write_s": direct_write_seconds(scratch, nbytes)}
+    os.unlink(scratch)
+    return bound

@@ -192,10 +192,7 @@ def main() -> None:
               f"stall/save {row['stall_ms']:8.1f} ms  overhead {row['overhead_pct']:6.1f} %  "
               f"final wait {row['final_wait_ms']:6.0f} ms", flush=True)
     nbytes = max(r["tag_bytes"] for r in rows)
-    state = {"w": torch.randn(nbytes // 4)}
-    bound = {"bytes": nbytes, "memcpy_s": bounds.memcpy_seconds(state),
-             "direct_write_s": bounds.direct_write_seconds(os.path.join(args.out, "bound.bin"), nbytes)}
-    os.unlink(os.path.join(args.out, "bound.bin"))
+    bound = bounds.for_checkpoint(nbytes, args.out)
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args),
            "deepspeed": deepspeed.__version__, "bounds": bound,
            "params": runs_of[plan[0]][0]["params"], "rows": rows}

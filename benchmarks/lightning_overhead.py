@@ -186,13 +186,8 @@ def main() -> None:
         print(f"k={k:<3} {config:<10} step {row['step_ms']:8.1f} ms  stall/ckpt {row['stall_ms']:8.1f} ms  "
               f"overhead {row['overhead_pct']:6.1f} %  final wait {row['final_wait_ms']:6.0f} ms", flush=True)
     # physical bounds for one checkpoint of this model (weights + Adam: 3 x fp32 params)
-    state = {"w": torch.randn(base_runs[0]["params"] * 3)}
-    nbytes = state["w"].numel() * 4
-    memcpy = bounds.memcpy_seconds(state)
-    write = bounds.direct_write_seconds(os.path.join(args.out, "bound.bin"), nbytes)
-    os.unlink(os.path.join(args.out, "bound.bin"))
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args), "base": base,
-           "bounds": {"bytes": nbytes, "memcpy_s": memcpy, "direct_write_s": write}, "rows": rows}
+           "bounds": bounds.for_checkpoint(base_runs[0]["params"] * 3 * 4, args.out), "rows": rows}
     text = table(res)
     print(text)
     keep("lightning_overhead", args.out, res, text, plot, publish=not args.no_results)

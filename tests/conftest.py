@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,17 @@ def assert_sharing(state):
     ptr = state["base"].untyped_storage().data_ptr()
     for k in ("transposed", "slice", "row"):
         assert state[k].untyped_storage().data_ptr() == ptr, f"{k} lost its sharing"
+
+
+@pytest.fixture
+def shm():
+    """A fresh directory on /dev/shm (memory-backed, where pools live on machines without PMEM)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    d = os.path.join("/dev/shm", f"fastckpt-test-{uuid.uuid4().hex[:8]}")
+    os.makedirs(d)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

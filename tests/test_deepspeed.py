@@ -113,31 +113,25 @@ def test_resume_after_kill_9_of_both_ranks_is_bit_exact(tmp_path, stage):
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, stage):
+def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, shm, stage):
     """"pool" in the entry: every file of a tag is a model of a persistent-memory pool named by
     its path (on disk only a small pointer file), the tag record stays in save_dir; resume reads
     them back out of the pool."""
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm here")
-    pool = f"/dev/shm/fastckpt-ds-{os.getpid()}-{stage}.pool"
+    pool = os.path.join(shm, "ds.pool")
     entry = json.dumps({"pool": pool, "pool_mb": 64, "concurrency": 2})
-    try:
-        trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2,
-                      FASTCKPT_ENTRY=entry)
-        tag_dir = tmp_path / "ck" / "global_step3"
-        sizes = {f: os.path.getsize(tag_dir / f) for f in os.listdir(tag_dir) if f != "fastckpt-tag.json"}
-        assert sizes and max(sizes.values()) < 1024, sizes  # pointers: the data lives in the pool
-        resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), ranks=2,
-                      FASTCKPT_ENTRY=entry)
-        assert_resumed_exactly(trained, resumed)
-        out = tmp_path / "model_states.pt"  # a pool model exported is an ordinary DeepSpeed file
-        model = str(tag_dir / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"))
-        assert subprocess.run([sys.executable, "-m", "fastckpt.cli", "export", pool, str(out), "--model", model,
-                               "--to", "torch"], env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE))).returncode == 0
-        assert "module" in torch.load(out, weights_only=False)
-    finally:
-        if os.path.exists(pool):
-            os.unlink(pool)
+    trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2,
+                  FASTCKPT_ENTRY=entry)
+    tag_dir = tmp_path / "ck" / "global_step3"
+    sizes = {f: os.path.getsize(tag_dir / f) for f in os.listdir(tag_dir) if f != "fastckpt-tag.json"}
+    assert sizes and max(sizes.values()) < 1024, sizes  # pointers: the data lives in the pool
+    resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), ranks=2,
+                  FASTCKPT_ENTRY=entry)
+    assert_resumed_exactly(trained, resumed)
+    out = tmp_path / "model_states.pt"  # a pool model exported is an ordinary DeepSpeed file
+    model = str(tag_dir / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"))
+    assert subprocess.run([sys.executable, "-m", "fastckpt.cli", "export", pool, str(out), "--model", model,
+                           "--to", "torch"], env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE))).returncode == 0
+    assert "module" in torch.load(out, weights_only=False)
 
 
 def tensors_of(obj, prefix=""):

@@ -37,45 +37,31 @@ def launch(mode: str, root: str, world: int = 2, store: str = "file") -> list[su
     return procs
 
 
-def where(tmp_path, store: str) -> tuple[str, dict]:
+def where(request, tmp_path, store: str) -> tuple[str, dict]:
     """(root, reader kwargs): a directory for the file store, a pool on /dev/shm for pmem."""
     if store == "file":
         return str(tmp_path), {}
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm here")
-    return f"/dev/shm/fastckpt-dist-{os.getpid()}-{tmp_path.name}.pool", {"store": "pmem"}
+    return os.path.join(request.getfixturevalue("shm"), "dist.pool"), {"store": "pmem"}
 
 
 @pytest.mark.parametrize("store", ["file", "pmem"])
-def test_two_ranks_roundtrip(tmp_path, store):
-    root, reader = where(tmp_path, store)
-    try:
-        procs = launch("roundtrip", root, store=store)
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-        for rank, (p, out) in enumerate(zip(procs, outs)):
-            assert p.returncode == 0, out
-            assert f"rank {rank} OK 5" in out
-        info = fastckpt.Checkpointer(root, **reader).latest()
-        assert info.step == 5 and sorted(f.rank for f in info.files) == [0, 1]
-        for rank in (0, 1):
-            out = fastckpt.Checkpointer(root, **reader).load(rank=rank)
-            assert torch.equal(out["w"], state_for(rank, 5)["w"])
-    finally:
-        if store == "pmem" and os.path.exists(root):
-            os.unlink(root)
+def test_two_ranks_roundtrip(request, tmp_path, store):
+    root, reader = where(request, tmp_path, store)
+    procs = launch("roundtrip", root, store=store)
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, out
+        assert f"rank {rank} OK 5" in out
+    info = fastckpt.Checkpointer(root, **reader).latest()
+    assert info.step == 5 and sorted(f.rank for f in info.files) == [0, 1]
+    for rank in (0, 1):
+        out = fastckpt.Checkpointer(root, **reader).load(rank=rank)
+        assert torch.equal(out["w"], state_for(rank, 5)["w"])
 
 
 @pytest.mark.parametrize("store", ["file", "pmem"])
-def test_rank_killed_mid_commit_keeps_previous_global(tmp_path, store):
-    root, reader = where(tmp_path, store)
-    try:
-        killed_mid_commit(root, reader, store)
-    finally:
-        if store == "pmem" and os.path.exists(root):
-            os.unlink(root)
-
-
-def killed_mid_commit(root: str, reader: dict, store: str) -> None:
+def test_rank_killed_mid_commit_keeps_previous_global(request, tmp_path, store):
+    root, reader = where(request, tmp_path, store)
     rng = random.Random(7)
     for attempt in range(3):
         procs = launch("loop", root, store=store)

@@ -265,34 +265,28 @@ def test_async_checkpoint_io_peer_still_works_alongside(tmp_path):
     assert files(tmp_path / "a") == files(tmp_path / "b")
 
 
-def test_checkpoints_into_a_pmem_pool_by_path(tmp_path):
+def test_checkpoints_into_a_pmem_pool_by_path(tmp_path, shm):
     """pool=...: ModelCheckpoint's paths become models of a pool (no files); the same ones
     Lightning's own IO leaves as files, with the same values; removal drops the model;
     resuming from a path reads it back out of the pool."""
     from fastckpt.pmem.pool import Pool
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm here")
-    pool = f"/dev/shm/fastckpt-lit-{os.getpid()}.pool"
+    pool = os.path.join(shm, "lit.pool")
     mc = dict(every_n_train_steps=3, save_last=True, save_top_k=2, monitor="loss")
-    try:
-        _, ref_cb, _ = fit(TorchCheckpointIO(), tmp_path / "ref", **mc)
-        io = FastCheckpointIO(pool=pool, pool_mb=64)
-        t, cb, _ = fit(io, tmp_path / "fast", **mc)
-        assert not os.path.exists(tmp_path / "fast") or files(tmp_path / "fast") == []
-        p = Pool(pool, create=False)
-        models = sorted(os.path.basename(m) for m in p.models())
-        p.close()
-        assert models == files(tmp_path / "ref")  # removals dropped what ModelCheckpoint removed
-        for name in files(tmp_path / "ref"):
-            ref = load(tmp_path / "ref" / name)
-            got = FastCheckpointIO(pool=pool).load_checkpoint(tmp_path / "fast" / name)
-            ref["callbacks"] = got["callbacks"] = None
-            assert_equal(got, ref, name)
-        t2 = trainer(FastCheckpointIO(pool=pool), max_steps=30)
-        t2.fit(TinyModule(), loader(), loader(), ckpt_path=str(tmp_path / "fast" / "last.ckpt"))
-        assert t2.global_step == 30
-        with pytest.raises(FileNotFoundError, match="no checkpoint"):
-            FastCheckpointIO(pool=pool).load_checkpoint(tmp_path / "fast" / "missing.ckpt")
-    finally:
-        if os.path.exists(pool):
-            os.unlink(pool)
+    _, ref_cb, _ = fit(TorchCheckpointIO(), tmp_path / "ref", **mc)
+    io = FastCheckpointIO(pool=pool, pool_mb=64)
+    t, cb, _ = fit(io, tmp_path / "fast", **mc)
+    assert not os.path.exists(tmp_path / "fast") or files(tmp_path / "fast") == []
+    p = Pool(pool, create=False)
+    models = sorted(os.path.basename(m) for m in p.models())
+    p.close()
+    assert models == files(tmp_path / "ref")  # removals dropped what ModelCheckpoint removed
+    for name in files(tmp_path / "ref"):
+        ref = load(tmp_path / "ref" / name)
+        got = FastCheckpointIO(pool=pool).load_checkpoint(tmp_path / "fast" / name)
+        ref["callbacks"] = got["callbacks"] = None
+        assert_equal(got, ref, name)
+    t2 = trainer(FastCheckpointIO(pool=pool), max_steps=30)
+    t2.fit(TinyModule(), loader(), loader(), ckpt_path=str(tmp_path / "fast" / "last.ckpt"))
+    assert t2.global_step == 30
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        FastCheckpointIO(pool=pool).load_checkpoint(tmp_path / "fast" / "missing.ckpt")

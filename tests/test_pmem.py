@@ -9,9 +9,7 @@ from __future__ import annotations
 import filecmp
 import os
 import random
-import shutil
 import sys
-import uuid
 
 import pytest
 import torch
@@ -27,17 +25,6 @@ from conftest import assert_same, assert_sharing, kill_at_random, state_matrix
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 from crash_child import state_for  # noqa: E402
-
-
-@pytest.fixture
-def shm():
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    if base is None:
-        pytest.skip("no /dev/shm here")
-    d = os.path.join(base, f"fastckpt-test-{uuid.uuid4().hex[:8]}")
-    os.makedirs(d)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def pool_ck(path, **kw) -> fastckpt.Checkpointer:

@@ -194,6 +194,27 @@ class Pool:
                 out.append(Version(name, i, s, desc, act == (desc.counter, s)))
         return sorted(out, key=lambda v: -v.counter)
 
+    def loadable(self, name: str) -> list[Version]:
+        """What a reader may load of a model, best first: its current version, then older sealed
+        ones. A sealed version newer than the active word was never committed and is left out."""
+        i = self.find(name)
+        act = self.active(i) if i is not None else None
+        if act is None:
+            return []
+        return sorted((v for v in self.versions(name) if v.counter <= act[0]), key=lambda v: (not v.active, -v.counter))
+
+    def top_counter(self, name: str) -> int:
+        """The highest counter a model has used (sealed slot or active word); 0 for none."""
+        i = self.find(name)
+        act = self.active(i) if i is not None else None
+        return max([act[0] if act else 0] + [v.counter for v in self.versions(name)])
+
+    def _fit_pair(self, used: list[tuple[int, int]], meta_cap: int, data_cap: int) -> tuple[int, int] | None:
+        """First-fit room for a version's metadata extent and then its data extent."""
+        m = self._first_fit(used, meta_cap)
+        d = self._first_fit(sorted(used + [(m, meta_cap)]), data_cap) if m is not None else None
+        return None if d is None else (m, d)
+
     def _used_extents(self, skip: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         ext = []
         for i in range(L.MAX_MODELS):
@@ -236,15 +257,14 @@ class Pool:
             off = L.slot_off(i, s)
             if desc.meta_cap < meta_cap or desc.data_cap < data_cap:
                 used = self._used_extents(skip=(i, s))  # the victim's own room counts as free
-                m = self._first_fit(used, meta_cap)
-                d = self._first_fit(sorted(used + [(m, meta_cap)]), data_cap) if m is not None else None
-                if m is None or d is None:  # nothing was touched: the victim's version stays valid
+                room = self._fit_pair(used, meta_cap, data_cap)
+                if room is None:  # nothing was touched: the victim's version stays valid
                     free = self.size - L.HEAP_OFF - sum(c for _, c in used)
                     raise CheckpointWriteError(
                         f"pool {self.path} is full: a version of {meta_cap + data_cap} bytes does not fit "
                         f"({free} bytes free, in gaps); run `fastckpt repack {self.path}`, drop models, "
                         "or create a larger pool")
-                desc = L.Slot(meta_off=m, meta_cap=meta_cap, data_off=d, data_cap=data_cap)
+                desc = L.Slot(meta_off=room[0], meta_cap=meta_cap, data_off=room[1], data_cap=data_cap)
             else:
                 desc = L.Slot(meta_off=desc.meta_off, meta_cap=desc.meta_cap, data_off=desc.data_off,
                               data_cap=desc.data_cap)
@@ -309,11 +329,10 @@ class Pool:
                  and not self.slot(i, t)[0].extents()]
         if not empty:
             return 0
-        used = self._used_extents(skip=(i, s))
-        m = self._first_fit(used, desc.meta_cap)
-        d = self._first_fit(sorted(used + [(m, desc.meta_cap)]), desc.data_cap) if m is not None else None
-        if m is None or d is None or d >= desc.data_off:
+        room = self._fit_pair(self._used_extents(skip=(i, s)), desc.meta_cap, desc.data_cap)
+        if room is None or room[1] >= desc.data_off:
             return 0
+        m, d = room
         t = empty[0]
         new = L.Slot(**{**desc.__dict__, "meta_off": m, "data_off": d})
         off_t = L.slot_off(i, t)

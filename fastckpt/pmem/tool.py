@@ -75,10 +75,7 @@ def pick(pool: Pool, model: str | None, step: int | None):
         model = next(iter(models))
     if model not in models:
         raise NoCheckpointError(f"pool {pool.path} has no model {model!r} (it has: {', '.join(sorted(models))})")
-    vs = pool.versions(model)
-    act = [v for v in vs if v.active]
-    order = act + [v for v in vs if not v.active and (not act or v.counter < act[0].counter)]
-    for v in order:
+    for v in pool.loadable(model):
         if step is None or v.step == step:
             return v
     raise NoCheckpointError(f"model {model!r} in {pool.path} has no committed version"

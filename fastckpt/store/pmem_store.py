@@ -106,21 +106,9 @@ class PoolStore(Store):
         pool = self._open(create=False)
         if pool is None:
             return 1
-        top = 0
-        if self.named:  # counters order saves across every model this process may write
-            names = list(pool.models())
-            for name in names:
-                i = pool.find(name)
-                act = pool.active(i)
-                top = max([top, act[0] if act else 0] + [v.counter for v in pool.versions(name)])
-            return top + 1
-        for r in range(self.world_size):
-            for v in pool.versions(self.model_of(r)):
-                top = max(top, v.counter)
-            i = pool.find(self.model_of(r))
-            act = pool.active(i) if i is not None else None
-            top = max(top, act[0] if act else 0)
-        return top + 1
+        # path-named: counters order saves across every model this process may write
+        names = list(pool.models()) if self.named else [self.model_of(r) for r in range(self.world_size)]
+        return 1 + max([0] + [pool.top_counter(n) for n in names])
 
     def remove_uncommitted(self) -> None:
         pass  # an unsealed slot is invisible and is the next one claimed
@@ -243,11 +231,8 @@ class PoolStore(Store):
         """The newest loadable version of the model a path-named save wrote at `target`."""
         pool = self._open(create=False)
         model = self.model_of(rank, model=self.name_of(target))
-        vs = pool.versions(model) if pool is not None else []
-        i = pool.find(model) if pool is not None else None
-        act = pool.active(i) if i is not None else None
         errors = []
-        for v in [v for v in vs if act is not None and v.counter <= act[0]]:
+        for v in pool.loadable(model) if pool is not None else []:
             try:
                 return read_version(pool, v, map_location, verify, weights_only)
             except CorruptCheckpointError as e:
@@ -258,12 +243,8 @@ class PoolStore(Store):
     def named_size(self, target) -> int | None:
         """Bytes of the current version saved under `target` (None: nothing committed there)."""
         pool = self._open(create=False)
-        i = pool.find(self.name_of(target)) if pool is not None else None
-        act = pool.active(i) if i is not None else None
-        for v in pool.versions(self.name_of(target)) if act is not None else []:
-            if v.counter == act[0]:
-                return v.nbytes
-        return None
+        vs = pool.loadable(self.name_of(target)) if pool is not None else []
+        return vs[0].nbytes if vs and vs[0].active else None
 
     def drop_named(self, target) -> None:
         pool = self._open(create=False)
