@@ -75,3 +75,35 @@ def test_lightning_callback_trains_to_the_same_weights(tmp_path):
     for k in runs["plain"]:
         assert torch.equal(runs["plain"][k], runs["offload"][k]), k
     assert sorted(os.listdir(tmp_path)) == ["dics.json"]  # no step left a file behind
+
+
+def test_a_tensor_saved_twice_is_written_once_and_backward_frees_as_it_goes(tmp_path):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]  # ReLU's output is the next Linear's input
+    model, x = torch.nn.Sequential(*layers), torch.randn(512, 256)
+    ref = grads_of(model, x)
+    off = ActivationOffload(str(tmp_path), threshold_mb=0.25, io=TensorIO(mode="tool", tool="posix"))
+    got = grads_of(model, x, off)
+    assert off.stats["shared"] >= 3  # three ReLU outputs feed a Linear
+    assert all(torch.equal(ref[n], got[n]) for n in ref)
+    off.start()
+    with off.hooks():
+        loss = model(x).sum()
+    handles = list(off._order)
+    assert len(handles) >= 4
+    loss.backward()
+    assert all(h.read is None and h.used == h.uses for h in handles)  # nothing reloaded is still held here
+    assert not any(os.path.exists(h.path) for h in handles)
+    off.close()
+
+
+def test_a_second_backward_through_the_graph_is_refused_clearly(tmp_path):
+    model, x = deep_model(), torch.randn(512, 256)
+    with ActivationOffload(str(tmp_path), threshold_mb=0.25):
+        loss = model(x).sum()
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="retain_graph"):
+            loss.backward()
+    assert os.listdir(tmp_path) == []

@@ -9,19 +9,22 @@ step (backward included) is over or has failed.
 
 Owns a torch.autograd.graph.saved_tensors_hooks pair. pack: a saved tensor of at least
 `threshold_mb` (not a Parameter) is handed to background writers (TensorIO: any tool, or
-the adaptive choice) and autograd keeps only a handle; writes in flight are bounded by
-`max_inflight_mb` (pack waits for the oldest). unpack: backward asks for handles in
-reverse order; each read also starts reads of the next `prefetch` handles in that order,
-and a file is deleted as soon as it is read. close() (the end of the with-block, or of
-the step in the plugins) removes whatever is left, also when the step raised.
+the adaptive choice) and autograd keeps only a handle; a tensor saved twice while alive
+(a ReLU's output is also the next Linear's input) is written once and shared. Writes in
+flight are bounded by `max_inflight_mb` (pack waits for the oldest). unpack: backward asks
+for handles in reverse order; each read also starts reads of the next `prefetch` handles
+in that order. After a handle's last use its file is deleted and the reloaded tensor is
+no longer held here, so backward's memory shrinks as it goes. close() (the end of the
+with-block, or of the step in the plugins) removes whatever is left, also when the step
+raised. A second backward through the same graph (retain_graph=True) is refused clearly.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -30,16 +33,27 @@ import torch
 from ..errors import ConfigError
 from .adaptive import TensorIO
 
-_ids = itertools.count()
-
 
 class _Handle:
-    __slots__ = ("key", "path", "device", "nbytes", "written", "read")
+    __slots__ = ("index", "path", "device", "nbytes", "ready", "written", "read", "uses", "used", "original",
+                 "__weakref__")
 
-    def __init__(self, key: int, path: str, device: torch.device, nbytes: int):
-        self.key, self.path, self.device, self.nbytes = key, path, device, nbytes
+    def __init__(self, index: int, path: str, t: torch.Tensor):
+        self.index, self.path, self.device = index, path, t.device
+        self.nbytes = t.numel() * t.element_size()
+        self.ready = None  # a CUDA event: the forward has produced t
+        if t.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record()
         self.written: Future | None = None
         self.read: Future | None = None
+        self.uses, self.used = 1, 0
+        self.original = weakref.ref(t)  # a live original means its bytes are still these
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
+            t._version)
 
 
 class ActivationOffload:
@@ -58,10 +72,11 @@ class ActivationOffload:
         self._dir: str | None = None
         self._lock = threading.Condition()
         self._inflight = 0
-        self._order: list[_Handle] = []  # pack order
+        self._order: list[_Handle] = []  # distinct handles, in pack order
+        self._live: dict[tuple, _Handle] = {}  # identity of a saved tensor -> its handle
         self._pending_writes: deque = deque()
         self._hooks = None
-        self.stats = {"offloaded": 0, "bytes": 0, "kept": 0, "peak_inflight": 0, "prefetched": 0}
+        self.stats = {"offloaded": 0, "shared": 0, "bytes": 0, "kept": 0, "peak_inflight": 0, "prefetched": 0}
 
     # -- the context -------------------------------------------------------------
     def __enter__(self) -> "ActivationOffload":
@@ -82,6 +97,10 @@ class ActivationOffload:
         """The pack/unpack hooks alone, as a context manager (tensors saved inside it offload)."""
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
+    @property
+    def active(self) -> bool:
+        return self._dir is not None
+
     def start(self) -> None:
         """Opens this step's directory and writers (the plugins call it; the with-block does)."""
         if self._dir is None:
@@ -98,7 +117,7 @@ class ActivationOffload:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
         with self._lock:
-            self._order, self._inflight = [], 0
+            self._order, self._live, self._inflight = [], {}, 0
             self._pending_writes.clear()
 
     # -- the hooks ---------------------------------------------------------------
@@ -108,8 +127,13 @@ class ActivationOffload:
                 or self._pool is None):
             self.stats["kept"] += 1
             return t
-        h = _Handle(next(_ids), os.path.join(self._dir, f"{len(self._order)}.fct"), t.device, nbytes)
+        ident = _identity(t)
         with self._lock:
+            seen = self._live.get(ident)
+            if seen is not None and seen.original() is not None and seen.used == 0:
+                seen.uses += 1
+                self.stats["shared"] += 1
+                return seen
             while self._inflight + nbytes > self.max_inflight and self._pending_writes:
                 oldest = self._pending_writes[0]
                 self._lock.release()
@@ -117,9 +141,11 @@ class ActivationOffload:
                     oldest.written.result()
                 finally:
                     self._lock.acquire()
+            h = _Handle(len(self._order), os.path.join(self._dir, f"{len(self._order)}.fct"), t)
             self._inflight += nbytes
             self.stats["peak_inflight"] = max(self.stats["peak_inflight"], self._inflight)
             self._order.append(h)
+            self._live[ident] = h
             h.written = self._pool.submit(self._write, h, t)  # holds t only until it is written
             self._pending_writes.append(h)
         self.stats["offloaded"] += 1
@@ -128,6 +154,8 @@ class ActivationOffload:
 
     def _write(self, h: _Handle, t: torch.Tensor) -> None:
         try:
+            if h.ready is not None:
+                h.ready.synchronize()
             self.io.save(t.detach(), h.path)
         finally:
             with self._lock:
@@ -138,19 +166,36 @@ class ActivationOffload:
 
     def _read(self, h: _Handle) -> torch.Tensor:
         h.written.result()
-        t = self.io.load(h.path, device=h.device)
-        os.unlink(h.path)
-        return t
+        return self.io.load(h.path, device=h.device)
+
+    def _start_read(self, h: _Handle) -> None:
+        if h.read is None and h.used < h.uses and self._pool is not None:
+            h.read = self._pool.submit(self._read, h)
 
     def _unpack(self, packed):
         if not isinstance(packed, _Handle):
             return packed
         with self._lock:
-            idx = self._order.index(packed) if packed in self._order else -1
-            for later in self._order[max(0, idx - self.prefetch):idx][::-1]:  # backward goes in reverse
-                if later.read is None and self._pool is not None:
-                    later.read = self._pool.submit(self._read, later)
+            if packed.used >= packed.uses:
+                raise RuntimeError("fastckpt activation offload: this saved activation was already used by "
+                                   "backward and its file removed; a second backward through the same graph "
+                                   "(retain_graph=True) is not supported with offload")
+            if self._pool is None:
+                raise RuntimeError("fastckpt activation offload: backward ran after the step was closed")
+            self._start_read(packed)
+            for j in range(packed.index - 1, max(-1, packed.index - 1 - self.prefetch), -1):
+                later = self._order[j]  # backward goes in reverse pack order
+                if later.read is None and later.used < later.uses:
+                    self._start_read(later)
                     self.stats["prefetched"] += 1
-            if packed.read is None:
-                packed.read = self._pool.submit(self._read, packed) if self._pool is not None else None
-        return packed.read.result() if packed.read is not None else self._read(packed)
+            future = packed.read
+        t = future.result()
+        with self._lock:
+            packed.used += 1
+            if packed.used >= packed.uses:  # its last use: nothing here keeps the tensor or the file
+                packed.read = None
+                try:
+                    os.unlink(packed.path)
+                except FileNotFoundError:
+                    pass
+        return t
