@@ -3,6 +3,7 @@
 instantiate(cfg) builds a Checkpointer from a Hydra/OmegaConf config (groups
 `strategy` and `store`, optional top-level overrides like `concurrency=4`) or
 from a plain dict; unknown keys are a ConfigError naming the valid ones.
+offload_of(cfg) builds the activation offload of the `offload` group (None when off).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class CheckpointerConfig:
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
               "store": ("direct_io", "model", "pool_mb", "persist")}
-NON_CHECKPOINTER = {"demo", "hydra"}
+NON_CHECKPOINTER = {"demo", "hydra", "offload"}  # offload: fastckpt.offload.settings
 
 
 def flatten(cfg) -> dict[str, Any]:
@@ -85,3 +86,10 @@ def instantiate(cfg):
     else:
         c = CheckpointerConfig.from_dict(flatten(cfg))
     return Checkpointer(**dataclasses.asdict(c))
+
+
+def offload_of(cfg):
+    """The ActivationOffload the config's `offload` group asks for, or None (absent or off)."""
+    from .offload.settings import offload_from
+    node = cfg.get("offload") if hasattr(cfg, "get") else None
+    return offload_from(node)

@@ -107,3 +107,19 @@ def test_a_second_backward_through_the_graph_is_refused_clearly(tmp_path):
         with pytest.raises(RuntimeError, match="retain_graph"):
             loss.backward()
     assert os.listdir(tmp_path) == []
+
+
+def test_step_directories_of_a_killed_process_are_removed(tmp_path):
+    import subprocess
+    import sys
+    code = ("import os, torch, sys; from fastckpt.offload import ActivationOffload\n"
+            f"off = ActivationOffload({str(tmp_path)!r}, threshold_mb=0.01); off.start()\n"
+            "with off.hooks(): y = torch.nn.Linear(64, 64)(torch.randn(256, 64)).relu().sum()\n"
+            "off._pool.shutdown(wait=True); os.kill(os.getpid(), 9)")
+    proc = subprocess.run([sys.executable, "-c", code])
+    assert proc.returncode == -9
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and os.listdir(tmp_path / left[0])  # the killed step's files are still there
+    with ActivationOffload(str(tmp_path), threshold_mb=1):
+        pass
+    assert os.listdir(tmp_path) == []

@@ -72,6 +72,10 @@ def main(cfg: DictConfig) -> int:
     print(f"run 2 (fastckpt): resumed from step {second['resumed']}, trained to step {d['steps']}")
     print(describe("torch.save + fsync", ref))
     print(describe("fastckpt (after resume)", second))
+    if second.get("offload"):
+        o = second["offload"]
+        print(f"activation offload: {o['offloaded']} activations ({o['bytes'] / 2**20:.0f} MiB) went to files "
+              f"and back ({o['shared']} shared), {o['kept']} small ones stayed; tools tried: {', '.join(o['tools'])}")
     exact = second["digest"] == ref["digest"]
     if ref["stalls"] and second["stalls"]:
         ratio = statistics.median(ref["stalls"]) / max(statistics.median(second["stalls"]), 1e-9)

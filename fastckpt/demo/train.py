@@ -51,10 +51,11 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     model = TinyLM(d["vocab"], d["d_model"], d["layers"], d["heads"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
-    ck, start = None, 1
+    ck, start, offload = None, 1, None
     if mode == "fastckpt":
-        from fastckpt.config import instantiate
+        from fastckpt.config import instantiate, offload_of
         ck = instantiate(ckpt)
+        offload = offload_of(ckpt)
         if ck.latest() is not None:
             state = ck.load()
             model.load_state_dict(state["model"])
@@ -70,8 +71,13 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     stalls, t_begin, pending_stall = [], time.perf_counter(), 0.0
     for step in range(start, d["steps"] + 1):
         x, y = batch(step, d)
-        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
+        if offload is None:
+            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+        else:  # activations saved in forward went to files and came back for backward
+            with offload:
+                loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                loss.backward()
         if ck is not None:
             t0 = time.perf_counter()
             ck.gate()  # the snapshot must be copied before the optimizer overwrites the weights
@@ -101,4 +107,11 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
         ck.close()
     elapsed = time.perf_counter() - t_begin
     queue.put(("done", {"steps": d["steps"] - start + 1, "seconds": elapsed, "stalls": stalls,
-                        "digest": digest(model), "loss": loss.item()}))
+                        "digest": digest(model), "loss": loss.item(),
+                        "offload": offload_report(offload)}))
+
+
+def offload_report(offload) -> dict | None:
+    if offload is None:
+        return None
+    return dict(offload.stats, tools=sorted({t for e in offload.io.wdic.values() for t in e}))

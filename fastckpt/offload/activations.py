@@ -16,7 +16,8 @@ for handles in reverse order; each read also starts reads of the next `prefetch`
 in that order. After a handle's last use its file is deleted and the reloaded tensor is
 no longer held here, so backward's memory shrinks as it goes. close() (the end of the
 with-block, or of the step in the plugins) removes whatever is left, also when the step
-raised. A second backward through the same graph (retain_graph=True) is refused clearly.
+raised; the first start() also removes step directories left by processes that died (kill -9).
+A second backward through the same graph (retain_graph=True) is refused clearly.
 """
 from __future__ import annotations
 
@@ -56,6 +57,25 @@ def _identity(t: torch.Tensor) -> tuple:
             t._version)
 
 
+PREFIX = "fastckpt-act-"
+
+
+def _remove_dead_steps(base: str) -> None:
+    """Removes PREFIX<pid>-* directories whose process no longer exists."""
+    for name in os.listdir(base):
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 class ActivationOffload:
     def __init__(self, directory: str | None = None, threshold_mb: float = 1.0, io: TensorIO | None = None,
                  max_inflight_mb: float = 256.0, prefetch: int = 2, writers: int = 2):
@@ -76,6 +96,7 @@ class ActivationOffload:
         self._live: dict[tuple, _Handle] = {}  # identity of a saved tensor -> its handle
         self._pending_writes: deque = deque()
         self._hooks = None
+        self._swept = False
         self.stats = {"offloaded": 0, "shared": 0, "bytes": 0, "kept": 0, "peak_inflight": 0, "prefetched": 0}
 
     # -- the context -------------------------------------------------------------
@@ -104,7 +125,10 @@ class ActivationOffload:
     def start(self) -> None:
         """Opens this step's directory and writers (the plugins call it; the with-block does)."""
         if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix=f"fastckpt-act-{os.getpid()}-", dir=self.base)
+            if not self._swept:
+                _remove_dead_steps(self.base)
+                self._swept = True
+            self._dir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.base)
             self.io.candidates(self._dir)  # probe the tools once, before writer threads race to
             self._pool = ThreadPoolExecutor(self._writers, thread_name_prefix="fastckpt-offload")
 
