@@ -3,11 +3,14 @@ FastckptEngine (asynchronous, crash-safe checkpoints) once this package is impor
 
     import deepspeed_fastckpt  # noqa: F401  (registers the engine with DeepSpeed)
     engine, *_ = deepspeed.initialize(model=model, config={..., "fastckpt": {"concurrency": 2}})
+    # activation offload to SSD: "fastckpt": {"offload": {"threshold_mb": 1}} or
+    deepspeed_fastckpt.offload_activations(engine, directory="/ssd/tmp", threshold_mb=1)
 """
 from .engine import FastckptEngine
+from .offload import offload_activations
 from .register import register
 from .settings import VALID as SETTINGS
 
 register()
 
-__all__ = ["FastckptEngine", "SETTINGS", "register"]
+__all__ = ["FastckptEngine", "SETTINGS", "offload_activations", "register"]

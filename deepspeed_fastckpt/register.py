@@ -1,7 +1,7 @@
 """Hooks fastckpt into DeepSpeed when `deepspeed_fastckpt` is imported.
 
-Three small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
-"fastckpt" entry:
+Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
+"fastckpt" entry (or, for offload, offload_activations() was called on the engine):
 - `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there; with the entry
   the engine gets a FastckptEngine instead (the entry is validated first: unknown keys
   are a ConfigError), told which tensors the optimizer update alone rewrites and
@@ -12,6 +12,8 @@ Three small wraps of DeepSpeedEngine methods, each a no-op unless the engine's c
   newest tag committed on every rank), not from DeepSpeed's `latest` file, which may be
   missing, torn or name a tag whose files never completed. An explicit tag must be
   committed. Everything in flight lands first.
+- `forward`, `backward`, `step`: activation offload (deepspeed_fastckpt.offload) when the
+  entry has `"offload": {...}`.
 This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import functools
 import logging
 
+from . import offload
 from .engine import FastckptEngine
-from .settings import entry_of
+from .settings import entry_of, offload_node
 from .tags import read_record
 
 log = logging.getLogger(__name__)
@@ -34,7 +37,10 @@ def register() -> None:
         return
     DeepSpeedEngine._configure_checkpointing = _wrap_configure(DeepSpeedEngine._configure_checkpointing)
     DeepSpeedEngine.load_checkpoint = _wrap_load(DeepSpeedEngine.load_checkpoint)
-    DeepSpeedEngine.destroy = _wrap_destroy(DeepSpeedEngine.destroy)
+    DeepSpeedEngine.destroy = offload.wrap_closing(_wrap_destroy(DeepSpeedEngine.destroy))
+    DeepSpeedEngine.forward = offload.wrap_forward(DeepSpeedEngine.forward)
+    DeepSpeedEngine.backward = offload.wrap_backward(DeepSpeedEngine.backward)
+    DeepSpeedEngine.step = offload.wrap_closing(DeepSpeedEngine.step)
 
 
 def _wrap_configure(original):
@@ -52,6 +58,8 @@ def _wrap_configure(original):
         if not self.zero_optimization_partition_weights():  # ZeRO-3 re-gathers them in forward
             module_params = frozenset(p.untyped_storage().data_ptr() for p in self.module.parameters())
         engine.configure(self.optimizer, module_params)
+        if offload_node(entry) is not None:
+            offload.attach(self, offload_node(entry))
         return None
 
     setattr(_configure_checkpointing, _MARK, True)

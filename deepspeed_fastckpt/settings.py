@@ -4,7 +4,9 @@ DeepSpeed keeps unknown top-level keys in `engine.config`; this module turns tha
 into Checkpointer keyword arguments and refuses keys it does not know, naming the valid
 ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
 `distributed` and `model` are not settings here. `pool` (with `pool_mb`, `persist`) puts
-the tag's files into a persistent-memory pool as models named by their paths.
+the tag's files into a persistent-memory pool as models named by their paths. `offload`
+(OffloadConfig's settings) turns on activation offload for the engine; it is checked here
+and is not a Checkpointer setting.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from typing import Any, Optional
 
 from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
+from fastckpt.offload.settings import OffloadConfig
 
 CONFIG_KEY = "fastckpt"
 DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed", "model")
-VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + ("pool",)
+VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + (
+    "pool", "offload")
 
 
 def entry_of(config_params) -> Optional[dict]:
@@ -37,4 +41,11 @@ def checkpointer_kwargs(entry: Any) -> dict:
     if unknown:
         raise ConfigError(f'unknown key(s) {unknown} in the "{CONFIG_KEY}" entry of the DeepSpeed config; '
                           f"valid: {sorted(VALID)}")
-    return dict(entry)
+    kwargs = dict(entry)
+    OffloadConfig.from_node(kwargs.pop("offload", None))  # its errors now, before anything is built
+    return kwargs
+
+
+def offload_node(entry: Any) -> Any:
+    """The entry's "offload" settings, or None."""
+    return entry.get("offload") if isinstance(entry, dict) else None

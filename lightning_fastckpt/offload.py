@@ -8,26 +8,38 @@ training when `learned_path` is set.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from fastckpt.offload import ActivationOffload, TensorIO
+from fastckpt.offload import ActivationOffload
+from fastckpt.offload.settings import OffloadConfig
 
 
 class TensorOffload(Callback):
-    """Args: directory (on the SSD), threshold_mb (smaller activations stay), mode/aware/tool/
-    dict_path/learned_path/refresh_every (TensorIO's choice of tool), max_inflight_mb, prefetch."""
+    """TensorOffload(directory, threshold_mb=1.0, mode="aware", aware="wr", tool=None, dict_path=None,
+    learned_path=None, refresh_every=None, max_inflight_mb=256, prefetch=2, writers=2): the settings
+    of fastckpt.offload.settings.OffloadConfig (unknown ones are a ConfigError).
+    TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""
 
-    def __init__(self, directory: Optional[str] = None, threshold_mb: float = 1.0, mode: str = "aware",
-                 aware: str = "wr", tool: Optional[str] = None, dict_path: Optional[str] = None,
-                 learned_path: Optional[str] = None, refresh_every: Optional[int] = None,
-                 max_inflight_mb: float = 256.0, prefetch: int = 2):
-        self.io = TensorIO(mode=mode, aware=aware, tool=tool, dict_path=dict_path, learned_path=learned_path,
-                           refresh_every=refresh_every)
-        self.offload = ActivationOffload(directory, threshold_mb, self.io, max_inflight_mb, prefetch)
+    def __init__(self, directory: Optional[str] = None, **settings: Any):
+        built = OffloadConfig.from_node(dict(settings, directory=directory, enabled=True)).build()
+        assert built is not None
+        self.offload: ActivationOffload = built
+        self.io = built.io
         self._hooks = None
+
+    @classmethod
+    def from_config(cls, node: Any) -> Optional["TensorOffload"]:
+        """The callback for a Hydra `offload` node, or None when that node says off."""
+        cfg = OffloadConfig.from_node(node)
+        if not cfg.enabled:
+            return None
+        settings = dataclasses.asdict(cfg)
+        settings.pop("enabled")
+        return cls(**settings)
 
     def _leave_hooks(self) -> None:
         hooks, self._hooks = self._hooks, None

@@ -6,6 +6,7 @@
         a fresh engine loads the newest committed tag and trains the same 2 steps
     python ds_worker.py reference SAVE_DIR OUT --stage S --steps M
         M steps without saving; writes every loss and the full parameters after every step
+        (and the activation-offload counts when FASTCKPT_ENTRY has "offload" or OFFLOAD_HELPER=DIR)
     python ds_worker.py loop SAVE_DIR OUT --stage S --steps M [--save-before-update]
         M steps, save_checkpoint after every one (the test kill -9s it somewhere in between),
         or between backward and the update, so the update meets the snapshot still copying
@@ -52,6 +53,9 @@ def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None):
         default = json.loads(os.environ.get("FASTCKPT_ENTRY", '{"concurrency": 2, "chunk_mb": 1}'))
         cfg["fastckpt"] = fastckpt_entry if fastckpt_entry is not None else default
     eng, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
+    if os.environ.get("OFFLOAD_HELPER"):  # activation offload without the config entry
+        deepspeed_fastckpt.offload_activations(eng, directory=os.environ["OFFLOAD_HELPER"], threshold_mb=0.001,
+                                               mode="tool", tool="direct")
     return eng
 
 
@@ -116,6 +120,8 @@ def main() -> None:
         for i in range(a.steps):
             out["losses"].append(step(eng, i))
             out["params_after"].append(full_params(eng))
+        off = deepspeed_fastckpt.offload.offload_of(eng)
+        out["offload"] = dict(off.stats) if off is not None else None
     elif a.mode == "loop" and a.save_before_update:  # the update starts while the snapshot copies
         for i in range(a.steps):
             step(eng, i, lambda: eng.save_checkpoint(a.save_dir, client_state={"data_pos": i, "note": "loop"}))

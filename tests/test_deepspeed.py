@@ -213,3 +213,35 @@ def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_p
         assert torch.equal(value, resumed["params"][name]), name
     kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "12", "--every", "1", "--top-k", "1", **lit)
     assert kept["files"] == ["epoch=2-step=12.ckpt"]
+
+
+@pytest.mark.parametrize("stage,how", [(1, "entry"), (3, "entry"), (2, "helper")])
+def test_activation_offload_trains_bit_equal_to_the_run_without_it(tmp_path, stage, how):
+    """The engine's saved activations go to files in forward and come back for backward:
+    every loss and every parameter after every step equals the run without offload, bit for bit;
+    no file is left behind."""
+    act = tmp_path / "act"
+    act.mkdir()
+    extra = dict(WIDTH="256", HIDDEN="1")
+    plain = run("reference", tmp_path / "u", tmp_path / "p.pt", "--stage", str(stage), "--steps", "4", **extra)
+    if how == "entry":
+        entry = json.dumps({"offload": {"directory": str(act), "threshold_mb": 0.001, "aware": "wr"}})
+        got = run("reference", tmp_path / "u", tmp_path / "o.pt", "--stage", str(stage), "--steps", "4",
+                  FASTCKPT_ENTRY=entry, **extra)
+    else:
+        got = run("reference", tmp_path / "u", tmp_path / "o.pt", "--stage", str(stage), "--steps", "4",
+                  "--engine", "torch", OFFLOAD_HELPER=str(act), **extra)
+    assert got["offload"]["offloaded"] >= 4 * 2 and got["offload"]["shared"] >= 4
+    assert got["losses"] == plain["losses"]
+    for before, after in zip(plain["params_after"], got["params_after"]):
+        for name in before:
+            assert torch.equal(before[name], after[name]), name
+    assert os.listdir(act) == []
+
+
+def test_unknown_offload_setting_in_the_entry_is_a_clear_error():
+    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from fastckpt.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"unknown offload setting\(s\) \['treshold_mb'\]"):
+        checkpointer_kwargs({"concurrency": 2, "offload": {"treshold_mb": 1}})
+    assert checkpointer_kwargs({"concurrency": 2, "offload": {"threshold_mb": 1}}) == {"concurrency": 2}

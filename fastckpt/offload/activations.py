@@ -122,6 +122,12 @@ class ActivationOffload:
     def active(self) -> bool:
         return self._dir is not None
 
+    @property
+    def finished(self) -> bool:
+        """Every activation offloaded since start() has had its last use in backward."""
+        with self._lock:
+            return all(h.used >= h.uses for h in self._order)
+
     def start(self) -> None:
         """Opens this step's directory and writers (the plugins call it; the with-block does)."""
         if self._dir is None:
