@@ -17,15 +17,20 @@ from .snapshot import start_write
 
 
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
-         progress: Callable[[int, int], None] | None = None) -> int:
+         progress: Callable[[int, int], None] | None = None, tool=None) -> int:
     """Writes state to path durably; returns the number of bytes written.
 
     progress(bytes_written, total), if given, is called from this thread while data moves.
+    tool: None writes through the parallel writer (strategy); "auto" has Fastensor's adaptive
+    choice pick posix / direct / kvikio per storage size from measured write times (the
+    file's format is the same); a tool's name, or a fastckpt.offload.TensorIO, decides instead.
     """
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"cannot save to {path!r}: directory {parent!r} does not exist")
+    if tool is not None:
+        return _save_with_tool(state, path, format, tool)
     plan = plan_file(state, format)
     tmp = path + ".tmp"
     w = start_write(default_engine(), plan, tmp, strategy, direct_io=True)
@@ -41,6 +46,22 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     os.replace(tmp, path)
     fsync_dir(parent)
     return res.bytes
+
+
+def _save_with_tool(state, path: str, format: str, tool) -> int:
+    from .offload.plan_writer import io_for, write_plan
+    io = io_for(tool)  # a bad tool name fails before any file exists
+    plan = plan_file(state, format)
+    tmp = path + ".tmp"
+    try:
+        write_plan(plan, tmp, io)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return plan.file_size
 
 
 def _finish_reporting(w, total: int, progress: Callable[[int, int], None]):

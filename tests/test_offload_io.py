@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from fastckpt.errors import ConfigError, CorruptCheckpointError
+import fastckpt
 from fastckpt.offload import TOOLS, TensorIO, available_tools
+from fastckpt.offload.adaptive import size_key
 from fastckpt.offload.tools import read_tensor, write_tensor
 from conftest import ALL_DTYPES, random_tensor
 
@@ -151,3 +153,35 @@ def test_damaged_files_are_detected(tmp_path):
     os.truncate(tmp_path / "short.fct", 4096 + 100)
     with pytest.raises(CorruptCheckpointError, match="truncated"):
         read_tensor(str(tmp_path / "short.fct"))
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_save_with_tool_auto_learns_per_size_and_writes_a_normal_checkpoint(tmp_path, fmt):
+    from fastckpt.offload import plan_writer
+    io = TensorIO(mode="aware", aware="w", tools=plan_writer.REGION_TOOLS)
+    state = {"big": torch.randn(512, 1024), "small": torch.arange(10, dtype=torch.int16),
+             "mid": torch.randn(64, 64, dtype=torch.float64)}
+    for i in range(4):
+        fastckpt.save(state, tmp_path / "c.ckpt", format=fmt, tool=io)
+        got = fastckpt.load(tmp_path / "c.ckpt")
+        assert all(torch.equal(got[k], state[k]) for k in state)
+    if fmt == "torch":
+        assert all(torch.equal(v, state[k]) for k, v in torch.load(tmp_path / "c.ckpt", weights_only=True).items())
+    size = 512 * 1024 * 4
+    assert set(io.wdic[size_key(size)]) == {"posix", "direct"}  # both tried for the big record
+    w = io.wdic[size_key(size)]
+    best = min(w, key=lambda t: sorted(w[t])[len(w[t]) // 2])
+    assert io.choice(size, str(tmp_path), only=plan_writer.REGION_TOOLS) == best
+    assert os.listdir(tmp_path) == ["c.ckpt"]
+
+
+def test_save_with_a_tool_name_and_bad_names(tmp_path):
+    state = {"w": torch.randn(1000, 100)}
+    fastckpt.save(state, tmp_path / "d.ckpt", tool="direct")
+    assert torch.equal(fastckpt.load(tmp_path / "d.ckpt")["w"], state["w"])
+    fastckpt.save(state, tmp_path / "s.st", format="safetensors", tool="direct")  # small entries: posix
+    assert torch.equal(fastckpt.load(tmp_path / "s.st")["w"], state["w"])
+    with pytest.raises(ConfigError, match="written in place by one of posix, direct, kvikio"):
+        fastckpt.save(state, tmp_path / "n.ckpt", tool="numpy")
+    assert not os.path.exists(tmp_path / "n.ckpt")
+    fastckpt.save({"a": torch.randn(10)}, tmp_path / "a.ckpt", tool="auto")  # the process-wide learner

@@ -78,9 +78,14 @@ class TensorIO:
         return self._usable[key]
 
     # -- the choice (Algorithm 1) -----------------------------------------------
-    def choice(self, nbytes: int, directory: str = ".", cuda: bool = False) -> str:
-        """The tool a save of nbytes into directory would use now."""
+    def choice(self, nbytes: int, directory: str = ".", cuda: bool = False,
+               only: tuple[str, ...] | None = None) -> str:
+        """The tool a save of nbytes into directory would use now (among `only`, when given)."""
         tools = self.candidates(directory, cuda)
+        if only is not None:
+            tools = tuple(t for t in tools if t in only)
+            if not tools:
+                raise OSError(f"none of the tools {', '.join(only)} is usable in {directory}")
         if self.mode == "tool":
             if self.tool not in tools:
                 raise OSError(f"tool {self.tool!r} is unavailable here: "

@@ -1,0 +1,88 @@
+"""fastckpt.save(..., tool=...): a checkpoint file written record by record with Fastensor's tools.
+
+Owns writing a FilePlan (the torch-zip or safetensors layout, unchanged: fastckpt.load and
+torch.load read the result as any other) where each storage's bytes go to their region
+of the file through the tool a TensorIO chooses for that size: "auto" learns per size from
+measured write times (AwareDic, WDic), a tool name uses that tool alone. Only the tools
+that write raw bytes at an offset can place a record inside one file: posix, direct (a
+4096-aligned record), kvikio (a CUDA storage). The file is fdatasynced before save renames it.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from .. import _native
+from ..errors import ConfigError
+from ..format.plan import ALIGN, FilePlan
+from .adaptive import TensorIO
+from .tools import _kvikio
+
+REGION_TOOLS = ("posix", "direct", "kvikio")
+_auto: TensorIO | None = None  # one learner per process, so every save teaches the next
+
+
+def io_for(tool) -> TensorIO:
+    """The TensorIO behind save(tool=...): "auto", a region tool's name, or a TensorIO."""
+    global _auto
+    if isinstance(tool, TensorIO):
+        return tool
+    if tool == "auto":
+        if _auto is None:
+            _auto = TensorIO(mode="aware", aware="w", tools=REGION_TOOLS)
+        return _auto
+    if tool not in REGION_TOOLS:
+        raise ConfigError(f"save(tool={tool!r}): a checkpoint's records are written in place by one of "
+                          f"{', '.join(REGION_TOOLS)}, or tool='auto' chooses per size")
+    return TensorIO(mode="tool", tool=tool, tools=REGION_TOOLS)
+
+
+def _bytes_of(storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
+    t = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    return t.set_(storage, 0, (nbytes,))
+
+
+def _write_region(tool: str, path: str, off: int, b: torch.Tensor) -> None:
+    if tool == "kvikio":
+        kvikio = _kvikio()[0]
+        with kvikio.CuFile(path, "r+") as f:
+            f.write(b, file_offset=off)
+        return
+    host = b.cpu() if b.is_cuda else b
+    (_native.write_direct if tool == "direct" else _native.write_buffered)(path, off, host.data_ptr(), host.numel())
+
+
+def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
+    """Writes the whole file at path durably; returns how many records each tool wrote."""
+    directory = os.path.dirname(os.path.abspath(path))
+    with open(path, "wb"):
+        pass
+    crcs, used = [0] * len(plan.records), {}
+    for i in sorted(range(len(plan.records)), key=lambda i: plan.records[i].file_off):
+        rec = plan.records[i]  # ascending offsets: a direct write's cut of the file stays behind it
+        b = _bytes_of(rec.storage, rec.nbytes)
+        allowed = tuple(t for t in REGION_TOOLS if (t != "direct" or rec.file_off % ALIGN == 0)
+                        and (t != "kvikio" or b.is_cuda))
+        if io.mode == "tool" and io.tool not in allowed:
+            tool = "posix"  # e.g. a small unaligned safetensors entry under tool="direct"
+        else:
+            tool = io.choice(rec.nbytes, directory, b.is_cuda, only=allowed)
+        t0 = time.perf_counter()
+        if rec.nbytes:
+            _write_region(tool, path, rec.file_off, b)
+        io.record("w", rec.nbytes, tool, time.perf_counter() - t0)
+        host = b.cpu() if b.is_cuda else b
+        crcs[i] = _native.crc32(host.data_ptr(), rec.nbytes) if rec.nbytes else 0
+        used[tool] = used.get(tool, 0) + 1
+    blobs, _ = plan.finish(crcs)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for off, data in blobs:
+            os.pwrite(fd, data, off)
+        os.ftruncate(fd, plan.file_size)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return used
