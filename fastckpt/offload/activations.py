@@ -18,6 +18,8 @@ no longer held here, so backward's memory shrinks as it goes. close() (the end o
 with-block, or of the step in the plugins) removes whatever is left, also when the step
 raised; the first start() also removes step directories left by processes that died (kill -9).
 A second backward through the same graph (retain_graph=True) is refused clearly.
+release_memory (default on) has glibc hand freed activation-sized buffers back to the system
+(malloc_release.py): without it the memory offload frees mostly stays in the process.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch
 
 from ..errors import ConfigError
 from .adaptive import TensorIO
+from .malloc_release import release_large_frees
 
 
 class _Handle:
@@ -78,7 +81,7 @@ def _remove_dead_steps(base: str) -> None:
 
 class ActivationOffload:
     def __init__(self, directory: str | None = None, threshold_mb: float = 1.0, io: TensorIO | None = None,
-                 max_inflight_mb: float = 256.0, prefetch: int = 2, writers: int = 2):
+                 max_inflight_mb: float = 256.0, prefetch: int = 2, writers: int = 2, release_memory: bool = True):
         if threshold_mb < 0 or max_inflight_mb <= 0 or prefetch < 0 or writers < 1:
             raise ConfigError("threshold_mb >= 0, max_inflight_mb > 0, prefetch >= 0 and writers >= 1 are required")
         base = directory or tempfile.gettempdir()
@@ -88,6 +91,7 @@ class ActivationOffload:
         self.max_inflight, self.prefetch = int(max_inflight_mb * (1 << 20)), prefetch
         self.io = io or TensorIO(mode="aware", aware="wr")
         self._writers = writers
+        self.release_memory = release_memory
         self._pool: ThreadPoolExecutor | None = None
         self._dir: str | None = None
         self._lock = threading.Condition()
@@ -134,6 +138,8 @@ class ActivationOffload:
             if not self._swept:
                 _remove_dead_steps(self.base)
                 self._swept = True
+                if self.release_memory:
+                    release_large_frees(self.threshold)
             self._dir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.base)
             self.io.candidates(self._dir)  # probe the tools once, before writer threads race to
             self._pool = ThreadPoolExecutor(self._writers, thread_name_prefix="fastckpt-offload")

@@ -31,6 +31,7 @@ class OffloadConfig:
     max_inflight_mb: float = 256.0     # bound on activation bytes being written at once
     prefetch: int = 2                  # reads started ahead during backward
     writers: int = 2                   # background I/O threads
+    release_memory: bool = True        # freed activation-sized buffers go back to the system (glibc)
 
     @classmethod
     def from_node(cls, node: Any) -> "OffloadConfig":
@@ -62,7 +63,7 @@ class OffloadConfig:
         if not self.enabled:
             return None
         return ActivationOffload(self.directory, self.threshold_mb, self.io(), self.max_inflight_mb,
-                                 self.prefetch, self.writers)
+                                 self.prefetch, self.writers, self.release_memory)
 
 
 def offload_from(node: Any) -> Optional[ActivationOffload]:
