@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem clean
+.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem bench-offload clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-deepspeed: $(STAMP)
 
 bench-pmem: $(STAMP)
 	$(VPY) benchmarks/pmem_store.py $(ARGS)
+
+bench-offload: $(STAMP)
+	$(VPY) benchmarks/offload.py $(ARGS)
 
 clean:
 	rm -rf build *.egg-info fastckpt/*.so .pytest_cache
