@@ -55,3 +55,35 @@ def test_same_fields_everywhere():
     assert ctor == {f.name for f in dataclasses.fields(CheckpointerConfig)}
     flat = flatten(make([]))
     assert set(flat) <= ctor
+
+
+@pytest.mark.parametrize("group,expect", [("off", None), ("aware_w", ("aware", "w", None)),
+                                          ("aware_r", ("aware", "r", None)), ("aware_wr", ("aware", "wr", None)),
+                                          ("specific", ("tool", "wr", "posix"))])
+def test_offload_group_builds_the_activation_offload(tmp_path, group, expect):
+    from fastckpt.config import offload_of
+    cfg = make([f"root={tmp_path}", f"offload={group}", f"+offload.directory={tmp_path}"] if group != "off"
+               else [f"root={tmp_path}", "offload=off"])
+    instantiate(cfg).close()  # the offload group is no Checkpointer setting
+    off = offload_of(cfg)
+    if expect is None:
+        assert off is None
+    else:
+        assert (off.io.mode, off.io.aware, off.io.tool) == expect and off.base == str(tmp_path)
+
+
+def test_offload_overrides_and_errors(tmp_path):
+    from fastckpt.config import offload_of
+    from lightning_fastckpt import TensorOffload
+    cfg = make([f"root={tmp_path}", "offload=specific", "offload.tool=direct", "offload.threshold_mb=0.5"])
+    off = offload_of(cfg)
+    assert off.io.tool == "direct" and off.threshold == 1 << 19
+    cb = TensorOffload.from_config(cfg.offload)
+    assert cb.io.tool == "direct" and cb.offload.threshold == 1 << 19
+    assert TensorOffload.from_config(make(["offload=off"]).offload) is None
+    with pytest.raises(fastckpt.ConfigError, match=r"unknown offload setting\(s\) \['treshold_mb'\]"):
+        offload_of(make([f"root={tmp_path}", "offload=aware_wr", "+offload.treshold_mb=1"]))
+    with pytest.raises(fastckpt.ConfigError, match="mode='tool' needs tool="):
+        offload_of(make([f"root={tmp_path}", "offload=specific", "offload.tool=null"]))
+    with pytest.raises(fastckpt.ConfigError, match="unknown offload setting"):
+        TensorOffload(str(tmp_path), threshold=1)
