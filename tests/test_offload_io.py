@@ -56,7 +56,7 @@ def test_unavailable_tools_are_reported_and_never_chosen(tmp_path):
 
 
 def test_aware_w_tries_each_tool_once_then_keeps_the_fastest(tmp_path):
-    io = TensorIO(mode="aware", aware="w")
+    io = TensorIO(mode="aware", aware="w", explore=1)
     t = torch.randn(256, 1024)
     used = [io.save(t, str(tmp_path / f"{i}.fct")) for i in range(len(HOST_TOOLS))]
     assert used == list(HOST_TOOLS)  # Algorithm 1: an incomplete entry takes the next untried tool
@@ -71,23 +71,37 @@ def test_aware_w_tries_each_tool_once_then_keeps_the_fastest(tmp_path):
     assert io.choice(t.numel() * 4, str(tmp_path)) != fastest
 
 
+def test_explore_times_every_tool_that_often_round_robin_before_deciding(tmp_path):
+    io = TensorIO(mode="aware", aware="w", explore=3)
+    n = 1000 * 4
+    seen = []
+    for i in range(3 * len(HOST_TOOLS)):
+        tool = io.choice(n, str(tmp_path))
+        seen.append(tool)
+        io.record("w", n, tool, {"posix": 0.3, "direct": 0.1, "numpy": 0.2, "torch": 0.4}[tool] + (0.5 if i == 1 else 0))
+    assert seen == list(HOST_TOOLS) * 3  # round robin: a slow first use of one tool is not its only sample
+    assert io.choice(n, str(tmp_path)) == "direct"  # median of (0.6, 0.1, 0.1)
+    with pytest.raises(ConfigError, match="explore must be"):
+        TensorIO(explore=0)
+
+
 def test_wr_forms_from_both_dictionaries_and_drives_the_choice(tmp_path):
-    io = TensorIO(mode="aware", aware="wr")
+    io = TensorIO(mode="aware", aware="wr", explore=1)
     n = 300 * 1024 * 4
     for tool, (w, r) in zip(HOST_TOOLS, ((0.5, 0.5), (0.1, 0.9), (0.3, 0.1), (0.2, 0.6))):
         io.record("w", n, tool, w)
         io.record("r", n, tool, r)
     assert io.choice(n, str(tmp_path)) == "numpy"  # 0.4 total, though "direct" writes fastest
-    io_w = TensorIO(mode="aware", aware="w")
+    io_w = TensorIO(mode="aware", aware="w", explore=1)
     io_w.wdic = io.wdic
     assert io_w.choice(n, str(tmp_path)) == "direct"
-    io_r = TensorIO(mode="aware", aware="r")
+    io_r = TensorIO(mode="aware", aware="r", explore=1)
     io_r.wdic, io_r.rdic = io.wdic, io.rdic
     assert io_r.choice(n, str(tmp_path)) == "numpy"
 
 
 def test_loads_record_read_times_by_the_tool_in_the_file(tmp_path):
-    io = TensorIO(mode="aware", aware="wr")
+    io = TensorIO(mode="aware", aware="wr", explore=1)
     t = torch.randn(50_000)
     paths = [str(tmp_path / f"{i}.fct") for i in range(len(HOST_TOOLS))]
     for p in paths:
@@ -102,15 +116,15 @@ def test_loads_record_read_times_by_the_tool_in_the_file(tmp_path):
 
 def test_dictionaries_persist_and_refresh(tmp_path):
     learned = str(tmp_path / "dics.json")
-    io = TensorIO(mode="aware", aware="w", learned_path=learned)
+    io = TensorIO(mode="aware", aware="w", learned_path=learned, explore=1)
     t = torch.randn(10_000)
     for i in range(len(HOST_TOOLS) + 1):
         io.save(t, str(tmp_path / f"{i}.fct"))
     choice = io.choice(t.numel() * 4, str(tmp_path))
     io.save_dictionaries()
-    again = TensorIO(mode="aware", aware="w", learned_path=learned)
+    again = TensorIO(mode="aware", aware="w", learned_path=learned, explore=1)
     assert again.wdic == io.wdic and again.choice(t.numel() * 4, str(tmp_path)) == choice
-    fresh = TensorIO(mode="aware", aware="w", refresh_every=len(HOST_TOOLS))
+    fresh = TensorIO(mode="aware", aware="w", refresh_every=len(HOST_TOOLS), explore=1)
     for i in range(len(HOST_TOOLS)):
         fresh.save(t, str(tmp_path / f"r{i}.fct"))
     assert fresh.wdic == {}  # forgotten after K uses: the next saves learn again

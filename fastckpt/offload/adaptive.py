@@ -6,10 +6,14 @@ Modes:
   "aware"  AwareDic: dictionaries learned from measured times during the first uses —
            WDic (write times), RDic (read times), WRDic (write + read) — keyed by the tensor's
            size in MB (two decimals, as in the paper); aware="w" | "r" | "wr" picks which one
-           decides. While a size's entry lacks a tool, the next untried tool is used (Alg. 1);
+           decides. While a size's entry lacks a tool, the least-tried tool is used (Alg. 1);
            a load of a file records its tool's read time (Alg. 2); WRDic[size] is formed once
-           WDic[size] and RDic[size] both hold every tool. refresh_every=K forgets everything
-           every K saves, so the choice follows a changing machine.
+           WDic[size] and RDic[size] both hold every tool. `explore` (default 2) is how many
+           timed uses every tool gets before a size is decided: the paper's one use lets a
+           single outlier (the first use of a size pays for page faults and cold caches)
+           decide for good — measured in benchmarks/offload.py. Decisions take the median.
+           refresh_every=K forgets everything every K saves, so the choice follows a changing
+           machine.
 The dictionaries are saved to / loaded from a small JSON file; choice(nbytes) exposes the
 decision a save of that size would take now.
 """
@@ -32,6 +36,7 @@ from .tools import TOOLS, available_tools, read_tensor, write_tensor
 MODES = ("tool", "dict", "aware")
 AWARE_MODES = ("w", "r", "wr")
 SAMPLES = 5  # times kept per (size, tool)
+EXPLORE = 2  # timed uses of every tool for a size before the dictionary decides it
 
 
 def size_key(nbytes: int) -> str:
@@ -41,7 +46,8 @@ def size_key(nbytes: int) -> str:
 class TensorIO:
     def __init__(self, mode: str = "aware", aware: str = "wr", tool: str | None = None,
                  dict_path: str | None = None, learned_path: str | None = None,
-                 refresh_every: int | None = None, tools: tuple[str, ...] | None = None, verify: bool = True):
+                 refresh_every: int | None = None, tools: tuple[str, ...] | None = None, verify: bool = True,
+                 explore: int = EXPLORE):
         if mode not in MODES:
             raise ConfigError(f"unknown offload mode {mode!r}; choose one of {', '.join(MODES)}")
         if aware not in AWARE_MODES:
@@ -52,7 +58,9 @@ class TensorIO:
             raise ConfigError(f"unknown tool(s) {sorted(set(tools) - set(TOOLS))}; known: {', '.join(TOOLS)}")
         if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 1):
             raise ConfigError(f"refresh_every must be a positive integer or None, got {refresh_every!r}")
-        self.mode, self.aware, self.tool, self.verify = mode, aware, tool, verify
+        if not isinstance(explore, int) or not 1 <= explore <= SAMPLES:
+            raise ConfigError(f"explore must be an integer from 1 to {SAMPLES}, got {explore!r}")
+        self.mode, self.aware, self.tool, self.verify, self.explore = mode, aware, tool, verify, explore
         self.refresh_every, self.learned_path = refresh_every, learned_path
         self.user_dict = _read_user_dict(dict_path) if mode == "dict" else {}
         self._wanted = tuple(tools) if tools is not None else TOOLS
@@ -95,14 +103,14 @@ class TensorIO:
             return _nearest(self.user_dict, nbytes, tools)
         key = size_key(nbytes)
         with self._lock:
-            if self.aware == "wr" and _complete(self.wrdic.get(key), tools):
+            w, r, n = self.wdic.get(key, {}), self.rdic.get(key, {}), self.explore
+            if self.aware == "wr" and _complete(w, tools, n) and _complete(r, tools, n):
                 return _best(self.wrdic[key], tools)
-            if self.aware == "r" and _complete(self.rdic.get(key), tools):
-                return _best(self.rdic[key], tools)
-            if _complete(self.wdic.get(key), tools):
-                return _best(self.wdic[key], tools)
-            tried = self.wdic.get(key, {})
-            return next(t for t in tools if t not in tried)
+            if self.aware == "r" and _complete(r, tools, n):
+                return _best(r, tools)
+            if _complete(w, tools, n):  # decides by write times while reads are still being learned
+                return _best(w, tools)
+            return min(tools, key=lambda t: len(w.get(t, ())))  # the least-tried next: round robin
 
     # -- saving and loading -----------------------------------------------------
     def save(self, t: torch.Tensor, path: str) -> str:
@@ -167,8 +175,8 @@ class TensorIO:
             self.wdic, self.rdic, self.wrdic = dics
 
 
-def _complete(entry: dict | None, tools: tuple[str, ...]) -> bool:
-    return entry is not None and all(t in entry for t in tools)
+def _complete(entry: dict, tools: tuple[str, ...], n: int) -> bool:
+    return all(len(entry.get(t, ())) >= n for t in tools)
 
 
 def _best(entry: dict, tools: tuple[str, ...]) -> str | None:
