@@ -1,0 +1,98 @@
+"""How many checkpoints in flight and how often to take one (PCcheck §3.4), measured here.
+
+    from fastckpt.tune import profile, choose
+    ms = profile(state, "/ckpt/tune", ns=(1, 2, 4), ps=(1, 2, 4))   # real saves on the real store
+    plan = choose(ms, state_bytes=m, step_s=t, overhead=0.05, host_bytes=M, storage_bytes=S)
+    plan.concurrency, plan.writers, plan.interval
+
+profile() takes, for each N (concurrent checkpoints) and p (writers each), N checkpoints
+issued back to back on a fresh Checkpointer and times T_w(N, p): from the first save until
+the last is committed (so T_w / N is the time one checkpoint costs when N share the disk).
+choose() keeps the N that fit — N + 1 checkpoints on storage (S / m - 1 at most, the last
+valid one kept while N are written) and N staging copies in host memory (M / m at most) —
+takes N* = argmin T_w / N with its best p, and the interval f* = ceil(T_w / (N* · q · t))
+steps, so that writing costs at most the fraction q of the step time t. It is an error when
+no measured N fits the limits.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+
+from .errors import ConfigError
+
+
+@dataclass
+class Measurement:
+    concurrency: int
+    writers: int
+    write_s: float  # T_w: the first save to the last commit of `concurrency` checkpoints
+
+    @property
+    def per_checkpoint_s(self) -> float:
+        return self.write_s / self.concurrency
+
+
+@dataclass
+class TunePlan:
+    concurrency: int
+    writers: int
+    interval: int
+    write_s: float
+    state_bytes: int
+    step_s: float
+    overhead: float
+    measurements: list = field(default_factory=list)
+    excluded: dict = field(default_factory=dict)  # N -> why it was not allowed
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), **checkpointer_kwargs) -> list[Measurement]:
+    """T_w for every (N, p), measured with real checkpoints under `directory` (removed after)."""
+    from .checkpointer import Checkpointer
+    out = []
+    os.makedirs(directory, exist_ok=True)
+    for n in ns:
+        for p in ps:
+            root = os.path.join(directory, f"tune-n{n}-p{p}")
+            shutil.rmtree(root, ignore_errors=True)
+            with Checkpointer(root, concurrency=n, writers=p, keep=n, distributed=False, **checkpointer_kwargs) as ck:
+                t0 = time.perf_counter()
+                for step in range(1, n + 1):
+                    ck.save(state, step=step)
+                ck.wait()
+                out.append(Measurement(n, p, time.perf_counter() - t0))
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def choose(measurements: list[Measurement], state_bytes: int, step_s: float, overhead: float,
+           host_bytes: int | None = None, storage_bytes: int | None = None) -> TunePlan:
+    """N*, its best p, and f* from measurements under the memory and storage limits."""
+    if not measurements:
+        raise ConfigError("tuning needs at least one measurement")
+    if not (0 < overhead < 1):
+        raise ConfigError(f"overhead is a fraction of the step time in (0, 1), got {overhead!r}")
+    if step_s <= 0 or state_bytes <= 0:
+        raise ConfigError("step_s and state_bytes must be positive")
+    excluded = {}
+    allowed = []
+    for m in measurements:
+        if storage_bytes is not None and m.concurrency > storage_bytes // state_bytes - 1:
+            excluded[m.concurrency] = (f"storage: {m.concurrency + 1} checkpoints of {state_bytes} bytes "
+                                       f"exceed {storage_bytes}")
+        elif host_bytes is not None and m.concurrency * state_bytes > host_bytes:
+            excluded[m.concurrency] = f"host memory: {m.concurrency} staging copies exceed {host_bytes} bytes"
+        else:
+            allowed.append(m)
+    if not allowed:
+        raise ConfigError(f"no measured concurrency fits the limits: {excluded}")
+    best = min(allowed, key=lambda m: (m.per_checkpoint_s, m.concurrency, m.writers))
+    interval = max(1, math.ceil(best.write_s / (best.concurrency * overhead * step_s)))
+    return TunePlan(best.concurrency, best.writers, interval, best.write_s, state_bytes, step_s, overhead,
+                    [asdict(m) for m in measurements], {str(k): v for k, v in excluded.items()})
