@@ -107,6 +107,48 @@ def _info(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    import json
+    import shutil
+
+    import torch
+
+    from .tune import choose, profile
+    if args.like:
+        from .single_file import load
+        state = load(args.like)
+    else:
+        state = {"w": torch.randn(int(args.state_gb * (1 << 30)) // 4)}
+    m = sum(v.numel() * v.element_size() for v in _tensors(state))
+    where = args.dir if os.path.isdir(args.dir) else os.path.dirname(os.path.abspath(args.dir))
+    storage = int(args.storage_gb * (1 << 30)) if args.storage_gb else shutil.disk_usage(where).free
+    host = int(args.host_gb * (1 << 30)) if args.host_gb else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    ms = profile(state, args.dir, ns=args.ns, ps=args.ps, repeats=args.repeats)
+    for x in ms:
+        print(f"N={x.concurrency} p={x.writers}: T_w {x.write_s:.3f} s, {x.per_checkpoint_s:.3f} s per checkpoint")
+    plan = choose(ms, m, args.step_s, args.overhead, host_bytes=host, storage_bytes=storage)
+    for n, why in plan.excluded.items():
+        print(f"N={n} not allowed: {why}")
+    print(f"chosen: concurrency={plan.concurrency} writers={plan.writers} interval={plan.interval} steps "
+          f"(T_w {plan.write_s:.3f} s, state {m / 2**30:.2f} GiB, step {args.step_s} s, overhead {args.overhead:.0%})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+    return 0
+
+
+def _tensors(obj):
+    import torch
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastckpt", description="Inspect and convert fastckpt checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -133,6 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("info", help="native features compiled in, CUDA/kvikio availability; a pool's persistence")
     s.add_argument("pool", nargs="?", default=None, help="a pool: report how its stores are made persistent")
     s.set_defaults(fn=_info)
+    s = sub.add_parser("tune", help="measure N concurrent checkpoints x p writers here; print N*, p*, interval")
+    s.add_argument("dir", help="where the trial checkpoints are written (the training's checkpoint disk)")
+    s.add_argument("--step-s", type=float, required=True, help="measured training step time t (s)")
+    s.add_argument("--overhead", type=float, default=0.05, help="budget q, a fraction of the step time")
+    s.add_argument("--state-gb", type=float, default=1.0, help="size of a synthetic state to profile with")
+    s.add_argument("--like", default=None, help="profile with this checkpoint file's state instead")
+    s.add_argument("--host-gb", type=float, default=None, help="host memory limit M (default: half of free RAM)")
+    s.add_argument("--storage-gb", type=float, default=None, help="storage limit S (default: free space of dir)")
+    s.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4])
+    s.add_argument("--ps", type=int, nargs="+", default=[1, 2, 4])
+    s.add_argument("--repeats", type=int, default=3, help="trials per (N, p); the median counts")
+    s.add_argument("--out", default=None, help="write the plan and measurements as JSON")
+    s.set_defaults(fn=_tune)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

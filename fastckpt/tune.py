@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -52,23 +53,32 @@ class TunePlan:
         return asdict(self)
 
 
-def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), **checkpointer_kwargs) -> list[Measurement]:
-    """T_w for every (N, p), measured with real checkpoints under `directory` (removed after)."""
-    from .checkpointer import Checkpointer
+def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1,
+            **checkpointer_kwargs) -> list[Measurement]:
+    """T_w for every (N, p), measured with real checkpoints under `directory` (removed after);
+    the median of `repeats` trials."""
     out = []
     os.makedirs(directory, exist_ok=True)
     for n in ns:
         for p in ps:
-            root = os.path.join(directory, f"tune-n{n}-p{p}")
-            shutil.rmtree(root, ignore_errors=True)
-            with Checkpointer(root, concurrency=n, writers=p, keep=n, distributed=False, **checkpointer_kwargs) as ck:
-                t0 = time.perf_counter()
-                for step in range(1, n + 1):
-                    ck.save(state, step=step)
-                ck.wait()
-                out.append(Measurement(n, p, time.perf_counter() - t0))
-            shutil.rmtree(root, ignore_errors=True)
+            times = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
+                     for _ in range(repeats)]
+            out.append(Measurement(n, p, statistics.median(times)))
     return out
+
+
+def _trial(state, root: str, n: int, p: int, kwargs: dict) -> float:
+    from .checkpointer import Checkpointer
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        with Checkpointer(root, concurrency=n, writers=p, keep=n, distributed=False, **kwargs) as ck:
+            t0 = time.perf_counter()
+            for step in range(1, n + 1):
+                ck.save(state, step=step)
+            ck.wait()
+            return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def choose(measurements: list[Measurement], state_bytes: int, step_s: float, overhead: float,

@@ -40,3 +40,14 @@ def test_profile_times_real_checkpoints(tmp_path):
     assert os.listdir(tmp_path / "tune") == []  # the trial checkpoints are gone
     plan = choose(ms, state_bytes=4 << 20, step_s=0.1, overhead=0.05)
     assert plan.interval >= 1 and plan.concurrency in (1, 2)
+
+
+def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
+    import json
+    from fastckpt.cli import main
+    rc = main(["tune", str(tmp_path / "t"), "--step-s", "0.1", "--state-gb", "0.004", "--ns", "1", "2",
+               "--ps", "1", "--repeats", "1", "--storage-gb", "0.01", "--out", str(tmp_path / "plan.json")])
+    assert rc == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["concurrency"] in (1, 2) and plan["interval"] >= 1 and len(plan["measurements"]) == 2
+    assert "chosen: concurrency=" in capsys.readouterr().out
