@@ -113,13 +113,13 @@ def _tune(args) -> int:
 
     import torch
 
-    from .tune import choose, profile
+    from .tune import choose, profile, state_bytes
     if args.like:
         from .single_file import load
         state = load(args.like)
     else:
         state = {"w": torch.randn(int(args.state_gb * (1 << 30)) // 4)}
-    m = sum(v.numel() * v.element_size() for v in _tensors(state))
+    m = state_bytes(state)
     where = args.dir if os.path.isdir(args.dir) else os.path.dirname(os.path.abspath(args.dir))
     storage = int(args.storage_gb * (1 << 30)) if args.storage_gb else shutil.disk_usage(where).free
     host = int(args.host_gb * (1 << 30)) if args.host_gb else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
@@ -135,18 +135,6 @@ def _tune(args) -> int:
         with open(args.out, "w") as f:
             json.dump(plan.to_dict(), f, indent=1)
     return 0
-
-
-def _tensors(obj):
-    import torch
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,18 @@ class TunePlan:
         return asdict(self)
 
 
+def state_bytes(state) -> int:
+    """Bytes of every tensor in a (nested dict/list) state."""
+    import torch
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
 def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1,
             **checkpointer_kwargs) -> list[Measurement]:
     """T_w for every (N, p), measured with real checkpoints under `directory` (removed after);

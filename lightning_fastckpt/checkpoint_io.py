@@ -202,6 +202,17 @@ class FastCheckpointIO(CheckpointIO):
             pending.release_all()
             pending.wait()
 
+    def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
+        """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
+        next save opens the Checkpointer with them."""
+        new = dict(self._kwargs)
+        new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
+        Checkpointer(distributed=False, **new).close()  # validates before anything changes
+        ck, self._ck = self._ck, None
+        if ck is not None:
+            ck.close()
+        self._kwargs = new
+
     # -- teardown --------------------------------------------------------
     @override
     def teardown(self) -> None:

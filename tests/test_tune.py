@@ -2,6 +2,7 @@
 and profiling measures real checkpoints."""
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -51,3 +52,51 @@ def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["concurrency"] in (1, 2) and plan["interval"] >= 1 and len(plan["measurements"]) == 2
     assert "chosen: concurrency=" in capsys.readouterr().out
+
+
+def test_auto_interval_tunes_after_warmup_and_follows_drift(tmp_path):
+    import json
+    from fastckpt.auto_interval import AutoInterval
+    auto = AutoInterval(overhead=0.1, drift=0.2, warmup_steps=3, window=4, ns=(1, 2), ps=(1,),
+                        log_path=str(tmp_path / "tune.json"))
+    state = {"w": torch.randn(1 << 20)}
+    for _ in range(3):
+        assert not auto.needs_tuning and not auto.due(10)
+        auto.step_time(0.1)
+    assert auto.needs_tuning
+    plan = auto.tune(state, str(tmp_path / "t"))
+    assert plan.step_s == pytest.approx(0.1) and auto.due(plan.interval) and not auto.due(plan.interval + 1)
+    first = plan.interval
+    for _ in range(4):
+        auto.step_time(0.4)  # the step got 4x slower: a checkpoint may come 4x less often (in steps)
+    assert auto.plan.step_s == pytest.approx(0.4)
+    p = auto.plan
+    assert auto.interval == max(1, math.ceil(p.write_s / (p.concurrency * 0.1 * 0.4))) and auto.interval <= first
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert [h["event"][:8] for h in saved["history"]] == ["tuned", "re-tuned"]
+
+
+def test_lightning_every_n_train_steps_auto(tmp_path):
+    import json
+    import time
+
+    import lightning as L
+    from lightning_fastckpt import FastCheckpointIO, TunedModelCheckpoint
+    from lit_app import TinyModule, loader, trainer
+
+    class SlowStep(L.Callback):  # a 30 ms step, so a checkpoint of this small model is due every few steps
+        def on_train_batch_end(self, *a):
+            time.sleep(0.03)
+
+    io = FastCheckpointIO(concurrency=3, writers=4)
+    cb = TunedModelCheckpoint(dirpath=str(tmp_path / "ck"), every_n_train_steps="auto", overhead=0.5, drift=100,
+                              warmup_steps=3, ns=(1, 2), ps=(1, 2), save_top_k=-1)
+    torch.manual_seed(0)
+    trainer(io, [SlowStep(), cb], max_steps=30).fit(TinyModule(width=64, big=512), loader(n=30 * 16), None)
+    plan = json.loads((tmp_path / "ck" / "fastckpt-tune.json").read_text())
+    assert plan["concurrency"] in (1, 2) and plan["writers"] in (1, 2) and plan["interval"] == cb.auto.interval
+    assert (io._kwargs["concurrency"], io._kwargs["writers"]) == (plan["concurrency"], plan["writers"])
+    steps = sorted(int(f.split("step=")[1].split(".")[0]) for f in os.listdir(tmp_path / "ck") if "step=" in f)
+    assert steps == [s for s in range(4, 31) if s % plan["interval"] == 0]  # nothing during the warm-up
+    assert steps, f"interval {plan['interval']} left no checkpoint in 30 steps"
+    assert not os.listdir(tmp_path / "ck" / ".fastckpt-tune")  # the trial checkpoints are gone
