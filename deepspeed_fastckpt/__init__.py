@@ -7,10 +7,11 @@ FastckptEngine (asynchronous, crash-safe checkpoints) once this package is impor
     deepspeed_fastckpt.offload_activations(engine, directory="/ssd/tmp", threshold_mb=1)
 """
 from .engine import FastckptEngine
+from .interval import checkpoint_due
 from .offload import offload_activations
 from .register import register
 from .settings import VALID as SETTINGS
 
 register()
 
-__all__ = ["FastckptEngine", "SETTINGS", "offload_activations", "register"]
+__all__ = ["FastckptEngine", "SETTINGS", "checkpoint_due", "offload_activations", "register"]

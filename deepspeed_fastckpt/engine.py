@@ -59,7 +59,8 @@ class FastckptEngine(CheckpointEngine):
         self.verify = kwargs.get("verify", True)
         self.pool = kwargs.pop("pool", None)
         where = dict(root=self.pool, store="pmem", model=None) if self.pool else dict(store="path")
-        self._ck = Checkpointer(distributed=False, **where, **kwargs)
+        self._ck_kwargs = dict(distributed=False, **where, **kwargs)
+        self._ck = Checkpointer(**self._ck_kwargs)
         self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
                                        on_durable=self._write_pointer if self.pool else None)
         self._files: list = []
@@ -102,6 +103,16 @@ class FastckptEngine(CheckpointEngine):
         """Until every tag saved so far is committed on every rank; raises the first error."""
         self._ck.wait()
         self._committer.wait()
+
+    def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
+        """New concurrency / writers (the tuner's N*, p*): every tag in flight commits first."""
+        new = dict(self._ck_kwargs)
+        new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
+        self.wait()
+        old, self._ck = self._ck, Checkpointer(**new)
+        self._ck_kwargs = new
+        self.group_gate.retarget(self._ck)
+        old.close()
 
     # -- loading ---------------------------------------------------------
     def load(self, path: str, map_location=None):

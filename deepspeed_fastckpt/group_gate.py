@@ -44,6 +44,10 @@ class GroupGate:
         self.scoped = False
         self.scoped_waits = self.full_waits = 0  # for tests and stats
 
+    def retarget(self, ck: Checkpointer) -> None:
+        """The engine's Checkpointer was replaced (reconfigured)."""
+        self._ck = ck
+
     def configure(self, ds_optimizer, module_params: frozenset) -> None:
         """After DeepSpeed built its optimizer: may the gate be per group?"""
         self.extra = written_with(ds_optimizer)

@@ -13,15 +13,17 @@ Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config 
   missing, torn or name a tag whose files never completed. An explicit tag must be
   committed. Everything in flight lands first.
 - `forward`, `backward`, `step`: activation offload (deepspeed_fastckpt.offload) when the
-  entry has `"offload": {...}`.
+  entry has `"offload": {...}`; `step` also times steps for `"interval": "auto"`
+  (deepspeed_fastckpt.interval).
 This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import time
 
-from . import offload
+from . import interval, offload
 from .engine import FastckptEngine
 from .settings import entry_of, offload_node
 from .tags import read_record
@@ -40,7 +42,7 @@ def register() -> None:
     DeepSpeedEngine.destroy = offload.wrap_closing(_wrap_destroy(DeepSpeedEngine.destroy))
     DeepSpeedEngine.forward = offload.wrap_forward(DeepSpeedEngine.forward)
     DeepSpeedEngine.backward = offload.wrap_backward(DeepSpeedEngine.backward)
-    DeepSpeedEngine.step = offload.wrap_closing(DeepSpeedEngine.step)
+    DeepSpeedEngine.step = _wrap_step(offload.wrap_closing(DeepSpeedEngine.step))
 
 
 def _wrap_configure(original):
@@ -60,10 +62,23 @@ def _wrap_configure(original):
         engine.configure(self.optimizer, module_params)
         if offload_node(entry) is not None:
             offload.attach(self, offload_node(entry))
+        if isinstance(entry, dict):
+            interval.attach(self, entry)
         return None
 
     setattr(_configure_checkpointing, _MARK, True)
     return _configure_checkpointing
+
+
+def _wrap_step(original):
+    """Times the steps for interval="auto" (no-op without it)."""
+    @functools.wraps(original)
+    def step(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        interval.on_step(self, time.perf_counter())
+        return out
+
+    return step
 
 
 def _wrap_destroy(original):

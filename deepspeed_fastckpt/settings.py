@@ -6,7 +6,8 @@ ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
 `distributed` and `model` are not settings here. `pool` (with `pool_mb`, `persist`) puts
 the tag's files into a persistent-memory pool as models named by their paths. `offload`
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
-and is not a Checkpointer setting.
+and is not a Checkpointer setting. `interval` ("auto" or steps) with `tune` (AutoInterval's
+settings) is what deepspeed_fastckpt.checkpoint_due answers by.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from fastckpt.offload.settings import OffloadConfig
 CONFIG_KEY = "fastckpt"
 DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed", "model")
 VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + (
-    "pool", "offload")
+    "pool", "offload", "interval", "tune")
 
 
 def entry_of(config_params) -> Optional[dict]:
@@ -43,6 +44,10 @@ def checkpointer_kwargs(entry: Any) -> dict:
                           f"valid: {sorted(VALID)}")
     kwargs = dict(entry)
     OffloadConfig.from_node(kwargs.pop("offload", None))  # its errors now, before anything is built
+    from .interval import validate
+    validate(kwargs)
+    kwargs.pop("interval", None)
+    kwargs.pop("tune", None)
     return kwargs
 
 

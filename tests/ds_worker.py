@@ -10,6 +10,8 @@
     python ds_worker.py loop SAVE_DIR OUT --stage S --steps M [--save-before-update]
         M steps, save_checkpoint after every one (the test kill -9s it somewhere in between),
         or between backward and the update, so the update meets the snapshot still copying
+    python ds_worker.py auto-interval SAVE_DIR OUT --steps M
+        M steps, save_checkpoint whenever deepspeed_fastckpt.checkpoint_due (interval "auto")
     python ds_worker.py consolidate SAVE_DIR OUT --tag T
         DeepSpeed's own zero_to_fp32 on what fastckpt wrote
     python ds_worker.py config-error SAVE_DIR OUT
@@ -122,6 +124,19 @@ def main() -> None:
             out["params_after"].append(full_params(eng))
         off = deepspeed_fastckpt.offload.offload_of(eng)
         out["offload"] = dict(off.stats) if off is not None else None
+    elif a.mode == "auto-interval":  # checkpoint when deepspeed_fastckpt.checkpoint_due says so
+        import time
+        out["saved_at"] = []
+        for i in range(a.steps):
+            step(eng, i)
+            time.sleep(0.03)
+            if deepspeed_fastckpt.checkpoint_due(eng, a.save_dir):
+                eng.save_checkpoint(a.save_dir, client_state={"data_pos": i + 1, "note": "auto"})
+                out["saved_at"].append(eng.global_steps)
+        iv = eng.__dict__[deepspeed_fastckpt.interval.ATTR]
+        out["interval"], out["plan"] = iv.every, iv.auto.plan.to_dict()
+        out["concurrency"] = eng.checkpoint_engine._ck.concurrency
+        eng.destroy()
     elif a.mode == "loop" and a.save_before_update:  # the update starts while the snapshot copies
         for i in range(a.steps):
             step(eng, i, lambda: eng.save_checkpoint(a.save_dir, client_state={"data_pos": i, "note": "loop"}))

@@ -245,3 +245,32 @@ def test_unknown_offload_setting_in_the_entry_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"unknown offload setting\(s\) \['treshold_mb'\]"):
         checkpointer_kwargs({"concurrency": 2, "offload": {"treshold_mb": 1}})
     assert checkpointer_kwargs({"concurrency": 2, "offload": {"threshold_mb": 1}}) == {"concurrency": 2}
+
+
+def test_interval_auto_is_tuned_once_and_agreed_by_both_ranks(tmp_path):
+    """"interval": "auto": after the warm-up each rank profiles N x p, the engine is reconfigured
+    to N*, and both ranks save at the same steps (the agreed interval); the tags commit."""
+    entry = json.dumps({"interval": "auto", "tune": {"overhead": 0.5, "warmup_steps": 3, "ns": [1, 2], "ps": [1],
+                                                     "drift": 100}})
+    got = run("auto-interval", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1", "--steps", "16", ranks=2,
+              FASTCKPT_ENTRY=entry)
+    every = got["interval"]
+    assert every >= got["plan"]["interval"] >= 1 and got["concurrency"] == got["plan"]["concurrency"]
+    assert got["saved_at"] and all(s % every == 0 for s in got["saved_at"]) and min(got["saved_at"]) > 3
+    tags = sorted(d for d in os.listdir(tmp_path / "ck") if d.startswith("global_step"))
+    assert tags == sorted(f"global_step{s}" for s in got["saved_at"])
+    for t in tags:
+        assert (tmp_path / "ck" / t / "fastckpt-tag.json").exists()
+    assert {"fastckpt-tune-rank0.json", "fastckpt-tune-rank1.json"} <= set(os.listdir(tmp_path / "ck"))
+
+
+def test_bad_interval_settings_are_clear_errors():
+    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from fastckpt.errors import ConfigError
+    with pytest.raises(ConfigError, match='"interval" in the "fastckpt" entry is "auto" or a positive integer'):
+        checkpointer_kwargs({"interval": "often"})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['overhed'\] in \"tune\""):
+        checkpointer_kwargs({"interval": "auto", "tune": {"overhed": 0.1}})
+    with pytest.raises(ConfigError, match='needs "interval": "auto"'):
+        checkpointer_kwargs({"tune": {"overhead": 0.1}})
+    assert checkpointer_kwargs({"interval": 5, "concurrency": 2}) == {"concurrency": 2}

@@ -1,0 +1,105 @@
+"""interval="auto" for DeepSpeed: when a training loop should call save_checkpoint.
+
+    config = {..., "fastckpt": {"interval": "auto", "tune": {"overhead": 0.05}}}
+    for batch in data:
+        loss = engine(batch); engine.backward(loss); engine.step()
+        if deepspeed_fastckpt.checkpoint_due(engine, save_dir):
+            engine.save_checkpoint(save_dir)
+
+Owns the AutoInterval (fastckpt.auto_interval) of an engine: engine.step() feeds it the time
+between steps; after the warm-up, checkpoint_due() profiles N x p once under
+SAVE_DIR/.fastckpt-tune with this rank's module and optimizer state, reconfigures the
+FastckptEngine to N* and p*, and answers by the interval f*. An integer "interval" answers
+by that. With several ranks the interval in force is the largest any rank chose, agreed by
+an all-reduce at tuning and every `window` steps after (so a drift re-tune is agreed too):
+every rank must answer the same, or their save_checkpoint collectives would not meet.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+from fastckpt.auto_interval import AutoInterval
+from fastckpt.errors import ConfigError
+
+ATTR = "_fastckpt_interval"
+TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes")
+
+
+class _Interval:
+    def __init__(self, interval: Any, tune: Optional[dict]):
+        tune = dict(tune or {})
+        unknown = sorted(set(tune) - set(TUNE_KEYS))
+        if unknown:
+            raise ConfigError(f'unknown key(s) {unknown} in "tune" of the "fastckpt" entry; valid: {list(TUNE_KEYS)}')
+        if interval == "auto":
+            self.auto: Optional[AutoInterval] = AutoInterval(**tune)
+            self.every = None
+        elif isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1:
+            self.auto, self.every = None, interval
+        else:
+            raise ConfigError(f'"interval" in the "fastckpt" entry is "auto" or a positive integer, got {interval!r}')
+        self.window = tune.get("window", 20)
+        self.last_step_at: Optional[float] = None
+
+
+def attach(engine, entry: dict) -> None:
+    """From the entry's "interval" (and "tune") keys, if there."""
+    if "interval" in entry:
+        engine.__dict__[ATTR] = _Interval(entry["interval"], entry.get("tune"))
+    elif "tune" in entry:
+        raise ConfigError('"tune" in the "fastckpt" entry needs "interval": "auto"')
+
+
+def validate(entry: dict) -> None:
+    if "interval" in entry:
+        _Interval(entry["interval"], entry.get("tune"))
+    elif "tune" in entry:
+        raise ConfigError('"tune" in the "fastckpt" entry needs "interval": "auto"')
+
+
+def on_step(engine, now: float) -> None:
+    iv = engine.__dict__.get(ATTR)
+    if iv is None or iv.auto is None:
+        return
+    if iv.last_step_at is not None:
+        iv.auto.step_time(now - iv.last_step_at)
+    iv.last_step_at = now
+
+
+def checkpoint_due(engine, save_dir: str) -> bool:
+    """Whether the engine's current global step is a checkpoint step (see the module doc)."""
+    iv = engine.__dict__.get(ATTR)
+    if iv is None:
+        raise ConfigError('checkpoint_due needs "interval" ("auto" or steps) in the "fastckpt" entry')
+    step = engine.global_steps
+    if iv.auto is None:
+        return step > 0 and step % iv.every == 0
+    if iv.auto.needs_tuning:
+        _tune(engine, iv, save_dir)
+        iv.every = _agree(iv.auto.interval)
+    elif iv.auto.plan is not None and step % iv.window == 0:
+        iv.every = _agree(iv.auto.interval)
+    return iv.every is not None and step > 0 and step % iv.every == 0
+
+
+def _tune(engine, iv: _Interval, save_dir: str) -> None:
+    from .engine import FastckptEngine
+    state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    iv.auto.log_path = os.path.join(save_dir, f"fastckpt-tune-rank{rank}.json")
+    os.makedirs(save_dir, exist_ok=True)
+    plan = iv.auto.tune(state, os.path.join(save_dir, ".fastckpt-tune", f"rank{rank}"))
+    if isinstance(engine.checkpoint_engine, FastckptEngine):
+        engine.checkpoint_engine.reconfigure(concurrency=plan.concurrency, writers=plan.writers)
+    iv.last_step_at = None  # the profiling pause is not a training step
+
+
+def _agree(interval: Optional[int]) -> Optional[int]:
+    if interval is None or not torch.distributed.is_initialized():
+        return interval
+    t = torch.tensor([interval], dtype=torch.int64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t.item())
