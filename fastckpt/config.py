@@ -3,7 +3,8 @@
 instantiate(cfg) builds a Checkpointer from a Hydra/OmegaConf config (groups
 `strategy` and `store`, optional top-level overrides like `concurrency=4`) or
 from a plain dict; unknown keys are a ConfigError naming the valid ones.
-offload_of(cfg) builds the activation offload of the `offload` group (None when off).
+offload_of(cfg) builds the activation offload of the `offload` group (None when off);
+tuner_of(cfg) the AutoInterval of the `tune` group (tune=auto; None when off).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class CheckpointerConfig:
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
               "store": ("direct_io", "model", "pool_mb", "persist")}
-NON_CHECKPOINTER = {"demo", "hydra", "offload"}  # offload: fastckpt.offload.settings
+NON_CHECKPOINTER = {"demo", "hydra", "offload", "tune"}  # offload_of() and tuner_of() read those
 
 
 def flatten(cfg) -> dict[str, Any]:
@@ -93,3 +94,22 @@ def offload_of(cfg):
     from .offload.settings import offload_from
     node = cfg.get("offload") if hasattr(cfg, "get") else None
     return offload_from(node)
+
+
+def tuner_of(cfg):
+    """The AutoInterval the config's `tune` group asks for (tune=auto), or None."""
+    from .auto_interval import AutoInterval
+    node = cfg.get("tune") if hasattr(cfg, "get") else None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+        if isinstance(node, DictConfig):
+            node = OmegaConf.to_container(node, resolve=True)
+    except ImportError:
+        pass
+    if not node or not node.get("enabled", True):
+        return None
+    settings = {k: v for k, v in node.items() if k not in ("name", "enabled")}
+    try:
+        return AutoInterval(**settings)
+    except TypeError as e:
+        raise ConfigError(f"unknown tune setting: {e}") from None

@@ -87,3 +87,13 @@ def test_offload_overrides_and_errors(tmp_path):
         offload_of(make([f"root={tmp_path}", "offload=specific", "offload.tool=null"]))
     with pytest.raises(fastckpt.ConfigError, match="unknown offload setting"):
         TensorOffload(str(tmp_path), threshold=1)
+
+
+def test_tune_group(tmp_path):
+    from fastckpt.config import tuner_of
+    assert tuner_of(make([f"root={tmp_path}"])) is None
+    auto = tuner_of(make([f"root={tmp_path}", "tune=auto", "tune.overhead=0.1", "tune.ns=[1,2]"]))
+    assert auto.overhead == 0.1 and auto.ns == (1, 2) and auto.plan is None
+    instantiate(make([f"root={tmp_path}", "tune=auto"])).close()  # not a Checkpointer setting
+    with pytest.raises(fastckpt.ConfigError, match="unknown tune setting"):
+        tuner_of(make([f"root={tmp_path}", "tune=auto", "+tune.overheads=1"]))

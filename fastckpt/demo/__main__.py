@@ -62,7 +62,8 @@ def main(cfg: DictConfig) -> int:
     cfg = OmegaConf.to_container(cfg, resolve=True)
     d = cfg.pop("demo")
     d["torch_dir"] = os.path.join(os.path.dirname(cfg["root"]), "torch_save")
-    print(f"fastckpt demo: {d['steps']} steps, checkpoint every {d['every']}, kill -9 at step "
+    every = "by tune=auto" if (cfg.get("tune") or {}).get("enabled") else f"every {d['every']}"
+    print(f"fastckpt demo: {d['steps']} steps, checkpoint {every}, kill -9 at step "
           f"{d['kill_at']}; strategy={cfg['strategy']['name']} root={cfg['root']}", flush=True)
     ref = launch(d, None, "torch.save")
     print(f"model: {ref['params'] / 1e6:.2f} M parameters (+ Adam state)")
@@ -76,6 +77,10 @@ def main(cfg: DictConfig) -> int:
         o = second["offload"]
         print(f"activation offload: {o['offloaded']} activations ({o['bytes'] / 2**20:.0f} MiB) went to files "
               f"and back ({o['shared']} shared), {o['kept']} small ones stayed; tools tried: {', '.join(o['tools'])}")
+    if second.get("tuned"):
+        for t in second["tuned"]:
+            print(f"tune=auto, {t['event']}: concurrency={t['concurrency']} writers={t['writers']} "
+                  f"interval={t['interval']} steps (step {t['step_s'] * 1e3:.0f} ms)")
     exact = second["digest"] == ref["digest"]
     if ref["stalls"] and second["stalls"]:
         ratio = statistics.median(ref["stalls"]) / max(statistics.median(second["stalls"]), 1e-9)

@@ -51,11 +51,12 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     model = TinyLM(d["vocab"], d["d_model"], d["layers"], d["heads"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
-    ck, start, offload = None, 1, None
+    ck, start, offload, tuner = None, 1, None, None
     if mode == "fastckpt":
-        from fastckpt.config import instantiate, offload_of
+        from fastckpt.config import instantiate, offload_of, tuner_of
         ck = instantiate(ckpt)
         offload = offload_of(ckpt)
+        tuner = tuner_of(ckpt)
         if ck.latest() is not None:
             state = ck.load()
             model.load_state_dict(state["model"])
@@ -68,8 +69,13 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
         os.makedirs(d["torch_dir"], exist_ok=True)
     params = sum(p.numel() for p in model.parameters())
     queue.put(("start", start, params))
-    stalls, t_begin, pending_stall = [], time.perf_counter(), 0.0
+    stalls, t_begin, pending_stall, saved_at, t_step = [], time.perf_counter(), 0.0, None, None
     for step in range(start, d["steps"] + 1):
+        if tuner is not None:  # tune=auto: the interval (and N, writers) by measurement
+            now = time.perf_counter()
+            if t_step is not None:
+                tuner.step_time(now - t_step)
+            t_step = now
         x, y = batch(step, d)
         if offload is None:
             loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -83,12 +89,16 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             ck.gate()  # the snapshot must be copied before the optimizer overwrites the weights
             pending_stall += time.perf_counter() - t0
             if pending_stall:
-                stalls.append(pending_stall) if step > start and (step - 1) % d["every"] == 0 else None
+                stalls.append(pending_stall) if step > start and saved_at == step - 1 else None
             pending_stall = 0.0
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if step % d["every"] == 0:
+        if tuner is not None and tuner.needs_tuning:
+            ck = retuned(ck, ckpt, tuner, model, opt)
+            t_step = None  # the profiling pause is not a training step
+        if (tuner.due(step) if tuner is not None else step % d["every"] == 0):
+            saved_at = step
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                      "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step}
             t0 = time.perf_counter()
@@ -108,7 +118,17 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     elapsed = time.perf_counter() - t_begin
     queue.put(("done", {"steps": d["steps"] - start + 1, "seconds": elapsed, "stalls": stalls,
                         "digest": digest(model), "loss": loss.item(),
+                        "tuned": tuner.history if tuner is not None else None,
                         "offload": offload_report(offload)}))
+
+
+def retuned(ck, ckpt: dict, tuner, model, opt):
+    """Profiles N x writers beside the checkpoints with the real state; a Checkpointer with N*, p*."""
+    from fastckpt.config import instantiate
+    plan = tuner.tune({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                      os.path.join(ckpt["root"], ".fastckpt-tune"))
+    ck.close()
+    return instantiate(dict(ckpt, concurrency=plan.concurrency, writers=plan.writers))
 
 
 def offload_report(offload) -> dict | None:
