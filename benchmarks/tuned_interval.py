@@ -1,0 +1,164 @@
+"""Does interval="auto" keep the overhead within its budget q? The Lightning benchmark model
+(lightning_overhead.py's transformer LM) trained with FastCheckpointIO and
+TunedModelCheckpoint(every_n_train_steps="auto", overhead=q), against the same steps with no
+checkpoints.
+
+    python benchmarks/tuned_interval.py --qs 0.05 0.10 --runs 3
+
+Per run: the tuner times --tune-warmup quiet steps (nothing saved), profiles, and from then
+on checkpoints every f* steps; the first checkpoint and 2 steps after it are a warm-up. The
+overhead of the steps after that is measured two ways: against the same steps of separate
+runs without checkpoints (median of --runs), and against the run's own quiet steps (their
+mean step time, the first 5 left out), which shares the machine's state of the moment.
+Printed with the chosen N*, p*, f* and the measured T_w; medians of --runs; written to
+JSON + PNG and to benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import shutil
+import statistics
+import sys
+import warnings
+
+import lightning as L
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from lightning_overhead import LM, StepTimer, Tokens  # noqa: E402
+from results import keep  # noqa: E402
+
+from lightning_fastckpt import FastCheckpointIO, TunedModelCheckpoint  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+
+def one_run(args, q: float | None, ckdir: str) -> dict:
+    shutil.rmtree(ckdir, ignore_errors=True)
+    torch.manual_seed(0)
+    model = LM(args.vocab, args.d_model, args.layers, args.seq)
+    timer = StepTimer()
+    cbs: list = [timer]
+    io = None
+    if q is not None:
+        io = FastCheckpointIO()
+        cbs.append(TunedModelCheckpoint(dirpath=ckdir, every_n_train_steps="auto", overhead=q,
+                                        warmup_steps=args.tune_warmup, save_top_k=1, monitor="step", mode="max"))
+    t = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=q is not None, callbacks=cbs,
+                  plugins=[io] if io is not None else None, num_sanity_val_steps=0)
+    data = torch.utils.data.DataLoader(Tokens(args.steps * args.batch, args.vocab, args.seq), batch_size=args.batch)
+    t.fit(model, data)
+    s = timer.starts
+    out = {"step_times": [b - a for a, b in zip(s[:-1], s[1:])]}
+    if q is not None:
+        cb = cbs[-1]
+        plan = cb.auto.plan
+        out.update(q=q, interval=cb.auto.interval, concurrency=plan.concurrency, writers=plan.writers,
+                   write_s=plan.write_s, planned_step_s=plan.step_s, tune_s=cb.tune_seconds,
+                   history=cb.auto.history,
+                   # warm-up: tuner warm-up, the profiling step, the first checkpoint and 2 more steps
+                   measured_from=args.tune_warmup + 1 + plan.interval + 2)
+    del t, model, io
+    gc.collect()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--qs", type=float, nargs="+", default=[0.05, 0.10])
+    ap.add_argument("--d-model", type=int, default=384)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--vocab", type=int, default=16000)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=200, help="steps per run")
+    ap.add_argument("--tune-warmup", type=int, default=30, help="quiet steps the tuner times first")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--no-results", action="store_true")
+    args = ap.parse_args()
+    ckdir = os.path.join(args.out, "tuned-ckpt")
+    base_runs, auto_runs = [], {q: [] for q in args.qs}
+    for r in range(args.runs):  # rounds: a slow spell of the VM spreads over every configuration
+        base_runs.append(one_run(args, None, ckdir))
+        for q in args.qs:
+            auto_runs[q].append(one_run(args, q, ckdir))
+        print(f"round {r + 1}/{args.runs} done", flush=True)
+    shutil.rmtree(ckdir, ignore_errors=True)
+    rows = []
+    for q in args.qs:
+        overheads = []
+        for run in auto_runs[q]:
+            lo = run["measured_from"]
+            if lo >= args.steps - 5:
+                continue
+            base = statistics.median(sum(b["step_times"][lo:]) for b in base_runs)
+            overheads.append(sum(run["step_times"][lo:]) / base - 1)
+            run["overhead"] = overheads[-1]
+            quiet = statistics.mean(run["step_times"][5:args.tune_warmup])
+            run["overhead_in_run"] = statistics.mean(run["step_times"][lo:]) / quiet - 1
+        in_run = [r["overhead_in_run"] * 100 for r in auto_runs[q] if "overhead_in_run" in r]
+        med = lambda key: statistics.median(r[key] for r in auto_runs[q])  # noqa: E731
+        rows.append({"q": q, "overhead_pct": statistics.median(overheads) * 100 if overheads else None,
+                     "in_run_pct": statistics.median(in_run) if in_run else None, "in_runs_pct": in_run,
+                     "overheads_pct": [o * 100 for o in overheads], "interval": med("interval"),
+                     "write_s": med("write_s"), "planned_step_ms": med("planned_step_s") * 1e3,
+                     "tune_s": med("tune_s"), "measured_steps": args.steps - med("measured_from"),
+                     "plans": [(r["concurrency"], r["writers"], r["interval"]) for r in auto_runs[q]]})
+        row = rows[-1]
+        print(f"q={q:.0%}: f*={row['interval']} steps, plans (N, p, f) {row['plans']}, T_w {row['write_s']:.3f} s, "
+              f"overhead {row['overhead_pct']:.1f} % (runs: {', '.join(f'{o:.1f}' for o in row['overheads_pct'])})",
+              flush=True)
+    res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args), "rows": rows,
+           "base_step_ms": statistics.median(statistics.median(b["step_times"][10:]) for b in base_runs) * 1e3}
+    keep("tuned_interval", args.out, res, table(res), plot, publish=not args.no_results)
+    print(table(res))
+
+
+def table(res: dict) -> str:
+    a = res["args"]
+    lines = [f"## tuned_interval.py — {res['when']}, {platform.node()} ({os.cpu_count()} cores, CPU only), "
+             f"`--d-model {a['d_model']} --layers {a['layers']} --vocab {a['vocab']} --steps {a['steps']} "
+             f"--runs {a['runs']}`\n",
+             f"Lightning, FastCheckpointIO + TunedModelCheckpoint(every_n_train_steps=\"auto\", overhead=q); "
+             f"no-checkpoint step {res['base_step_ms']:.1f} ms. Overhead over the steps after the tuner's warm-up, "
+             "profiling and first checkpoint, against the same steps without checkpoints; medians of the runs.\n",
+             "| q | chosen (N*, p*, f*) per run | T_w (s) | t at tuning (ms) | measured steps | "
+             "vs runs without checkpoints (each run) | median | vs the run's own quiet steps (each run) | median | "
+             "within q + 1 point? | profiling pause (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        ok = all(v is not None and v <= r["q"] * 100 + 1 for v in (r["overhead_pct"], r["in_run_pct"]))
+        lines.append(f"| {r['q']:.0%} | {r['plans']} | {r['write_s']:.3f} | {r['planned_step_ms']:.1f} | "
+                     f"{r['measured_steps']:.0f} | {', '.join(f'{o:.1f} %' for o in r['overheads_pct'])} | "
+                     f"**{r['overhead_pct']:.1f} %** | {', '.join(f'{o:.1f} %' for o in r['in_runs_pct'])} | "
+                     f"**{r['in_run_pct']:.1f} %** | {'yes' if ok else 'NO'} | {r['tune_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    qs = [r["q"] * 100 for r in res["rows"]]
+    ax.plot(qs, qs, "k--", label="budget q")
+    ax.plot(qs, [q + 1 for q in qs], "k:", label="q + 1 point")
+    for r in res["rows"]:
+        ax.scatter([r["q"] * 100] * len(r["overheads_pct"]), r["overheads_pct"], color="tab:blue", alpha=0.5)
+    ax.plot(qs, [r["overhead_pct"] for r in res["rows"]], "o-", color="tab:blue", label="measured (median)")
+    ax.set_xlabel("overhead budget q (%)")
+    ax.set_ylabel("measured overhead (%)")
+    ax.set_title("interval='auto' vs its budget")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
