@@ -1,10 +1,12 @@
-"""The `fastckpt` command: ls | verify | export | repack | info (a checkpoint root, file, or pool)."""
+"""The `fastckpt` command: ls | verify | export | repack | info | tune | goodput (a checkpoint root, file, or pool)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import time
+
+from .errors import ConfigError
 
 
 def _ls(args) -> int:
@@ -137,6 +139,46 @@ def _tune(args) -> int:
     return 0
 
 
+def _goodput(args) -> int:
+    import json
+
+    from . import goodput as gp
+    systems = gp.systems_from(args.systems)
+    if args.make_trace:
+        if not (args.mtbf and args.duration):
+            raise ConfigError("--make-trace needs --mtbf and --duration")
+        times = gp.synthetic_trace(args.mtbf, args.duration, args.seed)
+        gp.write_trace(args.make_trace, times, f"synthetic: Poisson failures, MTBF {args.mtbf:g} s, "
+                                               f"{args.duration:g} s, seed {args.seed}")
+        args.trace = args.make_trace
+    if args.trace:
+        failures = gp.read_trace(args.trace)
+        duration = args.duration or (failures[-1] if failures else 0)
+    elif args.mtbf and args.duration:
+        failures, duration = gp.synthetic_trace(args.mtbf, args.duration, args.seed), args.duration
+    else:
+        raise ConfigError("give --trace CSV, or --mtbf and --duration")
+    if duration <= 0:
+        raise ConfigError("the replay needs a positive --duration")
+    rows = gp.sweep(systems, args.intervals, failures, duration)
+    print(f"{len(failures)} failures in {duration / 3600:.2f} h")
+    for r in rows:
+        print(f"{r['system']:<28} every {r['interval']:>5}: goodput {r['goodput']:8.3f} it/s "
+              f"({r['goodput'] / r['ideal']:6.1%} of ideal), {r['lost_iterations']} iterations redone")
+    best = {}
+    for r in rows:
+        if r["goodput"] > best.get(r["system"], {"goodput": -1})["goodput"]:
+            best[r["system"]] = r
+    for name, r in best.items():
+        print(f"peak {name}: {r['goodput']:.3f} it/s at interval {r['interval']}")
+    if args.png:
+        gp.plot(rows, args.png, f"goodput vs interval, {len(failures)} failures in {duration / 3600:.1f} h")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"failures": len(failures), "duration_s": duration, "rows": rows}, f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastckpt", description="Inspect and convert fastckpt checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -176,6 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repeats", type=int, default=3, help="trials per (N, p); the median counts")
     s.add_argument("--out", default=None, help="write the plan and measurements as JSON")
     s.set_defaults(fn=_tune)
+    s = sub.add_parser("goodput", help="replay a failure trace against systems' measured costs (PCcheck §5.2.3)")
+    s.add_argument("--systems", required=True, help="JSON list of {name, step_s, stall_s, write_s, concurrency, "
+                                                    "load_s, restart_s}")
+    s.add_argument("--trace", default=None, help="CSV of failure times (s), column time_s")
+    s.add_argument("--mtbf", type=float, default=None, help="or: Poisson failures with this mean gap (s)")
+    s.add_argument("--duration", type=float, default=None, help="seconds replayed (default: the trace's last)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--make-trace", default=None, metavar="CSV", help="write the synthetic trace here and use it")
+    s.add_argument("--intervals", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50, 100, 200, 500])
+    s.add_argument("--png", default=None, help="plot goodput vs interval")
+    s.add_argument("--json", default=None)
+    s.set_defaults(fn=_goodput)
     args = p.parse_args(argv)
     try:
         return args.fn(args)
