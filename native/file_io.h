@@ -76,6 +76,21 @@ inline int open_or_throw(const std::string& path, int flags, mode_t mode = 0644)
   return fd;
 }
 
+// Closes a file descriptor when it goes out of scope (also when an exception leaves).
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 // Opens path a second time with O_DIRECT; -1 where the filesystem refuses it.
 inline int open_direct(const std::string& path) {
 #ifdef O_DIRECT

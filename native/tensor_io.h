@@ -22,26 +22,14 @@ namespace fastckpt {
 constexpr uint64_t kDirectBounce = 8ull << 20;
 
 inline void write_buffered(const std::string& path, uint64_t off, const void* src, uint64_t n, bool sync) {
-  int fd = open_or_throw(path, O_WRONLY | O_CREAT);
-  try {
-    pwrite_full(fd, src, n, off, path);
-    if (sync) fdatasync_or_throw(fd, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  UniqueFd fd(open_or_throw(path, O_WRONLY | O_CREAT));
+  pwrite_full(fd.get(), src, n, off, path);
+  if (sync) fdatasync_or_throw(fd.get(), path);
 }
 
 inline void read_buffered(const std::string& path, uint64_t off, void* dst, uint64_t n) {
-  int fd = open_or_throw(path, O_RDONLY);
-  try {
-    pread_full(fd, dst, n, off, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  UniqueFd fd(open_or_throw(path, O_RDONLY));
+  pread_full(fd.get(), dst, n, off, path);
 }
 
 namespace detail {
@@ -67,50 +55,38 @@ inline int open_o_direct(const std::string& path, int flags) {
 // off must be 4096-aligned. Writes whole blocks, then truncates the file to off + n.
 inline void write_direct(const std::string& path, uint64_t off, const void* src, uint64_t n, bool sync) {
   if (off % kAlign) throw std::invalid_argument("direct writes start 4096-aligned");
-  int fd = detail::open_o_direct(path, O_WRONLY | O_CREAT);
-  try {
-    auto buf = detail::bounce(kDirectBounce);
-    for (uint64_t done = 0; done < n;) {
-      uint64_t len = std::min(kDirectBounce, n - done);
-      std::memcpy(buf.get(), static_cast<const uint8_t*>(src) + done, len);
-      uint64_t whole = round_up(len, kAlign);
-      if (whole > len) std::memset(buf.get() + len, 0, whole - len);
-      if (!pwrite_full(fd, buf.get(), whole, off + done, path, true))
-        throw IoError("O_DIRECT write refused (EINVAL) by the filesystem of " + path, EINVAL);
-      done += len;
-    }
-    if (::ftruncate(fd, static_cast<off_t>(off + n)) != 0) throw_io("ftruncate", path, off + n, errno);
-    if (sync) fdatasync_or_throw(fd, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
+  UniqueFd fd(detail::open_o_direct(path, O_WRONLY | O_CREAT));
+  auto buf = detail::bounce(kDirectBounce);
+  for (uint64_t done = 0; done < n;) {
+    uint64_t len = std::min(kDirectBounce, n - done);
+    std::memcpy(buf.get(), static_cast<const uint8_t*>(src) + done, len);
+    uint64_t whole = round_up(len, kAlign);
+    if (whole > len) std::memset(buf.get() + len, 0, whole - len);
+    if (!pwrite_full(fd.get(), buf.get(), whole, off + done, path, true))
+      throw IoError("O_DIRECT write refused (EINVAL) by the filesystem of " + path, EINVAL);
+    done += len;
   }
-  ::close(fd);
+  if (::ftruncate(fd.get(), static_cast<off_t>(off + n)) != 0) throw_io("ftruncate", path, off + n, errno);
+  if (sync) fdatasync_or_throw(fd.get(), path);
 }
 
 inline void read_direct(const std::string& path, uint64_t off, void* dst, uint64_t n) {
   if (off % kAlign) throw std::invalid_argument("direct reads start 4096-aligned");
-  int fd = detail::open_o_direct(path, O_RDONLY);
-  try {
-    auto buf = detail::bounce(kDirectBounce);
-    for (uint64_t done = 0; done < n;) {
-      uint64_t len = std::min(kDirectBounce, n - done);
-      uint64_t whole = round_up(len, kAlign);
-      ssize_t r;
-      do {
-        r = ::pread(fd, buf.get(), whole, static_cast<off_t>(off + done));
-      } while (r < 0 && errno == EINTR);
-      if (r < 0) throw_io("read (O_DIRECT)", path, off + done, errno);
-      if (static_cast<uint64_t>(r) < len)
-        throw IoError("read failed on '" + path + "': file is shorter than its header says (truncated?)", EIO);
-      std::memcpy(static_cast<uint8_t*>(dst) + done, buf.get(), len);
-      done += len;
-    }
-  } catch (...) {
-    ::close(fd);
-    throw;
+  UniqueFd fd(detail::open_o_direct(path, O_RDONLY));
+  auto buf = detail::bounce(kDirectBounce);
+  for (uint64_t done = 0; done < n;) {
+    uint64_t len = std::min(kDirectBounce, n - done);
+    uint64_t whole = round_up(len, kAlign);
+    ssize_t r;
+    do {
+      r = ::pread(fd.get(), buf.get(), whole, static_cast<off_t>(off + done));
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) throw_io("read (O_DIRECT)", path, off + done, errno);
+    if (static_cast<uint64_t>(r) < len)
+      throw IoError("read failed on '" + path + "': file is shorter than its header says (truncated?)", EIO);
+    std::memcpy(static_cast<uint8_t*>(dst) + done, buf.get(), len);
+    done += len;
   }
-  ::close(fd);
 }
 
 }  // namespace fastckpt
