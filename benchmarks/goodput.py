@@ -109,7 +109,7 @@ def table(res: dict) -> str:
               "|---" * (len(names) + 1) + "|"]
     for f in ivs:
         lines.append(f"| {f} | " + " | ".join(f"{g[(n, f)]['goodput']:.3f}" for n in names) + " |")
-    peak = {n: max((r for r in res["rows"] if r["system"] == n), key=lambda r: r["goodput"]) for n in names}
+    peak = gp.peaks(res["rows"])
     lines.append("\nPeak: " + "; ".join(f"{n} {r['goodput']:.3f} at {r['interval']} ({r['goodput'] / r['ideal']:.0%} "
                                        f"of ideal)" for n, r in peak.items()))
     return "\n".join(lines)

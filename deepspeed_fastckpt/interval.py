@@ -45,19 +45,24 @@ class _Interval:
         self.last_step_at: Optional[float] = None
 
 
-def attach(engine, entry: dict) -> None:
-    """From the entry's "interval" (and "tune") keys, if there."""
+def _from_entry(entry: dict) -> Optional[_Interval]:
     if "interval" in entry:
-        engine.__dict__[ATTR] = _Interval(entry["interval"], entry.get("tune"))
-    elif "tune" in entry:
+        return _Interval(entry["interval"], entry.get("tune"))
+    if "tune" in entry:
         raise ConfigError('"tune" in the "fastckpt" entry needs "interval": "auto"')
+    return None
 
 
 def validate(entry: dict) -> None:
-    if "interval" in entry:
-        _Interval(entry["interval"], entry.get("tune"))
-    elif "tune" in entry:
-        raise ConfigError('"tune" in the "fastckpt" entry needs "interval": "auto"')
+    """The entry's "interval" / "tune" keys, checked (ConfigError)."""
+    _from_entry(entry)
+
+
+def attach(engine, entry: dict) -> None:
+    """From the entry's "interval" (and "tune") keys, if there."""
+    iv = _from_entry(entry)
+    if iv is not None:
+        engine.__dict__[ATTR] = iv
 
 
 def on_step(engine, now: float) -> None:

@@ -165,11 +165,7 @@ def _goodput(args) -> int:
     for r in rows:
         print(f"{r['system']:<28} every {r['interval']:>5}: goodput {r['goodput']:8.3f} it/s "
               f"({r['goodput'] / r['ideal']:6.1%} of ideal), {r['lost_iterations']} iterations redone")
-    best = {}
-    for r in rows:
-        if r["goodput"] > best.get(r["system"], {"goodput": -1})["goodput"]:
-            best[r["system"]] = r
-    for name, r in best.items():
+    for name, r in gp.peaks(rows).items():
         print(f"peak {name}: {r['goodput']:.3f} it/s at interval {r['interval']}")
     if args.png:
         gp.plot(rows, args.png, f"goodput vs interval, {len(failures)} failures in {duration / 3600:.1f} h")

@@ -49,15 +49,20 @@ GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
 NON_CHECKPOINTER = {"demo", "hydra", "offload", "tune"}  # offload_of() and tuner_of() read those
 
 
-def flatten(cfg) -> dict[str, Any]:
-    """Hydra layout (groups with a `name`) -> flat constructor kwargs; top-level wins when set."""
+def to_plain(node):
+    """An OmegaConf node as plain dicts and lists (resolved); anything else as it is."""
     try:
-        from omegaconf import DictConfig, OmegaConf
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+        if isinstance(node, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(node, resolve=True)
     except ImportError:
         pass
-    cfg = dict(cfg)
+    return node
+
+
+def flatten(cfg) -> dict[str, Any]:
+    """Hydra layout (groups with a `name`) -> flat constructor kwargs; top-level wins when set."""
+    cfg = dict(to_plain(cfg))
     flat: dict[str, Any] = {}
     for group, keys in GROUP_KEYS.items():
         node = cfg.pop(group, None)
@@ -99,13 +104,7 @@ def offload_of(cfg):
 def tuner_of(cfg):
     """The AutoInterval the config's `tune` group asks for (tune=auto), or None."""
     from .auto_interval import AutoInterval
-    node = cfg.get("tune") if hasattr(cfg, "get") else None
-    try:
-        from omegaconf import DictConfig, OmegaConf
-        if isinstance(node, DictConfig):
-            node = OmegaConf.to_container(node, resolve=True)
-    except ImportError:
-        pass
+    node = to_plain(cfg.get("tune") if hasattr(cfg, "get") else None)
     if not node or not node.get("enabled", True):
         return None
     settings = {k: v for k, v in node.items() if k not in ("name", "enabled")}

@@ -127,6 +127,15 @@ def sweep(systems: list[System], intervals: list[int], failures: list[float], du
     return [replay(s, f, failures, duration_s) for s in systems for f in intervals]
 
 
+def peaks(rows: list[dict]) -> dict[str, dict]:
+    """Each system's row of highest goodput."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["system"] not in best or r["goodput"] > best[r["system"]]["goodput"]:
+            best[r["system"]] = r
+    return best
+
+
 def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -157,4 +166,5 @@ def systems_from(path: str) -> list[System]:
     return [System.from_dict(d) for d in items]
 
 
-__all__ = ["System", "read_trace", "synthetic_trace", "write_trace", "replay", "sweep", "plot", "systems_from"]
+__all__ = ["System", "read_trace", "synthetic_trace", "write_trace", "replay", "sweep", "peaks", "plot",
+           "systems_from"]

@@ -25,10 +25,8 @@ class TensorOffload(Callback):
     TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""
 
     def __init__(self, directory: Optional[str] = None, **settings: Any):
-        built = OffloadConfig.from_node(dict(settings, directory=directory, enabled=True)).build()
-        assert built is not None
-        self.offload: ActivationOffload = built
-        self.io = built.io
+        self.offload: ActivationOffload = OffloadConfig.from_node(dict(settings, directory=directory)).offload()
+        self.io = self.offload.io
         self._hooks = None
 
     @classmethod

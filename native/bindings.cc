@@ -36,6 +36,24 @@ std::vector<Piece> to_pieces(const std::vector<std::tuple<uintptr_t, uint64_t, u
   return out;
 }
 
+// tensor_io.h's tools: (path, offset, raw address, length[, sync]), the GIL released.
+using TensorWrite = void (*)(const std::string&, uint64_t, const void*, uint64_t, bool);
+using TensorRead = void (*)(const std::string&, uint64_t, void*, uint64_t);
+
+void def_tensor_write(py::module_& m, const char* name, TensorWrite fn) {
+  m.def(name, [fn](const std::string& path, uint64_t off, uintptr_t src, uint64_t n, bool sync) {
+    py::gil_scoped_release nogil;
+    fn(path, off, reinterpret_cast<const void*>(src), n, sync);
+  }, py::arg("path"), py::arg("off"), py::arg("src"), py::arg("n"), py::arg("sync") = false);
+}
+
+void def_tensor_read(py::module_& m, const char* name, TensorRead fn) {
+  m.def(name, [fn](const std::string& path, uint64_t off, uintptr_t dst, uint64_t n) {
+    py::gil_scoped_release nogil;
+    fn(path, off, reinterpret_cast<void*>(dst), n);
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -74,22 +92,10 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return crc_ranges(ranges, threads, split_bytes);
   });
-  m.def("write_buffered", [](const std::string& path, uint64_t off, uintptr_t src, uint64_t n, bool sync) {
-    py::gil_scoped_release nogil;
-    write_buffered(path, off, reinterpret_cast<const void*>(src), n, sync);
-  }, py::arg("path"), py::arg("off"), py::arg("src"), py::arg("n"), py::arg("sync") = false);
-  m.def("read_buffered", [](const std::string& path, uint64_t off, uintptr_t dst, uint64_t n) {
-    py::gil_scoped_release nogil;
-    read_buffered(path, off, reinterpret_cast<void*>(dst), n);
-  });
-  m.def("write_direct", [](const std::string& path, uint64_t off, uintptr_t src, uint64_t n, bool sync) {
-    py::gil_scoped_release nogil;
-    write_direct(path, off, reinterpret_cast<const void*>(src), n, sync);
-  }, py::arg("path"), py::arg("off"), py::arg("src"), py::arg("n"), py::arg("sync") = false);
-  m.def("read_direct", [](const std::string& path, uint64_t off, uintptr_t dst, uint64_t n) {
-    py::gil_scoped_release nogil;
-    read_direct(path, off, reinterpret_cast<void*>(dst), n);
-  });
+  def_tensor_write(m, "write_buffered", &write_buffered);
+  def_tensor_read(m, "read_buffered", &read_buffered);
+  def_tensor_write(m, "write_direct", &write_direct);
+  def_tensor_read(m, "read_direct", &read_direct);
   py::enum_<Mode>(m, "Mode")
       .value("Stage", Mode::Stage)
       .value("Direct", Mode::Direct)

@@ -132,7 +132,7 @@ class TensorIO:
         path = os.fspath(path)
         h = tf.read(path)
         t0 = time.perf_counter()
-        t = read_tensor(path, device, self.verify)
+        t = read_tensor(path, device, self.verify, header=h)
         self.record("r", h["nbytes"], h["tool"], time.perf_counter() - t0)
         return t
 

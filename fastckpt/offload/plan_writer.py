@@ -18,7 +18,7 @@ from .. import _native
 from ..errors import ConfigError
 from ..format.plan import ALIGN, FilePlan
 from .adaptive import TensorIO
-from .tools import _kvikio
+from .tools import _kvikio, crc_of
 
 REGION_TOOLS = ("posix", "direct", "kvikio")
 _auto: TensorIO | None = None  # one learner per process, so every save teaches the next
@@ -44,13 +44,13 @@ def _bytes_of(storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
     return t.set_(storage, 0, (nbytes,))
 
 
-def _write_region(tool: str, path: str, off: int, b: torch.Tensor) -> None:
+def _write_region(tool: str, path: str, off: int, b: torch.Tensor, host: torch.Tensor) -> None:
+    """b's bytes at off: kvikio from b (on the GPU), posix / direct from host (b's host copy)."""
     if tool == "kvikio":
         kvikio = _kvikio()[0]
         with kvikio.CuFile(path, "r+") as f:
             f.write(b, file_offset=off)
         return
-    host = b.cpu() if b.is_cuda else b
     (_native.write_direct if tool == "direct" else _native.write_buffered)(path, off, host.data_ptr(), host.numel())
 
 
@@ -70,11 +70,11 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
         else:
             tool = io.choice(rec.nbytes, directory, b.is_cuda, only=allowed)
         t0 = time.perf_counter()
+        host = b.cpu() if b.is_cuda else b  # one copy to the host, for the CRC and a host tool
         if rec.nbytes:
-            _write_region(tool, path, rec.file_off, b)
+            _write_region(tool, path, rec.file_off, b, host)
         io.record("w", rec.nbytes, tool, time.perf_counter() - t0)
-        host = b.cpu() if b.is_cuda else b
-        crcs[i] = _native.crc32(host.data_ptr(), rec.nbytes) if rec.nbytes else 0
+        crcs[i] = crc_of(host)
         used[tool] = used.get(tool, 0) + 1
     blobs, _ = plan.finish(crcs)
     fd = os.open(path, os.O_WRONLY)

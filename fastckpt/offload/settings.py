@@ -39,12 +39,8 @@ class OffloadConfig:
             return cls(enabled=False)
         if node is True:
             return cls()
-        try:
-            from omegaconf import DictConfig, OmegaConf
-            if isinstance(node, DictConfig):
-                node = OmegaConf.to_container(node, resolve=True)
-        except ImportError:
-            pass
+        from ..config import to_plain
+        node = to_plain(node)
         if not isinstance(node, dict):
             raise ConfigError(f"offload settings must be a mapping, got {node!r}")
         node = dict(node)
@@ -59,11 +55,14 @@ class OffloadConfig:
         return TensorIO(mode=self.mode, aware=self.aware, tool=self.tool, dict_path=self.dict_path,
                         learned_path=self.learned_path, refresh_every=self.refresh_every)
 
-    def build(self) -> Optional[ActivationOffload]:
-        if not self.enabled:
-            return None
+    def offload(self) -> ActivationOffload:
+        """The ActivationOffload these settings describe (`enabled` aside)."""
         return ActivationOffload(self.directory, self.threshold_mb, self.io(), self.max_inflight_mb,
                                  self.prefetch, self.writers, self.release_memory)
+
+    def build(self) -> Optional[ActivationOffload]:
+        """The ActivationOffload, or None when these settings say off."""
+        return self.offload() if self.enabled else None
 
 
 def offload_from(node: Any) -> Optional[ActivationOffload]:

@@ -32,7 +32,8 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
-def _crc(b: torch.Tensor) -> int:
+def crc_of(b: torch.Tensor) -> int:
+    """CRC-32 of a flat uint8 host tensor (0 when empty)."""
     return _native.crc32(b.data_ptr(), b.numel()) if b.numel() else 0
 
 
@@ -47,7 +48,7 @@ def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
         return _write_kvikio(t, path)
     host = t.detach().cpu() if t.device.type != "cpu" else t
     b = _flat_bytes(host)
-    crc = _crc(b)
+    crc = crc_of(b)
     _write_header(path, tool, host, crc)
     if tool == "posix":
         _native.write_buffered(path, tf.HEADER, b.data_ptr(), b.numel())
@@ -67,9 +68,10 @@ def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
         raise ValueError(f"unknown tool {tool!r}; choose one of {', '.join(TOOLS)}")
 
 
-def read_tensor(path: str, device=None, verify: bool = True) -> torch.Tensor:
-    """The tensor in path, read by the tool its header names; CRC-checked when verify."""
-    h = tf.read(path)
+def read_tensor(path: str, device=None, verify: bool = True, header: dict | None = None) -> torch.Tensor:
+    """The tensor in path, read by the tool its header names (tf.read's result, when the caller
+    has it already); CRC-checked when verify."""
+    h = header if header is not None else tf.read(path)
     tool, n = h["tool"], h["nbytes"]
     if tool == "kvikio":
         return _read_kvikio(path, h, device, verify)
@@ -97,7 +99,7 @@ def read_tensor(path: str, device=None, verify: bool = True) -> torch.Tensor:
         raise CorruptCheckpointError(f"{path}: written by unknown tool {tool!r}")
     if b.numel() != n:
         raise CorruptCheckpointError(f"{path}: payload has {b.numel()} bytes, header says {n}")
-    if verify and _crc(b) != h["crc32"]:
+    if verify and crc_of(b) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
     t = b.view(h["dtype_t"]).reshape(h["shape"]) if n else torch.empty(h["shape"], dtype=h["dtype_t"])
     return t.to(device) if device is not None else t
@@ -119,7 +121,7 @@ def _write_kvikio(t: torch.Tensor, path: str) -> None:
         raise OSError(f"tool 'kvikio' is unavailable here: {why}")
     src = t.detach().contiguous()
     b = src.reshape(-1).view(torch.uint8) if src.numel() else torch.empty(0, dtype=torch.uint8, device=src.device)
-    crc = _crc(b.cpu()) if b.numel() else 0
+    crc = crc_of(b.cpu()) if b.numel() else 0
     _write_header(path, "kvikio", src, crc)
     if b.numel():
         with kvikio.CuFile(path, "r+") as f:
@@ -137,7 +139,7 @@ def _read_kvikio(path: str, h: dict, device, verify: bool) -> torch.Tensor:
         if h["nbytes"]:
             with kvikio.CuFile(path, "r") as f:
                 f.read(b, file_offset=tf.HEADER)
-    if verify and _crc(b.cpu()) != h["crc32"]:
+    if verify and crc_of(b.cpu()) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
     t = b.view(h["dtype_t"]).reshape(h["shape"])
     return t.to(device) if device is not None else t
@@ -150,8 +152,7 @@ def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]
     probe = torch.arange(1024, dtype=torch.int32)
     for tool in TOOLS:
         if tool == "kvikio":
-            out[tool] = None if cuda and _kvikio()[0] is not None else (
-                _kvikio()[1] if cuda else "for CUDA tensors only")
+            out[tool] = (_kvikio()[1] if cuda else "for CUDA tensors only")
             continue
         path = os.path.join(directory, f".fastckpt-probe-{tool}-{os.getpid()}")
         try:
