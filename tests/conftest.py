@@ -119,7 +119,7 @@ def shm():
 def mount_tmpfs(tmp_path):
     mounted = []
 
-    def mount(size_bytes: int, ro: bool = False) -> str:
+    def mount(size_bytes: int) -> str:
         d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
         d.mkdir()
         opts = f"size={size_bytes}"
