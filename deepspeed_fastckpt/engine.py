@@ -15,7 +15,8 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
   restricted unpickler, which accepts the DeepSpeed types listed in safe_types and
   never runs code from the file;
-- errors of a background write are raised by the next `create`, by `wait()` and by `close()`;
+- errors of a background write are raised by the next `create`, by `wait()` and by `close()`
+  (with `"on_error": "warn"` they are logged and warned about instead, and training goes on);
 - with `"pool": ...` in the entry the files are models of a persistent-memory pool named by
   their paths (fastckpt's pmem store). Once a file's version is current in the pool, a small
   pointer file is written at its path, so that DeepSpeed's own globbing and existence checks
@@ -62,7 +63,8 @@ class FastckptEngine(CheckpointEngine):
         self._ck_kwargs = dict(distributed=False, **where, **kwargs)
         self._ck = Checkpointer(**self._ck_kwargs)
         self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
-                                       on_durable=self._write_pointer if self.pool else None)
+                                       on_durable=self._write_pointer if self.pool else None,
+                                       report=lambda e: self._ck.report_failure(e))
         self._files: list = []
         self._by_path: dict[str, fastckpt.Pending] = {}
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()

@@ -85,10 +85,13 @@ def next_seq(save_dir: str) -> int:
 class TagCommitter:
     """One background thread committing tags in the order they were saved, on every rank."""
 
-    def __init__(self, agreement: Agreement, on_durable: Optional[Callable[[str], None]] = None):
-        """on_durable(path): called for each of this rank's files once it is durable."""
+    def __init__(self, agreement: Agreement, on_durable: Optional[Callable[[str], None]] = None,
+                 report: Optional[Callable[[BaseException], None]] = None):
+        """on_durable(path): called for each of this rank's files once it is durable.
+        report(error): what a failed tag does to the training thread (default: raise it)."""
         self._agree = agreement
         self._on_durable = on_durable
+        self._report = report
         self._queue: "queue.Queue" = queue.Queue()
         self._errors: list[BaseException] = []
         self._in_flight = 0
@@ -110,10 +113,13 @@ class TagCommitter:
         self.raise_errors()
 
     def raise_errors(self) -> None:
+        """Each failed tag since the last call, through `report` (raises the first by default)."""
         with self._cv:
             errors, self._errors = self._errors, []
-        if errors:
-            raise errors[0]
+        for e in errors:
+            if self._report is None:
+                raise e
+            self._report(e)
 
     def close(self) -> None:
         try:

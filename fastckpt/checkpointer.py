@@ -29,6 +29,7 @@ from .store import STORES, open_store
 
 log = logging.getLogger("fastckpt")
 POLICIES = ("wait", "skip")
+ON_ERROR = ("raise", "warn")
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 
@@ -40,8 +41,9 @@ class Checkpointer:
                  format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
                  direct_io: bool = True, commit_timeout_s: float = 600.0,
                  distributed: bool | None = None, model: str = "default", pool_mb: int | None = None,
-                 persist: str = "auto"):
+                 persist: str = "auto", on_error: str = "raise"):
         _check_choice("strategy", strategy, STRATEGIES)
+        _check_choice("on_error", on_error, ON_ERROR)
         _check_choice("store", store, STORES)
         _check_choice("format", format, FORMATS)
         _check_choice("policy", policy, POLICIES)
@@ -54,6 +56,9 @@ class Checkpointer:
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
+        # on_error="warn": a failed checkpoint is reported (warning + log) and dropped, and training
+        # goes on with the previous one intact; "raise" stops the caller at its next call.
+        self.on_error = on_error
         # distributed=None: every rank of an initialised process group saves and commits together;
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
@@ -74,7 +79,7 @@ class Checkpointer:
         self._reserving: threading.Thread | None = None
         self._counter: int | None = None
         self._closed = False
-        self.stats = {"saves": 0, "skipped": 0, "pinned": False}
+        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False}
         _open_checkpointers.add(self)
 
     # -- saving ----------------------------------------------------------
@@ -134,7 +139,7 @@ class Checkpointer:
         self.stats["saves"] += 1
         if error is not None:
             pending.observed = True
-            raise error
+            self.report_failure(error)
         return pending
 
     def _start_writing(self) -> None:
@@ -222,6 +227,7 @@ class Checkpointer:
         except BaseException as e:
             error = error or _as_write_error(e, pending.step)
         if error is not None:
+            self.stats["failed"] += 1
             self.store.abort(ckpt_id, file_path, self.rank)
         pending._finish(info if error is None else None, error)
         with self._lock:
@@ -295,8 +301,15 @@ class Checkpointer:
             errs, self._unobserved = [p for p in self._unobserved if not p.observed], []
         for p in errs:
             p.observed = True
-        if errs:
-            raise errs[0].error
+        for p in errs:
+            self.report_failure(p.error)
+
+    def report_failure(self, error: BaseException) -> None:
+        """A failed checkpoint, as on_error says: raised, or warned about and dropped."""
+        if self.on_error == "raise" or not isinstance(error, (CheckpointWriteError, OSError)):
+            raise error
+        log.error("fastckpt: %s (on_error='warn': training goes on)", error)
+        warnings.warn(f"fastckpt: {error} (on_error='warn': training goes on)", stacklevel=3)
 
     # -- reading ---------------------------------------------------------
     def latest(self) -> CommitInfo | None:

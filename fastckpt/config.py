@@ -34,6 +34,7 @@ class CheckpointerConfig:
     model: str = "default"
     pool_mb: int | None = None
     persist: str = "auto"
+    on_error: str = "raise"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":

@@ -56,16 +56,18 @@ class FastCheckpointIO(CheckpointIO):
         pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
             each checkpoint path becomes a model of the pool instead of a file.
         pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (see the README).
+        on_error: "raise" (a failed checkpoint stops training at the next save or at teardown)
+            or "warn" (it is logged and warned about, the previous checkpoint stays, training goes on).
     """
 
     def __init__(self, strategy: str = "c", concurrency: int = 2, writers: int = 4,
                  chunk_mb: int = 64, staging_mb: Optional[int] = None, format: str = "torch",
                  policy: str = "wait", direct_io: bool = True, verify: bool = True,
                  per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
-                 pool_mb: Optional[int] = None, persist: str = "auto"):
+                 pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise"):
         self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
                             chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
-                            direct_io=direct_io, verify=verify)
+                            direct_io=direct_io, verify=verify, on_error=on_error)
         self.pool = os.fspath(pool) if pool is not None else None
         if self.pool is not None:
             self._kwargs.update(root=self.pool, store="pmem", model=None, pool_mb=pool_mb, persist=persist)
@@ -216,7 +218,7 @@ class FastCheckpointIO(CheckpointIO):
     # -- teardown --------------------------------------------------------
     @override
     def teardown(self) -> None:
-        """Waits for every checkpoint in flight and raises the first write error."""
+        """Waits for every checkpoint in flight and raises the first write error (on_error="raise")."""
         self.held.clear()
         self.gate.steps_seen = 0
         ck, self._ck = self._ck, None
