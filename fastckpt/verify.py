@@ -60,6 +60,9 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
         except CorruptCheckpointError as e:
             raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
         file_crc, n = idx.file_crc, len(order)
+        if entry is not None and file_crc is None:
+            raise CorruptCheckpointError(f"{path}: the commit record names a fastckpt file but its "
+                                         "archive has no fastckpt comment (replaced or damaged?)")
         note = "" if file_crc is not None else " (written by torch.save: record CRCs only)"
     else:
         from .format.safetensors_format import check_crcs, has_checksums, read_header
