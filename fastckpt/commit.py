@@ -12,9 +12,11 @@ import zlib
 from dataclasses import dataclass, field
 
 from .errors import CorruptCheckpointError
+from .fsutil import read_regular
 
 COMMIT_NAME = "COMMIT"
 VERSION = 1
+MAX_RECORD = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -74,22 +76,32 @@ def decode(raw: bytes, path: str) -> CommitInfo:
             raise CorruptCheckpointError(f"commit record {path} is damaged (CRC mismatch)")
         if body["version"] != VERSION:
             raise CorruptCheckpointError(f"commit record {path} has unknown version {body['version']}")
-        files = tuple(FileEntry(f["name"], int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
+        files = tuple(FileEntry(_plain_name(f["name"], path), int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
                                 f.get("spans", []), f.get("records", [])) for f in body["files"])
+        if len({f.name for f in files}) != len(files):
+            raise CorruptCheckpointError(f"commit record {path} names one file for two ranks")
         return CommitInfo(int(body["step"]), os.path.dirname(path), int(body["bytes"]),
                           int(body["counter"]), float(body["time"]), int(body["world_size"]),
                           str(body["format"]), files, body.get("meta", {}))
     except CorruptCheckpointError:
         raise
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(f"commit record {path} is damaged ({e})") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as e:
+        raise CorruptCheckpointError(f"commit record {path} is damaged ({type(e).__name__}: {e})") from None
+
+
+def _plain_name(name, path: str) -> str:
+    """A file of the checkpoint's own directory: no separators, no '..', nothing absolute."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CorruptCheckpointError(f"commit record {path} names {name!r}, which is not a file of its directory")
+    return name
 
 
 def read(ckpt_dir: str) -> CommitInfo:
     """The commit record of ckpt_dir, with its files' presence and sizes checked."""
     path = os.path.join(ckpt_dir, COMMIT_NAME)
-    with open(path, "rb") as f:
-        raw = f.read(64 << 20)
+    raw = read_regular(path, MAX_RECORD + 1)
+    if len(raw) > MAX_RECORD:
+        raise CorruptCheckpointError(f"commit record {path} is larger than {MAX_RECORD >> 20} MiB")
     info = decode(raw, path)
     if len({f.rank for f in info.files}) != info.world_size:
         raise CorruptCheckpointError(f"{path}: names {len(info.files)} files for {info.world_size} ranks")

@@ -1,7 +1,32 @@
-"""Small durable-filesystem helpers: fsync a directory, write a file atomically."""
+"""Small filesystem helpers: fsync a directory, write a file atomically, read a small file
+that must be a regular one (a FIFO or device planted under a checkpoint's name must not hang
+or feed a reader)."""
 from __future__ import annotations
 
 import os
+import stat
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """Up to `limit` bytes of path; OSError for a FIFO, device or socket (opened without blocking)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        check_regular(fd, path)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_regular(fd: int, path: str) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(f"{path} is not a regular file (a FIFO, device or socket?); refusing to read it")
 
 
 def fsync_dir(path: str) -> None:

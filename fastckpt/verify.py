@@ -1,7 +1,8 @@
 """Verification of checkpoint files and directories without loading their state.
 
 Owns reading every byte once (bounded memory: a 64 MiB bounce buffer), checking
-each record's CRC-32, the headers/directory (whole-file CRC), the commit record,
+each record's CRC-32, the headers/directory (whole-file CRC), the commit record, the
+structure a load would build (data.pkl through the restricted unpickler, on meta storages),
 and naming what is damaged down to the chunk when the commit record has spans.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from . import _native, commit
 from .commit import FileEntry
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, UnsafeCheckpointError
 from .format import sniff
 
 BOUNCE = 64 << 20
@@ -47,10 +48,11 @@ def range_crcs(path: str, ranges: list[tuple[int, int]]) -> list[int]:
 
 
 def verify_file(path: str, entry: FileEntry | None = None) -> str:
-    """Raises CorruptCheckpointError naming the damage; returns a one-line summary."""
+    """Raises CorruptCheckpointError naming the damage; returns a one-line summary. An intact
+    file whose pickle names a global off the allowlist is not damaged: its line says UNSAFE."""
     fmt = sniff(path)
     if fmt == "torch":
-        from .format.torch_format import check_crcs
+        from .format.torch_format import check_crcs, check_structure
         from .format.zip_reader import read_index
         idx = read_index(path)
         order = idx.ordered()
@@ -63,24 +65,30 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
         if entry is not None and file_crc is None:
             raise CorruptCheckpointError(f"{path}: the commit record names a fastckpt file but its "
                                          "archive has no fastckpt comment (replaced or damaged?)")
+        if entry is not None and file_crc != entry.crc32:
+            raise CorruptCheckpointError(
+                f"{path}: file CRC-32 {file_crc:08x} differs from the commit record ({entry.crc32:08x})")
         note = "" if file_crc is not None else " (written by torch.save: record CRCs only)"
+        structure = lambda: check_structure(path, idx)  # noqa: E731
     else:
-        from .format.safetensors_format import check_crcs, has_checksums, read_header
+        from .format.safetensors_format import check_crcs, check_structure, entry_spans, has_checksums, read_header
         header, data_begin, head = read_header(path)
         meta = header.get("__metadata__", {})
-        names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
-        spans = [(data_begin + header[k]["data_offsets"][0],
-                  header[k]["data_offsets"][1] - header[k]["data_offsets"][0]) for k in names]
-        crcs = range_crcs(path, spans)
-        if not has_checksums(path, meta):
-            return f"{path}: safetensors file without fastckpt checksums (structure checked only)"
-        try:
-            check_crcs(path, meta, head, names, crcs, [n for _, n in spans], entry.crc32 if entry else None)
-        except CorruptCheckpointError as e:
-            raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
-        file_crc, n, note = None, len(names), ""
-    if entry is not None and file_crc is not None and file_crc != entry.crc32:
-        raise CorruptCheckpointError(f"{path}: file CRC-32 {file_crc:08x} differs from the commit record ({entry.crc32:08x})")
+        names, spans = entry_spans(header)
+        crcs = range_crcs(path, [(data_begin + off, k) for off, k in spans])
+        note, n = "", len(names)
+        if has_checksums(path, meta):
+            try:
+                check_crcs(path, meta, head, names, crcs, [k for _, k in spans], entry.crc32 if entry else None)
+            except CorruptCheckpointError as e:
+                raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
+        else:
+            note = " (safetensors file without fastckpt checksums: structure checked only)"
+        structure = lambda: check_structure(path, header, head)  # noqa: E731
+    try:
+        structure()
+    except UnsafeCheckpointError as e:  # intact, but a load refuses it unless the global is allowlisted
+        note += f"; UNSAFE to load as it is: {e}"
     return f"{path}: {n} records, {os.path.getsize(path)} bytes{note}"
 
 

@@ -24,9 +24,9 @@ def plan_file(state, fmt: str = "torch", allow_pickle: bool = False) -> FilePlan
 
 
 def sniff(path: str) -> str:
+    from ..fsutil import read_regular
     try:
-        with open(path, "rb") as f:
-            head = f.read(9)
+        head = read_regular(path, 9)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
     except IsADirectoryError:

@@ -22,6 +22,7 @@ from ..errors import CorruptCheckpointError
 from . import skeleton
 from .plan import ALIGN, DataRecord, FilePlan
 from .reading import read_records
+from .views import check_view
 
 ST_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -157,8 +158,8 @@ def parse_header(head: bytes, size: int, where) -> tuple[dict, int, bytes]:
     head = head[:8 + hlen]
     try:
         header = json.loads(head[8:])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(where, f"header is not JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _bad(where, f"header is not JSON (or nests too deep): {e}") from None
     if not isinstance(header, dict):
         raise _bad(where, "header is not a JSON object")
     spans = []
@@ -171,7 +172,7 @@ def parse_header(head: bytes, size: int, where) -> tuple[dict, int, bytes]:
             dtype = FROM_ST[info["dtype"]]
             shape = [int(x) for x in info["shape"]]
             begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise _bad(where, f"entry {name!r} is malformed") from None
         numel = 1
         for x in shape:
@@ -223,7 +224,19 @@ def assemble(where, header: dict, head_bytes: bytes, names: list[str], data: lis
     device = None if map_location is None else torch.device(str(map_location))
     if SKELETON_KEY not in meta:
         return {n: t.to(device) if device else t for n, t in out.items() if not n.startswith("__pad__")}
-    return _rebuild(json.loads(meta[SKELETON_KEY]), out, device, weights_only)
+    try:
+        skel = json.loads(meta[SKELETON_KEY])
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{where}: safetensors skeleton is damaged: {e}") from None
+    return _rebuild(skel, out, device, weights_only)
+
+
+def check_structure(path: str, header: dict, head_bytes: bytes) -> None:
+    """Everything a load checks but the bytes: the state is rebuilt on meta-device entries
+    (skeleton, views inside their storages, pickled values through the restricted unpickler)."""
+    names, spans = entry_spans(header)
+    data = [torch.empty(n, dtype=torch.uint8, device="meta") for _, n in spans]
+    assemble(path, header, head_bytes, names, data, None, False, None, True, None)
 
 
 def has_checksums(path, meta: dict) -> bool:
@@ -264,7 +277,11 @@ def _rebuild(skel, entries: dict[str, torch.Tensor], device, weights_only: bool)
         else:
             raw = entries[ref["storage"]]
             dtype = getattr(torch, ref["dtype"])
-            t = torch.empty(0, dtype=dtype).set_(raw.untyped_storage(), ref["offset"], ref["size"], ref["stride"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown dtype {ref['dtype']!r}")
+            storage = raw.untyped_storage()
+            check_view(storage.nbytes(), dtype.itemsize, ref["offset"], ref["size"], ref["stride"], "safetensors skeleton")
+            t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, ref["offset"], ref["size"], ref["stride"])
         if device is not None:
             t = t.to(device)
         if ref.get("param"):
@@ -272,5 +289,5 @@ def _rebuild(skel, entries: dict[str, torch.Tensor], device, weights_only: bool)
         return t.requires_grad_(ref["requires_grad"]) if t.is_floating_point() or t.is_complex() else t
     try:
         return skeleton.decode(skel, on_tensor, weights_only)
-    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, OverflowError, RecursionError) as e:
         raise CorruptCheckpointError(f"safetensors skeleton is damaged: {e}") from None

@@ -99,6 +99,30 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
             raise CorruptCheckpointError(
                 f"{path}: file CRC-32 {idx.file_crc!r} differs from its commit record ({expect_crc:08x})")
     pkl = bufs["data.pkl"].numpy().tobytes()  # small; copied out of the mapping
+
+    def storage(key: str, nbytes: int, location: str) -> torch.UntypedStorage:
+        return _restore(bufs[f"data/{key}"].untyped_storage(), location, map_location)
+
+    return _unpickle_records(path, pkl, {k: b.numel() for k, b in bufs.items()}, storage, weights_only)
+
+
+def check_structure(path: str, idx: ZipIndex) -> None:
+    """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
+    every storage it names present at its size and every view inside its storage (the
+    storages are on the meta device: nothing is read or allocated)."""
+    entry = idx.entries.get("data.pkl")
+    if entry is None:
+        raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
+    with open(path, "rb") as f:
+        f.seek(entry.data_off)
+        pkl = f.read(entry.size)
+    sizes = {k: e.size for k, e in idx.entries.items()}
+    _unpickle_records(path, pkl, sizes, lambda key, n, loc: torch.UntypedStorage(n, device="meta"), True)
+
+
+def _unpickle_records(path: str, pkl: bytes, sizes: dict, storage_of, weights_only: bool):
+    """data.pkl -> state; storage_of(key, nbytes, location) makes each storage it names once
+    the record data/KEY is known to hold exactly its bytes."""
     loaded: dict[str, torch.storage.TypedStorage] = {}
 
     def persistent_load(pid):
@@ -107,14 +131,14 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
         storage_type, key, location, numel = pid[1:]
         dtype = torch.uint8 if storage_type is torch.UntypedStorage else _storage_dtype(storage_type)
         if key not in loaded:
-            buf = bufs.get(f"data/{key}")
+            have = sizes.get(f"data/{key}")
             nbytes = numel * torch._utils._element_size(dtype)
-            if buf is None or buf.numel() != nbytes:
+            if have is None or have != nbytes:
                 raise CorruptCheckpointError(
                     f"{path}: storage {key} should hold {nbytes} bytes but its record "
-                    f"{'is missing' if buf is None else f'has {buf.numel()}'}")
-            storage = _restore(buf.untyped_storage(), location, map_location)
-            loaded[key] = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+                    f"{'is missing' if have is None else f'has {have}'}")
+            loaded[key] = torch.storage.TypedStorage(wrap_storage=storage_of(key, nbytes, location),
+                                                     dtype=dtype, _internal=True)
         return loaded[key]
 
     return unpickle(pkl, persistent_load, path, weights_only)

@@ -16,7 +16,7 @@ import warnings
 from .. import commit
 from ..commit import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
-from ..fsutil import fsync_dir, write_atomic
+from ..fsutil import fsync_dir, read_regular, write_atomic
 from .base import Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
@@ -86,10 +86,9 @@ class FileStore(Store):
 
     def read_latest(self) -> dict | None:
         try:
-            with open(os.path.join(self.root, LATEST), "rb") as f:
-                body = json.loads(f.read(4096))
+            body = json.loads(read_regular(os.path.join(self.root, LATEST), 4096))
             return body if isinstance(body, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
     def remove(self, path: str) -> None:
