@@ -96,11 +96,19 @@ class Checkpointer:
                              "save(..., path=...) needs store='path' (or store='pmem' with model=None); "
                              f"store={self.store_kind!r} names its own checkpoints")
         self._raise_background_errors()
+        if not self._started:
+            try:
+                self._start_writing()
+            except CheckpointWriteError as e:  # the root cannot be written at all (read-only, full)
+                self.stats["failed"] += 1
+                self.report_failure(e)
+                failed = Pending(step, -1)
+                failed.observed = True
+                failed._finish(None, e)
+                return failed
+            self._started = True
         got = self._slots.acquire(blocking=self.policy == "wait")
         try:
-            if not self._started:
-                self._start_writing()
-                self._started = True
             plan = plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
             if got and self.strategy == "c" and self.store.stages:
                 got = self._ensure_staging(plan)
@@ -228,7 +236,10 @@ class Checkpointer:
             error = error or _as_write_error(e, pending.step)
         if error is not None:
             self.stats["failed"] += 1
-            self.store.abort(ckpt_id, file_path, self.rank)
+            try:
+                self.store.abort(ckpt_id, file_path, self.rank)
+            except BaseException as e:  # noqa: BLE001 - a read-only or dead disk cannot be cleaned; the commit thread must end
+                log.warning("fastckpt: could not remove the failed checkpoint of step %s: %s", pending.step, e)
         pending._finish(info if error is None else None, error)
         with self._lock:
             self._inflight.pop(pending.counter, None)

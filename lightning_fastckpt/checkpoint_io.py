@@ -215,6 +215,12 @@ class FastCheckpointIO(CheckpointIO):
             ck.close()
         self._kwargs = new
 
+    def wait(self) -> None:
+        """Blocks until every checkpoint in flight has landed; a failed one is raised or warned
+        about as on_error says."""
+        if self._ck is not None:
+            self._ck.wait()
+
     # -- teardown --------------------------------------------------------
     @override
     def teardown(self) -> None:

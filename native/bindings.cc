@@ -157,7 +157,7 @@ PYBIND11_MODULE(_native, m) {
         py::gil_scoped_release nogil;
         j.finalize(b, file_size);
       })
-      .def("abort", &WriteJob::abort)
+      .def("abort", &WriteJob::abort, py::call_guard<py::gil_scoped_release>())
       .def("record_crcs", &WriteJob::record_crcs)
       .def("span_crcs", &WriteJob::span_crcs)
       .def("chunk_layout", &WriteJob::chunk_layout)

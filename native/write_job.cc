@@ -101,6 +101,7 @@ void WriteJob::prepare_file() {
   }
   std::lock_guard<std::mutex> lk(mu_);
   file_ready_ = true;
+  --running_;
   cv_.notify_all();
 }
 
@@ -113,13 +114,21 @@ bool WriteJob::wait_file() {
 
 void WriteJob::start() {
   auto self = shared_from_this();
-  if (mode_ != Mode::Mapped)
+  if (mode_ != Mode::Mapped) {
+    begin_task();
     w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
+  }
   if (!held_ && mode_ != Mode::External)
     for (size_t u = 0; u < unit_state_.size(); ++u) submit_unit(u);
 }
 
+void WriteJob::begin_task() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++running_;
+}
+
 void WriteJob::submit_unit(size_t u) {
+  begin_task();
   auto self = shared_from_this();
   if (mode_ == Mode::Stage)
     w_.copiers->submit([self, u] { self->copy_chunk(u); });
@@ -192,7 +201,13 @@ void WriteJob::fail(const std::exception& e) {
   fail(e.what(), io ? io->err() : 0);
 }
 
-void WriteJob::abort(const std::string& why) { fail(why); }
+// Fails the job, then waits until no task of it is still running: once abort returns, no
+// writer touches its file or holds one of its staging chunks (the caller may remove both).
+void WriteJob::abort(const std::string& why) {
+  fail(why);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [this] { return running_ == 0; });
+}
 
 void WriteJob::count_copied(size_t unit) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -203,7 +218,8 @@ void WriteJob::count_copied(size_t unit) {
 
 void WriteJob::count_written() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (--writes_left_ == 0) cv_.notify_all();
+  --running_;
+  if (--writes_left_ == 0 || running_ == 0) cv_.notify_all();
 }
 
 void WriteJob::fill_chunk(size_t c, uint8_t* buf) {
@@ -241,6 +257,7 @@ void WriteJob::copy_chunk(size_t c) {
 void WriteJob::push_chunk(size_t c, int slot) {
   if (mode_ != Mode::External) throw std::logic_error("push_chunk is only for external jobs");
   if (c >= n_chunks_) throw std::out_of_range("chunk index out of range");
+  begin_task();
   auto self = shared_from_this();
   w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
 }

@@ -100,6 +100,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void fail(const std::string& why, int err = 0);
   void fail(const std::exception& e);
   void count_copied(size_t unit);
+  void begin_task();
   void submit_unit(size_t unit);
   std::vector<size_t> units_of(const std::vector<uint32_t>& records) const;
   void count_written();
@@ -129,6 +130,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   size_t copies_left_ = 0, writes_left_ = 0;
+  size_t running_ = 0;  // tasks submitted to the thread pools and not finished (abort waits for 0)
   // Copy units: chunks (stage mode) or spans (direct mode). 0 held, 1 issued, 2 copied.
   std::vector<uint8_t> unit_state_;
   std::vector<std::vector<size_t>> record_units_;
