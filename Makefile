@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem bench-offload clean
+.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -45,3 +45,9 @@ bench-offload: $(STAMP)
 
 clean:
 	rm -rf build *.egg-info fastckpt/*.so .pytest_cache
+
+reliability: $(STAMP)
+	$(VPY) benchmarks/reliability.py $(ARGS)
+
+reliability-many: $(STAMP)
+	$(VPY) benchmarks/reliability.py --many $(ARGS)
