@@ -101,6 +101,10 @@ class FastckptEngine(CheckpointEngine):
         self._by_path = {p: q for p, q in self._by_path.items() if not q.done()}
         return True
 
+    def in_flight(self) -> int:
+        """Files saved and not yet durable on this rank."""
+        return len(self._ck.in_flight())
+
     def wait(self) -> None:
         """Until every tag saved so far is committed on every rank; raises the first error."""
         self._ck.wait()

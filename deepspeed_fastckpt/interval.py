@@ -25,7 +25,8 @@ from fastckpt.auto_interval import AutoInterval
 from fastckpt.errors import ConfigError
 
 ATTR = "_fastckpt_interval"
-TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes")
+TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
+             "feedback_intervals")
 
 
 class _Interval:
@@ -43,6 +44,7 @@ class _Interval:
             raise ConfigError(f'"interval" in the "fastckpt" entry is "auto" or a positive integer, got {interval!r}')
         self.window = tune.get("window", 20)
         self.last_step_at: Optional[float] = None
+        self.saved_in_step = False  # checkpoint_due said yes since the last step boundary
 
 
 def _from_entry(entry: dict) -> Optional[_Interval]:
@@ -70,8 +72,11 @@ def on_step(engine, now: float) -> None:
     if iv is None or iv.auto is None:
         return
     if iv.last_step_at is not None:
-        iv.auto.step_time(now - iv.last_step_at)
+        ce = engine.checkpoint_engine
+        in_flight = bool(getattr(ce, "in_flight", lambda: 0)())
+        iv.auto.step_time(now - iv.last_step_at, checkpointing=in_flight or iv.saved_in_step)
     iv.last_step_at = now
+    iv.saved_in_step = False
 
 
 def checkpoint_due(engine, save_dir: str) -> bool:
@@ -87,7 +92,9 @@ def checkpoint_due(engine, save_dir: str) -> bool:
         iv.every = _agree(iv.auto.interval)
     elif iv.auto.plan is not None and step % iv.window == 0:
         iv.every = _agree(iv.auto.interval)
-    return iv.every is not None and step > 0 and step % iv.every == 0
+    due = iv.every is not None and step > 0 and step % iv.every == 0
+    iv.saved_in_step = iv.saved_in_step or due
+    return due
 
 
 def _tune(engine, iv: _Interval, save_dir: str) -> None:

@@ -13,6 +13,13 @@ valid one kept while N are written) and N staging copies in host memory (M / m a
 takes N* = argmin T_w / N with its best p, and the interval f* = ceil(T_w / (N* · q · t))
 steps, so that writing costs at most the fraction q of the step time t. It is an error when
 no measured N fits the limits.
+
+PCcheck prices a checkpoint at T_w / N because its GPU trains while idle CPU cores write.
+Where training itself keeps the CPU busy (CPU training, or few cores), the checkpoint's CPU
+work (copies, CRCs, syscalls) is taken from training: profile() also measures that CPU time,
+and choose(busy=...) prices a checkpoint at max(T_w, busy · CPU) / N. AutoInterval measures
+busy while training, and then the real cost per checkpoint (feedback), which choose() takes
+as cost_s.
 """
 from __future__ import annotations
 
@@ -31,10 +38,16 @@ class Measurement:
     concurrency: int
     writers: int
     write_s: float  # T_w: the first save to the last commit of `concurrency` checkpoints
+    cpu_s: float = 0.0  # CPU time the process spent in that while (every thread)
 
     @property
     def per_checkpoint_s(self) -> float:
         return self.write_s / self.concurrency
+
+    def cost_s(self, busy: float) -> float:
+        """Training time one checkpoint costs: its share of T_w (PCcheck), or, when training
+        keeps the CPU `busy` (a fraction of all cores), the CPU the checkpoint takes from it."""
+        return max(self.write_s, busy * self.cpu_s) / self.concurrency
 
 
 @dataclass
@@ -46,6 +59,8 @@ class TunePlan:
     state_bytes: int
     step_s: float
     overhead: float
+    cost_s: float = 0.0  # training time one checkpoint is expected to cost (interval = cost / (q t))
+    busy: float = 0.0  # the fraction of all cores training kept busy when the plan was made
     measurements: list = field(default_factory=list)
     excluded: dict = field(default_factory=dict)  # N -> why it was not allowed
 
@@ -73,29 +88,42 @@ def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1,
     os.makedirs(directory, exist_ok=True)
     for n in ns:
         for p in ps:
-            times = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
-                     for _ in range(repeats)]
-            out.append(Measurement(n, p, statistics.median(times)))
+            trials = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
+                      for _ in range(repeats)]
+            out.append(Measurement(n, p, statistics.median(t for t, _ in trials),
+                                   statistics.median(c for _, c in trials)))
     return out
 
 
-def _trial(state, root: str, n: int, p: int, kwargs: dict) -> float:
+def cpu_seconds() -> float:
+    """CPU time of this process so far, every thread (user + system)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _trial(state, root: str, n: int, p: int, kwargs: dict) -> tuple[float, float]:
+    """(wall, CPU) seconds from the first of n saves to the last commit."""
     from .checkpointer import Checkpointer
     shutil.rmtree(root, ignore_errors=True)
     try:
         with Checkpointer(root, concurrency=n, writers=p, keep=n, distributed=False, **kwargs) as ck:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             for step in range(1, n + 1):
                 ck.save(state, step=step)
             ck.wait()
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, cpu_seconds() - c0
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def choose(measurements: list[Measurement], state_bytes: int, step_s: float, overhead: float,
-           host_bytes: int | None = None, storage_bytes: int | None = None) -> TunePlan:
-    """N*, its best p, and f* from measurements under the memory and storage limits."""
+           host_bytes: int | None = None, storage_bytes: int | None = None, busy: float = 0.0,
+           cost_s: float | None = None) -> TunePlan:
+    """N*, its best p, and f* from measurements under the memory and storage limits.
+
+    busy: the fraction of all cores training keeps busy (0: the CPU is idle while the GPU
+    trains — PCcheck's setting, where a checkpoint costs T_w / N). cost_s: a per-checkpoint
+    cost measured while training (AutoInterval's feedback); the interval covers the larger."""
     if not measurements:
         raise ConfigError("tuning needs at least one measurement")
     if not (0 < overhead < 1):
@@ -114,7 +142,8 @@ def choose(measurements: list[Measurement], state_bytes: int, step_s: float, ove
             allowed.append(m)
     if not allowed:
         raise ConfigError(f"no measured concurrency fits the limits: {excluded}")
-    best = min(allowed, key=lambda m: (m.per_checkpoint_s, m.concurrency, m.writers))
-    interval = max(1, math.ceil(best.write_s / (best.concurrency * overhead * step_s)))
+    best = min(allowed, key=lambda m: (m.cost_s(busy), m.per_checkpoint_s, m.concurrency, m.writers))
+    cost = max(best.cost_s(busy), cost_s or 0.0)
+    interval = max(1, math.ceil(cost / (overhead * step_s) - 1e-9))
     return TunePlan(best.concurrency, best.writers, interval, best.write_s, state_bytes, step_s, overhead,
-                    [asdict(m) for m in measurements], {str(k): v for k, v in excluded.items()})
+                    cost, busy, [asdict(m) for m in measurements], {str(k): v for k, v in excluded.items()})

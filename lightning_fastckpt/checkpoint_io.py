@@ -215,6 +215,10 @@ class FastCheckpointIO(CheckpointIO):
             ck.close()
         self._kwargs = new
 
+    def in_flight(self) -> int:
+        """Checkpoints saved and not yet landed."""
+        return len(self._ck.in_flight()) if self._ck is not None else 0
+
     def wait(self) -> None:
         """Blocks until every checkpoint in flight has landed; a failed one is raised or warned
         about as on_error says."""

@@ -8,7 +8,9 @@ Owns the interval of a ModelCheckpoint (Lightning's owner of "when"; FastCheckpo
 (fastckpt.auto_interval.AutoInterval: PCcheck's N*, p*, f*) profiles N x p with this
 trainer's real checkpoint on the checkpoint directory's disk, sets every_n_train_steps = f*,
 and gives FastCheckpointIO concurrency N* and writers p* (when the trainer uses one). The
-step time keeps being watched; a drift beyond `drift` re-chooses the interval. The plan and
+step time keeps being watched, each step marked when a checkpoint was saved or in flight in
+it: a drift beyond `drift`, or a measured cost per checkpoint that breaks the budget,
+re-chooses the interval. The plan and
 its measurements go to the log and to DIRPATH/fastckpt-tune.json. With an integer
 every_n_train_steps it is a plain ModelCheckpoint.
 """
@@ -39,22 +41,27 @@ class TunedModelCheckpoint(ModelCheckpoint):
             every_n_train_steps = None
         super().__init__(dirpath=dirpath, every_n_train_steps=every_n_train_steps, **kwargs)
         self._t0: Optional[float] = None
+        self._saved_in_step = False
         self.tune_seconds = 0.0
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         if self.auto is not None and self._t0 is not None:
-            self.auto.step_time(now - self._t0)
+            io = trainer.strategy.checkpoint_io
+            in_flight = isinstance(io, FastCheckpointIO) and io.in_flight() > 0
+            self.auto.step_time(now - self._t0, checkpointing=self._saved_in_step or in_flight)
             if self.auto.plan is not None:
                 self._every_n_train_steps = self.auto.interval  # follows a re-tune
         self._t0 = now
+        self._saved_in_step = False
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         if self.auto is not None and self.auto.needs_tuning and trainer.is_global_zero:
             self._tune(trainer)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._saved_in_step = self._last_global_step_saved == trainer.global_step
 
     def _tune(self, trainer) -> None:
         t0 = time.perf_counter()

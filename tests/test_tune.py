@@ -97,6 +97,39 @@ def test_lightning_every_n_train_steps_auto(tmp_path):
     assert plan["concurrency"] in (1, 2) and plan["writers"] in (1, 2) and plan["interval"] == cb.auto.interval
     assert (io._kwargs["concurrency"], io._kwargs["writers"]) == (plan["concurrency"], plan["writers"])
     steps = sorted(int(f.split("step=")[1].split(".")[0]) for f in os.listdir(tmp_path / "ck") if "step=" in f)
-    assert steps == [s for s in range(4, 31) if s % plan["interval"] == 0]  # nothing during the warm-up
+    intervals = {h["interval"] for h in plan["history"]}  # the feedback may have re-chosen it mid-run
+    assert steps and min(steps) > 3 and all(any(s % i == 0 for i in intervals) for s in steps)
     assert steps, f"interval {plan['interval']} left no checkpoint in 30 steps"
     assert not os.listdir(tmp_path / "ck" / ".fastckpt-tune")  # the trial checkpoints are gone
+
+
+def test_a_busy_cpu_prices_a_checkpoint_by_the_cpu_it_takes():
+    ms = [Measurement(1, 4, 1.0, cpu_s=0.8), Measurement(4, 4, 2.0, cpu_s=3.2)]
+    idle = choose(ms, state_bytes=GIB, step_s=0.1, overhead=0.1)
+    assert (idle.concurrency, idle.interval) == (4, 50)  # PCcheck: T_w/N = 0.5 s
+    busy = choose(ms, state_bytes=GIB, step_s=0.1, overhead=0.1, busy=1.0)
+    assert busy.cost_s == pytest.approx(0.8) and busy.interval == 80  # the CPU a checkpoint takes: 0.8 s
+    assert choose(ms, state_bytes=GIB, step_s=0.1, overhead=0.1, cost_s=1.5).interval == 150
+
+
+def test_profile_measures_the_cpu_of_the_checkpoints(tmp_path):
+    (m,) = profile({"w": torch.randn(4 << 20)}, str(tmp_path / "tune"), ns=(1,), ps=(2,))
+    assert 0 < m.cpu_s < 10 * m.write_s  # 16 MiB copied, CRC'd and written takes some CPU
+
+
+def test_feedback_raises_the_interval_to_the_cost_training_measures(tmp_path):
+    """Step times where every checkpoint step costs 60 ms more than the 100 ms step: the
+    measured cost replaces the model's (T_w/N = 20 ms), so the overhead comes back to q."""
+    from fastckpt.auto_interval import AutoInterval
+    auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2)
+    auto._measurements, auto._state_bytes = [Measurement(1, 1, 0.02, cpu_s=0.0)], GIB
+    for _ in range(3):
+        auto.step_time(0.1)
+    auto._choose("tuned")
+    assert auto.interval == 2  # 0.02 / (0.1 * 0.1)
+    for step in range(1, 200):
+        slow = step % auto.interval == 0
+        auto.step_time(0.1 + (0.06 if slow else 0.0), checkpointing=slow)
+    assert auto.interval == 6  # ceil(0.06 / (0.1 * 0.1))
+    assert auto.measured_overhead == pytest.approx(0.1, abs=0.01)
+    assert any(h["event"].startswith("re-tuned: a checkpoint cost 60 ms") for h in auto.history)

@@ -74,7 +74,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
         if tuner is not None:  # tune=auto: the interval (and N, writers) by measurement
             now = time.perf_counter()
             if t_step is not None:
-                tuner.step_time(now - t_step)
+                tuner.step_time(now - t_step, checkpointing=saved_at == step - 1 or bool(ck and ck.in_flight()))
             t_step = now
         x, y = batch(step, d)
         if offload is None:
