@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
+.PHONY: setup demo test test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,8 +28,23 @@ test: $(STAMP)
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/test_crash.py tests/test_pmem.py -k "kill9" --many
 
+# every benchmark (each records its section of benchmarks/RESULTS.md and its plot), then REPORT.md
 bench: $(STAMP)
+	$(VPY) benchmarks/save_load.py
+	$(VPY) benchmarks/lightning_overhead.py
+	$(VPY) benchmarks/deepspeed_overhead.py
+	$(VPY) benchmarks/pmem_store.py
+	$(VPY) benchmarks/offload.py
+	$(VPY) benchmarks/tuned_interval.py
+	$(VPY) benchmarks/goodput.py
+	$(VPY) benchmarks/reliability.py --many
+	$(VPY) benchmarks/report.py
+
+bench-save-load: $(STAMP)
 	$(VPY) benchmarks/save_load.py $(ARGS)
+
+report: $(STAMP)
+	$(VPY) benchmarks/report.py
 
 bench-lightning: $(STAMP)
 	$(VPY) benchmarks/lightning_overhead.py $(ARGS)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 import bounds  # noqa: E402
 import peers  # noqa: E402
-from results import write_section  # noqa: E402
+from results import keep  # noqa: E402
 
 import fastckpt  # noqa: E402
 
@@ -152,7 +152,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-results", action="store_true", help="do not rewrite RESULTS.md")
+    ap.add_argument("--from-json", help="record the results of an earlier run (its save_load.json) instead of running")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        args.sizes = [r["gib"] for r in saved["results"]]
+        args.runs = saved["results"][0]["runs"]
+        return record(saved["when"], saved["results"], args)
     if not dist.is_initialized():  # DCP wants a process group; one gloo rank
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
@@ -162,14 +169,44 @@ def main() -> None:
         print(f"== {gib} GiB ==", flush=True)
         results.append(one_size(gib, args.runs, args.out))
         print(table(results[-1]), flush=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    record(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), results, args)
+
+
+def record(stamp: str, results: list, args) -> None:
     header = (f"## save_load.py — {stamp}, {platform.node()} ({os.cpu_count()} cores, torch "
               f"{torch.__version__}, CPU only), `python benchmarks/save_load.py --sizes "
               f"{' '.join(str(s) for s in args.sizes)} --runs {args.runs}`")
-    with open(os.path.join(args.out, "save_load.json"), "w") as f:
-        json.dump({"when": stamp, "results": results}, f, indent=1)
-    if not args.no_results:
-        write_section("save_load", header + "\n\n" + "\n\n".join(table(r) for r in results))
+    keep("save_load", args.out, {"when": stamp, "results": results},
+         header + "\n\n" + "\n\n".join(table(r) for r in results), plot, publish=not args.no_results)
+
+
+PLOTTED = [("memcpy", "memcpy (bound)"), ("odirect_write", "O_DIRECT write (bound)"),
+           ("fastckpt_c_durable", "fastckpt save c, durable"), ("torch_save", "torch.save+fsync"),
+           ("dcp_save", "DCP save"), ("dcp_async_durable", "DCP async_save, durable"),
+           ("odirect_read", "O_DIRECT read cold (bound)"), ("fastckpt_load_cold", "fastckpt load cold"),
+           ("torch_load_cold", "torch.load cold")]
+
+
+def plot(res: dict, path: str) -> None:
+    """GB/s of each contender and bound, per state size (log scale: memcpy is 10x the disk)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(res["results"])
+    for j, r in enumerate(res["results"]):
+        gb = r["bytes"] / 1e9
+        ax.bar([i + j * width for i in range(len(PLOTTED))], [gb / r["median_s"][k] for k, _ in PLOTTED],
+               width, label=f"{r['gib']} GiB")
+    ax.set_xticks([i + width * (len(res["results"]) - 1) / 2 for i in range(len(PLOTTED))])
+    ax.set_xticklabels([n for _, n in PLOTTED], rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s (median)")
+    ax.set_title("save / load throughput vs the physical bounds of the same run")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

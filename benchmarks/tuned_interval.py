@@ -6,12 +6,13 @@ checkpoints.
     python benchmarks/tuned_interval.py --qs 0.05 0.10 --runs 3
 
 Per run: the tuner times --tune-warmup quiet steps (nothing saved), profiles, and from then
-on checkpoints every f* steps; the first checkpoint and 2 steps after it are a warm-up. The
-overhead of the steps after that is measured two ways: against the same steps of separate
-runs without checkpoints (median of --runs), and against the run's own quiet steps (their
-mean step time, the first 5 left out), which shares the machine's state of the moment.
-Printed with the chosen N*, p*, f* and the measured T_w; medians of --runs; written to
-JSON + PNG and to benchmarks/RESULTS.md.
+on checkpoints every f* steps, re-choosing f as its feedback measures what a checkpoint
+really costs the steps. The overhead of the steps after the first checkpoint (+2 steps) is
+taken against the same steps of the same round's run without checkpoints (rounds alternate
+the configurations, so a slow spell of the VM hits both of a pair), and again from the
+feedback's last re-choice on ("settled"). Printed with the first and last (N, p, f), the
+measured cost per checkpoint, the CPU share training kept busy, and T_w; medians of --runs;
+written to JSON + PNG and to benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=16000)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=200, help="steps per run")
+    ap.add_argument("--steps", type=int, default=400, help="steps per run")
     ap.add_argument("--tune-warmup", type=int, default=30, help="quiet steps the tuner times first")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
@@ -93,28 +94,39 @@ def main() -> None:
     shutil.rmtree(ckdir, ignore_errors=True)
     rows = []
     for q in args.qs:
-        overheads = []
-        for run in auto_runs[q]:
+        overheads, settled = [], []
+        for run, base_run in zip(auto_runs[q], base_runs):  # paired: the round's own run without checkpoints
             lo = run["measured_from"]
             if lo >= args.steps - 5:
                 continue
-            base = statistics.median(sum(b["step_times"][lo:]) for b in base_runs)
-            overheads.append(sum(run["step_times"][lo:]) / base - 1)
+            overheads.append(sum(run["step_times"][lo:]) / sum(base_run["step_times"][lo:]) - 1)
             run["overhead"] = overheads[-1]
+            # after the feedback's last re-choice (the tuner has learnt what a checkpoint costs)
+            last = max(lo, run["history"][-1]["steps_timed"] + 2)
+            if last < args.steps - 20:
+                settled.append(sum(run["step_times"][last:]) / sum(base_run["step_times"][last:]) - 1)
+                run["overhead_settled"], run["settled_from"] = settled[-1], last
             quiet = statistics.mean(run["step_times"][5:args.tune_warmup])
             run["overhead_in_run"] = statistics.mean(run["step_times"][lo:]) / quiet - 1
         in_run = [r["overhead_in_run"] * 100 for r in auto_runs[q] if "overhead_in_run" in r]
         med = lambda key: statistics.median(r[key] for r in auto_runs[q])  # noqa: E731
         rows.append({"q": q, "overhead_pct": statistics.median(overheads) * 100 if overheads else None,
+                     "settled_pct": statistics.median(settled) * 100 if settled else None,
+                     "settleds_pct": [o * 100 for o in settled],
+                     "final_plans": [(r["history"][-1]["concurrency"], r["history"][-1]["writers"],
+                                      r["history"][-1]["interval"]) for r in auto_runs[q]],
+                     "cost_ms": [round(r["history"][-1]["cost_s"] * 1e3) for r in auto_runs[q]],
+                     "busy": [round(r["history"][0]["busy"], 2) for r in auto_runs[q]],
                      "in_run_pct": statistics.median(in_run) if in_run else None, "in_runs_pct": in_run,
                      "overheads_pct": [o * 100 for o in overheads], "interval": med("interval"),
                      "write_s": med("write_s"), "planned_step_ms": med("planned_step_s") * 1e3,
                      "tune_s": med("tune_s"), "measured_steps": args.steps - med("measured_from"),
                      "plans": [(r["concurrency"], r["writers"], r["interval"]) for r in auto_runs[q]]})
         row = rows[-1]
-        print(f"q={q:.0%}: f*={row['interval']} steps, plans (N, p, f) {row['plans']}, T_w {row['write_s']:.3f} s, "
-              f"overhead {row['overhead_pct']:.1f} % (runs: {', '.join(f'{o:.1f}' for o in row['overheads_pct'])})",
-              flush=True)
+        print(f"q={q:.0%}: plans (N, p, f) first {row['plans']}, last {row['final_plans']}, cost/ckpt "
+              f"{row['cost_ms']} ms, busy {row['busy']}, T_w {row['write_s']:.3f} s, overhead "
+              f"{row['overhead_pct']:.1f} % (runs: {', '.join(f'{o:.1f}' for o in row['overheads_pct'])}), settled "
+              f"{row['settled_pct'] if row['settled_pct'] is None else round(row['settled_pct'], 1)} %", flush=True)
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args), "rows": rows,
            "base_step_ms": statistics.median(statistics.median(b["step_times"][10:]) for b in base_runs) * 1e3}
     keep("tuned_interval", args.out, res, table(res), plot, publish=not args.no_results)
@@ -127,17 +139,20 @@ def table(res: dict) -> str:
              f"`--d-model {a['d_model']} --layers {a['layers']} --vocab {a['vocab']} --steps {a['steps']} "
              f"--runs {a['runs']}`\n",
              f"Lightning, FastCheckpointIO + TunedModelCheckpoint(every_n_train_steps=\"auto\", overhead=q); "
-             f"no-checkpoint step {res['base_step_ms']:.1f} ms. Overhead over the steps after the tuner's warm-up, "
-             "profiling and first checkpoint, against the same steps without checkpoints; medians of the runs.\n",
-             "| q | chosen (N*, p*, f*) per run | T_w (s) | t at tuning (ms) | measured steps | "
-             "vs runs without checkpoints (each run) | median | vs the run's own quiet steps (each run) | median | "
-             "within q + 1 point? | profiling pause (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"no-checkpoint step {res['base_step_ms']:.1f} ms. Overhead of the steps after the tuner's warm-up, "
+             "profiling and first checkpoint, against the same steps of the same round's run without checkpoints "
+             "(paired); 'settled': from the feedback's last re-choice on. Medians of the runs.\n",
+             "| q | first (N*, p*, f*) per run | last (N, p, f) per run | cost per checkpoint (ms) | busy | T_w (s) | "
+             "t at tuning (ms) | overhead, each run | median | settled, each run | median | within q + 1 point? | "
+             "profiling pause (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        ok = all(v is not None and v <= r["q"] * 100 + 1 for v in (r["overhead_pct"], r["in_run_pct"]))
-        lines.append(f"| {r['q']:.0%} | {r['plans']} | {r['write_s']:.3f} | {r['planned_step_ms']:.1f} | "
-                     f"{r['measured_steps']:.0f} | {', '.join(f'{o:.1f} %' for o in r['overheads_pct'])} | "
-                     f"**{r['overhead_pct']:.1f} %** | {', '.join(f'{o:.1f} %' for o in r['in_runs_pct'])} | "
-                     f"**{r['in_run_pct']:.1f} %** | {'yes' if ok else 'NO'} | {r['tune_s']:.1f} |")
+        ok = r["overhead_pct"] is not None and r["overhead_pct"] <= r["q"] * 100 + 1
+        settled = "—" if r.get("settled_pct") is None else f"**{r['settled_pct']:.1f} %**"
+        lines.append(f"| {r['q']:.0%} | {r['plans']} | {r.get('final_plans')} | {r.get('cost_ms')} | {r.get('busy')} | "
+                     f"{r['write_s']:.3f} | {r['planned_step_ms']:.1f} | "
+                     f"{', '.join(f'{o:.1f} %' for o in r['overheads_pct'])} | **{r['overhead_pct']:.1f} %** | "
+                     f"{', '.join(f'{o:.1f} %' for o in r.get('settleds_pct', []))} | {settled} | "
+                     f"{'yes' if ok else 'NO'} | {r['tune_s']:.1f} |")
     return "\n".join(lines)
 
 

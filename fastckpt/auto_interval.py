@@ -60,6 +60,7 @@ class AutoInterval:
         self._since_plan: list[float] = []  # step times under the current plan (feedback)
         self._cost_s: Optional[float] = None  # measured cost of one checkpoint, once known
         self.measured_overhead: Optional[float] = None
+        self.steps_timed = 0
         self._measurements: list[Measurement] = []
         self._state_bytes = 0
         self.plan: Optional[TunePlan] = None
@@ -69,6 +70,7 @@ class AutoInterval:
     def step_time(self, seconds: float, checkpointing: bool = False) -> None:
         """One training step's wall time; checkpointing: a checkpoint was saved or in flight in it
         (such steps feed the cost feedback, not the step time t)."""
+        self.steps_timed += 1
         if not checkpointing:
             self._times.append(seconds)
         cpu = cpu_seconds()
@@ -139,9 +141,9 @@ class AutoInterval:
                            cost_s=self._cost_s)
         self._times.clear()
         self._since_plan.clear()
-        entry = dict(self.plan.to_dict(), event=why)
-        self.history.append({k: entry[k] for k in ("event", "concurrency", "writers", "interval", "step_s",
-                                                    "cost_s", "busy")})
+        entry = dict(self.plan.to_dict(), event=why, steps_timed=self.steps_timed)
+        self.history.append({k: entry[k] for k in ("event", "steps_timed", "concurrency", "writers", "interval",
+                                                    "step_s", "cost_s", "busy")})
         log.info("fastckpt %s: concurrency=%d writers=%d interval=%d steps (T_w %.3f s, step %.1f ms, q %.0f%%)",
                  why, self.plan.concurrency, self.plan.writers, self.plan.interval, self.plan.write_s,
                  self.plan.step_s * 1e3, self.overhead * 100)
