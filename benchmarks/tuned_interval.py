@@ -117,6 +117,7 @@ def main() -> None:
                                       r["history"][-1]["interval"]) for r in auto_runs[q]],
                      "cost_ms": [round(r["history"][-1]["cost_s"] * 1e3) for r in auto_runs[q]],
                      "busy": [round(r["history"][0]["busy"], 2) for r in auto_runs[q]],
+                     "histories": [r["history"] for r in auto_runs[q]],  # every (re-)choice, when and why
                      "in_run_pct": statistics.median(in_run) if in_run else None, "in_runs_pct": in_run,
                      "overheads_pct": [o * 100 for o in overheads], "interval": med("interval"),
                      "write_s": med("write_s"), "planned_step_ms": med("planned_step_s") * 1e3,
