@@ -130,15 +130,25 @@ class AutoInterval:
         if self.overhead / 2 <= self.measured_overhead <= self.overhead * 1.1:
             self._since_plan.clear()
             return
-        before, self._cost_s = f, max(0.0, cost)
-        self._choose(f"re-tuned: a checkpoint cost {cost * 1e3:.0f} ms of training "
-                     f"({self.measured_overhead:.1%} at every {f} steps, budget {self.overhead:.0%})")
-        log.info("fastckpt: interval %d -> %d steps", before, self.plan.interval)
+        self._cost_s = max(0.0, cost)
+        plan = self._plan()
+        self._since_plan.clear()
+        if plan.interval == f:  # the model's interval is the floor: already there, nothing to record
+            return
+        self._adopt(plan, f"re-tuned: a checkpoint cost {cost * 1e3:.0f} ms of training "
+                          f"({self.measured_overhead:.1%} at every {f} steps, budget {self.overhead:.0%})")
+        log.info("fastckpt: interval %d -> %d steps", f, self.plan.interval)
+
+    def _plan(self) -> TunePlan:
+        return choose(self._measurements, self._state_bytes, self.step_s, self.overhead,
+                      host_bytes=self.host_bytes, storage_bytes=self.storage_bytes, busy=self.busy,
+                      cost_s=self._cost_s)
 
     def _choose(self, why: str) -> TunePlan:
-        self.plan = choose(self._measurements, self._state_bytes, self.step_s, self.overhead,
-                           host_bytes=self.host_bytes, storage_bytes=self.storage_bytes, busy=self.busy,
-                           cost_s=self._cost_s)
+        return self._adopt(self._plan(), why)
+
+    def _adopt(self, plan: TunePlan, why: str) -> TunePlan:
+        self.plan = plan
         self._times.clear()
         self._since_plan.clear()
         entry = dict(self.plan.to_dict(), event=why, steps_timed=self.steps_timed)

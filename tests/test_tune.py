@@ -2,6 +2,7 @@
 and profiling measures real checkpoints."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -44,7 +45,6 @@ def test_profile_times_real_checkpoints(tmp_path):
 
 
 def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
-    import json
     from fastckpt.cli import main
     rc = main(["tune", str(tmp_path / "t"), "--step-s", "0.1", "--state-gb", "0.004", "--ns", "1", "2",
                "--ps", "1", "--repeats", "1", "--storage-gb", "0.01", "--out", str(tmp_path / "plan.json")])
@@ -55,7 +55,6 @@ def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
 
 
 def test_auto_interval_tunes_after_warmup_and_follows_drift(tmp_path):
-    import json
     from fastckpt.auto_interval import AutoInterval
     auto = AutoInterval(overhead=0.1, drift=0.2, warmup_steps=3, window=4, ns=(1, 2), ps=(1,),
                         log_path=str(tmp_path / "tune.json"))
@@ -77,7 +76,6 @@ def test_auto_interval_tunes_after_warmup_and_follows_drift(tmp_path):
 
 
 def test_lightning_every_n_train_steps_auto(tmp_path):
-    import json
     import time
 
     import lightning as L
@@ -133,3 +131,22 @@ def test_feedback_raises_the_interval_to_the_cost_training_measures(tmp_path):
     assert auto.interval == 6  # ceil(0.06 / (0.1 * 0.1))
     assert auto.measured_overhead == pytest.approx(0.1, abs=0.01)
     assert any(h["event"].startswith("re-tuned: a checkpoint cost 60 ms") for h in auto.history)
+
+
+def test_feedback_under_budget_keeps_the_model_interval_and_a_short_history(tmp_path):
+    """Checkpoints that cost training less than the model priced: the interval stays at the
+    model's (never below it) and a long run adds no history entry per feedback round."""
+    from fastckpt.auto_interval import AutoInterval
+    auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2,
+                        log_path=str(tmp_path / "plan.json"))
+    auto._measurements, auto._state_bytes = [Measurement(1, 1, 0.05, cpu_s=0.0)], GIB
+    for _ in range(3):
+        auto.step_time(0.1)
+    auto._choose("tuned")
+    assert auto.interval == 5  # 0.05 / (0.1 * 0.1)
+    for step in range(1, 5000):
+        cheap = step % auto.interval == 0
+        auto.step_time(0.1 + (0.001 if cheap else 0.0), checkpointing=cheap)
+    assert auto.measured_overhead == pytest.approx(0.002, abs=0.001)  # the feedback did look
+    assert auto.interval == 5 and len(auto.history) == 1
+    assert len(json.loads((tmp_path / "plan.json").read_text())["history"]) == 1
