@@ -12,6 +12,7 @@ import os
 import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DATE = r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?"
 # (marker name, heading, what it answers) in the order the report reads
 SECTIONS = [
     ("save_load", "Save and load throughput vs the physical bound", "fastckpt vs torch.save/load, DCP save/async_save, "
@@ -36,6 +37,17 @@ def sections(results: str) -> dict[str, str]:
     return out
 
 
+def recorded(section: str | None) -> str:
+    """When a section was measured: its heading's date, else the span of its parts' dates."""
+    if section is None:
+        return "MISSING"
+    when = re.search(DATE, section.split("\n", 1)[0])
+    if when:
+        return when.group(0)
+    dates = sorted({m.group(0) for m in re.finditer(DATE, section)})
+    return dates[0] if len(dates) == 1 else f"{dates[0]} – {dates[-1]}" if dates else "undated"
+
+
 def build(results_path: str, figures: str) -> str:
     with open(results_path) as f:
         found = sections(f.read())
@@ -45,8 +57,7 @@ def build(results_path: str, figures: str) -> str:
              "comes from (date, machine, command); the readings and caveats are in `RESULTS.md`.", ""]
     lines += ["| section | answers | recorded |", "|---|---|---|"]
     for name, heading, what in SECTIONS:
-        when = re.search(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?", found.get(name, "").split("\n", 1)[0])
-        lines.append(f"| [{heading}](#{name}) | {what} | {when.group(0) if when else ('yes' if name in found else 'MISSING')} |")
+        lines.append(f"| [{heading}](#{name}) | {what} | {recorded(found.get(name))} |")
     for name, heading, what in SECTIONS:
         lines += ["", f'<a id="{name}"></a>', f"## {heading}", "", f"_{what}._", ""]
         if name not in found:

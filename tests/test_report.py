@@ -23,7 +23,9 @@ def test_report_takes_recorded_sections_and_names_missing_ones(tmp_path):
         "<!-- save_load:begin -->\n## save_load.py — 2026-11-22 10:00, vm\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
         "<!-- save_load:end -->\n\nreading of save_load\n\n"
         "<!-- goodput:begin -->\n## goodput.py — 2026-11-21 13:18, vm\n\ngoodput table\n\n"
-        "Plot: `benchmarks/figures/goodput.png`, data: `benchmarks/figures/goodput.json`.\n<!-- goodput:end -->\n")
+        "Plot: `benchmarks/figures/goodput.png`, data: `benchmarks/figures/goodput.json`.\n<!-- goodput:end -->\n"
+        "<!-- offload:begin -->\n## offload.py — vm; each part names its run\n\n### a — 2026-11-21 12:46\n\n"
+        "### b — 2026-11-21 12:42\n<!-- offload:end -->\n")
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "save_load.png").write_bytes(b"\x89PNG")
@@ -35,7 +37,8 @@ def test_report_takes_recorded_sections_and_names_missing_ones(tmp_path):
     assert set(index) == {name for name, _, _ in report.SECTIONS}
     assert index["save_load"].endswith("| 2026-11-22 10:00 |")
     assert index["goodput"].endswith("| 2026-11-21 13:18 |")
-    for name in set(index) - {"save_load", "goodput"}:
+    assert index["offload"].endswith("| 2026-11-21 12:42 – 2026-11-21 12:46 |")  # dated by its parts
+    for name in set(index) - {"save_load", "goodput", "offload"}:
         assert index[name].endswith("| MISSING |"), index[name]
         assert f"**Missing**: `{name}` has not recorded a section yet" in text
     # a section's own headings sit under the report's, its table is carried whole
