@@ -115,19 +115,29 @@ def test_profile_measures_the_cpu_of_the_checkpoints(tmp_path):
     assert 0 < m.cpu_s < 10 * m.write_s  # 16 MiB copied, CRC'd and written takes some CPU
 
 
-def test_feedback_raises_the_interval_to_the_cost_training_measures(tmp_path):
-    """Step times where every checkpoint step costs 60 ms more than the 100 ms step: the
-    measured cost replaces the model's (T_w/N = 20 ms), so the overhead comes back to q."""
+def _tuned_on_100ms_steps(write_s: float, log_path=None):
+    """An AutoInterval (q = 10 %) tuned on three 100 ms steps and one measured checkpoint of
+    write_s, then fed `train(extra_s, steps)`: steps that cost extra_s more when they checkpoint."""
     from fastckpt.auto_interval import AutoInterval
-    auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2)
-    auto._measurements, auto._state_bytes = [Measurement(1, 1, 0.02, cpu_s=0.0)], GIB
+    auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2, log_path=log_path)
+    auto._measurements, auto._state_bytes = [Measurement(1, 1, write_s, cpu_s=0.0)], GIB
     for _ in range(3):
         auto.step_time(0.1)
     auto._choose("tuned")
+
+    def train(extra_s: float, steps: int) -> None:
+        for step in range(1, steps):
+            ckpt = step % auto.interval == 0
+            auto.step_time(0.1 + (extra_s if ckpt else 0.0), checkpointing=ckpt)
+    return auto, train
+
+
+def test_feedback_raises_the_interval_to_the_cost_training_measures(tmp_path):
+    """Step times where every checkpoint step costs 60 ms more than the 100 ms step: the
+    measured cost replaces the model's (T_w/N = 20 ms), so the overhead comes back to q."""
+    auto, train = _tuned_on_100ms_steps(0.02)
     assert auto.interval == 2  # 0.02 / (0.1 * 0.1)
-    for step in range(1, 200):
-        slow = step % auto.interval == 0
-        auto.step_time(0.1 + (0.06 if slow else 0.0), checkpointing=slow)
+    train(0.06, 200)
     assert auto.interval == 6  # ceil(0.06 / (0.1 * 0.1))
     assert auto.measured_overhead == pytest.approx(0.1, abs=0.01)
     assert any(h["event"].startswith("re-tuned: a checkpoint cost 60 ms") for h in auto.history)
@@ -136,17 +146,9 @@ def test_feedback_raises_the_interval_to_the_cost_training_measures(tmp_path):
 def test_feedback_under_budget_keeps_the_model_interval_and_a_short_history(tmp_path):
     """Checkpoints that cost training less than the model priced: the interval stays at the
     model's (never below it) and a long run adds no history entry per feedback round."""
-    from fastckpt.auto_interval import AutoInterval
-    auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2,
-                        log_path=str(tmp_path / "plan.json"))
-    auto._measurements, auto._state_bytes = [Measurement(1, 1, 0.05, cpu_s=0.0)], GIB
-    for _ in range(3):
-        auto.step_time(0.1)
-    auto._choose("tuned")
+    auto, train = _tuned_on_100ms_steps(0.05, log_path=str(tmp_path / "plan.json"))
     assert auto.interval == 5  # 0.05 / (0.1 * 0.1)
-    for step in range(1, 5000):
-        cheap = step % auto.interval == 0
-        auto.step_time(0.1 + (0.001 if cheap else 0.0), checkpointing=cheap)
+    train(0.001, 5000)
     assert auto.measured_overhead == pytest.approx(0.002, abs=0.001)  # the feedback did look
     assert auto.interval == 5 and len(auto.history) == 1
     assert len(json.loads((tmp_path / "plan.json").read_text())["history"]) == 1
