@@ -38,7 +38,7 @@ import fastckpt
 from fastckpt.checkpointer import Checkpointer
 from fastckpt.distributed import make_agreement
 from fastckpt.fsutil import write_atomic
-from fastckpt.step_gate import StepGate
+from fastckpt.write.gate import StepGate
 
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals

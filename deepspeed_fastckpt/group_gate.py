@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from fastckpt.checkpointer import Checkpointer
-from fastckpt.step_gate import storages_of
+from fastckpt.write.gate import storages_of
 
 
 def _ptr(t: torch.Tensor) -> int:

@@ -5,13 +5,13 @@ slot and staging, issues the snapshot and returns; a commit thread per
 checkpoint finishes the file, then — in counter order, agreed by all ranks —
 writes the commit record, moves `latest` forward and applies retention.
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
-by the next save(), wait() or close().
+by the next save(), wait() or close(). Every wait of the write path is bounded by
+one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import threading
 import time
@@ -20,12 +20,14 @@ import weakref
 
 from .commit import CommitInfo, FileEntry
 from .distributed import Agreement, make_agreement
-from .engine import MiB, new_engine, physical_memory
+from .engine import new_engine
 from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from .format import FORMATS, plan_file
 from .pending import Pending
-from .snapshot import STRATEGIES
 from .store import STORES, open_store
+from .write import STRATEGIES, Deadline, WriteStalled, staging_chunks, stages, start_write
+from .write.deadline import DEFAULT_STALL_S
+from .write.staging import Staging
 
 log = logging.getLogger("fastckpt")
 POLICIES = ("wait", "skip")
@@ -41,7 +43,7 @@ class Checkpointer:
                  format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
                  direct_io: bool = True, commit_timeout_s: float = 600.0,
                  distributed: bool | None = None, model: str = "default", pool_mb: int | None = None,
-                 persist: str = "auto", on_error: str = "raise"):
+                 persist: str = "auto", on_error: str = "raise", stall_timeout_s: float = DEFAULT_STALL_S):
         _check_choice("strategy", strategy, STRATEGIES)
         _check_choice("on_error", on_error, ON_ERROR)
         _check_choice("store", store, STORES)
@@ -59,6 +61,9 @@ class Checkpointer:
         # on_error="warn": a failed checkpoint is reported (warning + log) and dropped, and training
         # goes on with the previous one intact; "raise" stops the caller at its next call.
         self.on_error = on_error
+        self.commit_timeout_s = commit_timeout_s
+        # every wait of the write path fails (WriteStalled) after this long without progress
+        self._deadline = Deadline(stall_timeout_s, self._progress)
         # distributed=None: every rank of an initialised process group saves and commits together;
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
@@ -75,8 +80,8 @@ class Checkpointer:
         self._last: Pending | None = None
         self._unobserved: list[Pending] = []
         self._engine = None
+        self._staging: Staging | None = None
         self._started = False
-        self._reserving: threading.Thread | None = None
         self._counter: int | None = None
         self._closed = False
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False}
@@ -107,11 +112,13 @@ class Checkpointer:
                 failed._finish(None, e)
                 return failed
             self._started = True
-        got = self._slots.acquire(blocking=self.policy == "wait")
+        got = self._acquire_slot()
         try:
             plan = plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
-            if got and self.strategy == "c" and self.store.stages:
-                got = self._ensure_staging(plan)
+            if got:
+                chunk = self._engine.pool.chunk_bytes
+                got = self._staging.ensure(staging_chunks(plan, self.store.sink_kind, self.strategy, chunk))
+                self.stats["pinned"] = self._staging.pinned
         except BaseException:
             if got:
                 self._slots.release()
@@ -131,7 +138,8 @@ class Checkpointer:
         ckpt_id, file_path = None, None
         try:
             ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan, meta=meta)
-            write = self.store.start_write(self._engine, plan, file_path, self.strategy, self.direct_io, held)
+            write = start_write(self._engine, plan, self.store.sink(file_path, self.direct_io), self.strategy,
+                                self._deadline, held)
         except OSError as e:
             where = path if path is not None else f"under {self.root}"
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
@@ -161,64 +169,53 @@ class Checkpointer:
         with self._lock:
             if self._engine is None:
                 self._engine = new_engine(self.chunk_mb, self.writers * self.concurrency)
+                self._staging = Staging(self._engine, self.concurrency, self.staging_mb, self.policy)
             return self._engine
 
-    def _staging_bound(self, nbytes: int) -> tuple[int, int]:
-        """(chunks one checkpoint of nbytes needs, chunks the pool may hold)."""
-        chunk = self._engine.pool.chunk_bytes
-        need = max(1, math.ceil(nbytes / chunk))
-        if self.staging_mb is None:
-            return need, min(self.concurrency * need, max(1, physical_memory() // 2 // chunk))
-        return need, max(1, self.staging_mb * MiB // chunk)
+    def _progress(self) -> int:
+        """Units moved by this Checkpointer's engine so far (the deadline's measure of progress)."""
+        engine = self._engine
+        return engine.progress if engine is not None else 0
 
-    def _grow(self, n: int) -> None:
-        new = self._engine.pool.grow(n)
-        from .cuda_snapshot import pin_host_memory
-        self.stats["pinned"] = pin_host_memory(new, self._engine.pool.chunk_bytes) or self.stats["pinned"]
+    def _acquire_slot(self) -> bool:
+        """One of `concurrency` slots: waits for the oldest checkpoint in flight (policy='wait'),
+        under the deadline; False at once when none is free and policy='skip'."""
+        if self.policy == "skip":
+            return self._slots.acquire(blocking=False)
+        return self._deadline.wait(lambda: f"a free slot ({self.concurrency} checkpoints in flight: "
+                                           f"{self.in_flight()})", lambda s: self._slots.acquire(timeout=s),
+                                   slack=self.commit_timeout_s)
 
-    def _ensure_staging(self, plan) -> bool:
-        """Grows the pool as needed, within its bound; False when policy='skip' and it is too full now."""
-        pool = self._engine.pool
-        need, cap = self._staging_bound(plan.data_end - plan.data_begin)
-        # Grow on demand, up to the bound: the first save prefaults one checkpoint's worth,
-        # not concurrency x; more only when saves really overlap.
-        grow = min(cap - pool.capacity, need - pool.free_count)
-        if grow > 0:
-            self._grow(grow)
-        return self.policy == "wait" or pool.free_count >= min(need, pool.capacity)
+    @property
+    def stall_timeout_s(self) -> float:
+        return self._deadline.stall_s
 
-    def reserve(self, nbytes: int) -> None:
-        """Faults in staging for one checkpoint of about `nbytes` on a background thread, so
-        that the first save does not pay for it (page faults run at ~1-3 GB/s) on the training
-        thread. A save that comes first simply grows what is still missing. Strategy 'c' only."""
+    def reserve(self, nbytes: int, device: str = "cpu") -> None:
+        """Faults in staging for one checkpoint of about `nbytes` of tensors on `device` on a
+        background thread, so that the first save does not pay for it on the training thread.
+        Nothing when writes of this strategy and store draw no staging."""
         self._check_open()
-        if self.strategy != "c" or not self.store.stages or self._reserving is not None:
-            return  # only strategy c stages, and not into a pool
-        pool = self._engine_now().pool
-        need, cap = self._staging_bound(nbytes)
-        target = min(need, cap)
-
-        def fault_in() -> None:
-            while not self._closed and pool.capacity < target:
-                self._grow(1)
-
-        self._reserving = threading.Thread(target=fault_in, name="fastckpt-reserve", daemon=True)
-        self._reserving.start()
+        if not stages(device, self.store.sink_kind, self.strategy):
+            return
+        self._engine_now()
+        self._staging.reserve(nbytes)
 
     def _drain(self, pending: Pending, write, error, ckpt_id: str, file_path: str, meta) -> None:
         """Commit thread of one checkpoint: finish the file, then commit in counter order."""
         result, info = None, None
         if write is not None:
             try:
-                write.wait_copied()
-                pending._copied.set()
                 result = self.store.finish_write(write, file_path)
             except BaseException as e:  # surfaced through Pending, never swallowed
-                write.abort(str(e))
+                write.abort(e)
                 error = _as_write_error(e, pending.step)
-        pending._copied.set()
-        if pending.prev is not None:
-            pending.prev._done.wait()
+        if pending.prev is not None:  # bounded: the previous commit has its own deadlines
+            prev = pending.prev
+            try:
+                self._deadline.wait(f"the commit of step {prev.step} before step {pending.step}",
+                                    prev._done.wait, slack=self.commit_timeout_s)
+            except WriteStalled as e:
+                error = error or e
             pending.prev = None  # a long run must not keep a chain of every past checkpoint
         if error is None:
             try:  # in counter order: a later save of the same path must land last
@@ -284,11 +281,26 @@ class Checkpointer:
         """Blocks until every snapshot in flight has finished *copying* the caller's tensors.
 
         Call it before the optimizer step (or anything else that overwrites the saved tensors).
+        A copy that makes no progress for stall_timeout_s abandons its checkpoint: the error
+        is raised here (on_error="raise") or warned about, and the tensors are free again.
         """
+        stalled = None
         for p in self.in_flight():
             p.release_all()
-            if not p.wait_copied(timeout):
+            try:
+                copied = p.wait_copied(timeout)
+            except WriteStalled as e:  # abandoned: its tensors are free once it is aborted
+                p.write.abort(e)
+                p.observed = True
+                stalled = stalled or e
+                continue
+            except Exception as e:  # noqa: BLE001 - a failed write: its commit thread reports it
+                p.write.abort(e)
+                continue
+            if not copied:
                 raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
+        if stalled is not None:
+            self.report_failure(stalled)
 
     def wait(self) -> None:
         """Blocks until every checkpoint in flight is committed; raises the first error."""
@@ -299,7 +311,9 @@ class Checkpointer:
                 break
             for pending, _, thread in items:
                 pending.release_all()
-                thread.join()
+                self._deadline.wait(f"the commit of step {pending.step}",
+                                    lambda s: (thread.join(s), not thread.is_alive())[1],
+                                    slack=self.commit_timeout_s)
         self._raise_background_errors()
 
     def in_flight(self) -> list[Pending]:
@@ -372,13 +386,9 @@ class Checkpointer:
             self._closed = True
             _open_checkpointers.discard(self)
             self.store.close()
-            if self._reserving is not None:
-                self._reserving.join()
-            if self._engine is not None:
-                from .cuda_snapshot import unpin_host_memory
-                unpin_host_memory(self._engine.pool.addresses())
-                self._engine.pool.free_all()
-                self._engine = None
+            if self._staging is not None:
+                self._staging.close()
+                self._staging, self._engine = None, None
             self._agree.close()
 
     def __enter__(self) -> "Checkpointer":

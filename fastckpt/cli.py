@@ -93,7 +93,7 @@ def _info(args) -> int:
     import torch
 
     from . import _native
-    from .cuda_snapshot import kvikio_mode
+    from .write.gds import kvikio_mode
     feats = dict(_native.features())
     feats["torch"] = torch.__version__
     feats["cuda"] = torch.cuda.is_available()

@@ -35,6 +35,7 @@ class CheckpointerConfig:
     pool_mb: int | None = None
     persist: str = "auto"
     on_error: str = "raise"
+    stall_timeout_s: float = 120.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":

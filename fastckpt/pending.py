@@ -17,7 +17,7 @@ class Pending:
         self._error: BaseException | None = None
         self.observed = False
         self.skipped = skipped
-        self.write = None  # the FileWrite in flight (None once skipped or failed to start)
+        self.write = None  # the SnapshotWrite in flight (None when skipped or failed to start)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
         self._index: dict[int, int] | None = None
         if skipped:
@@ -30,10 +30,16 @@ class Pending:
 
     def copied(self) -> bool:
         """True once the snapshot no longer reads the caller's tensors."""
-        return self._copied.is_set()
+        if self.write is None or self._done.is_set():
+            return self._copied.is_set()
+        return self.write.copied()
 
     def wait_copied(self, timeout: float | None = None) -> bool:
-        return self._copied.wait(timeout)
+        """True once the snapshot no longer reads the caller's tensors (False after `timeout`);
+        raises the write's error, or WriteStalled when its copy made no progress for the deadline."""
+        if self.write is None or self._done.is_set():
+            return self._copied.wait(timeout)
+        return self.write.wait_copied(timeout)
 
     def record_index(self) -> dict[int, int]:
         """Storage (data_ptr) -> index of the record that copies it; built once."""
@@ -49,20 +55,23 @@ class Pending:
 
     def release(self, records: list[int]) -> None:
         """Held saves: let the copy of these records start now."""
-        if self.write is not None and not self._copied.is_set():
+        if self.write is not None and not self._done.is_set():
             self.write.release(records)
 
     def release_all(self) -> None:
-        if self.write is not None and not self._copied.is_set():
+        if self.write is not None and not self._done.is_set():
             self.write.release_all()
 
     def wait_records(self, records: list[int], timeout: float | None = None) -> bool:
-        """True once these records are copied: their tensors may change again."""
-        if self.write is None or self._copied.is_set():
+        """True once these records are copied: their tensors may change again. A write that
+        failed or stalled is aborted here (so nothing reads them any more); its commit thread
+        reports the error through wait() and the next save."""
+        if self.write is None or self._done.is_set():
             return True
         try:
             return self.write.wait_records(records, timeout)
-        except Exception:  # noqa: BLE001 - the commit thread reports the failure via wait()
+        except Exception as e:  # noqa: BLE001 - reported by the commit thread, see above
+            self.write.abort(e)
             return True
 
     def wait(self, timeout: float | None = None) -> CommitInfo | None:

@@ -13,7 +13,11 @@ from typing import Callable
 from .engine import default_engine
 from .format import load_file, plan_file
 from .fsutil import fsync_dir
-from .snapshot import start_write
+from .write import Deadline, FileSink, start_write
+from .write.deadline import DEFAULT_STALL_S
+from .write.pinning import pin_chunks
+
+_pinned = False
 
 
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
@@ -33,11 +37,13 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
         return _save_with_tool(state, path, format, tool)
     plan = plan_file(state, format)
     tmp = path + ".tmp"
-    w = start_write(default_engine(), plan, tmp, strategy, direct_io=True)
+    engine = _engine()
+    w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(DEFAULT_STALL_S, lambda: engine.progress))
     try:
+        w.release_all()
         res = w.finish() if progress is None else _finish_reporting(w, plan.file_size, progress)
-    except BaseException:
-        w.abort("save failed")
+    except BaseException as e:
+        w.abort(e)
         try:
             os.unlink(tmp)
         except FileNotFoundError:
@@ -46,6 +52,16 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     os.replace(tmp, path)
     fsync_dir(parent)
     return res.bytes
+
+
+def _engine():
+    """The shared engine of one-file saves, its staging pinned for CUDA copies once."""
+    global _pinned
+    engine = default_engine()
+    if not _pinned:
+        _pinned = True
+        pin_chunks(engine.pool.addresses(), engine.pool.chunk_bytes)
+    return engine
 
 
 def _save_with_tool(state, path: str, format: str, tool) -> int:

@@ -10,14 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import torch
-
-from . import _native, commit
+from . import commit
 from .commit import FileEntry
 from .errors import CorruptCheckpointError, UnsafeCheckpointError
 from .format import sniff
-
-BOUNCE = 64 << 20
+from .format.reading import range_crcs
 
 
 @dataclass
@@ -31,20 +28,6 @@ class Report:
 
     def good(self, msg: str) -> None:
         self.lines.append("ok      " + msg)
-
-
-def range_crcs(path: str, ranges: list[tuple[int, int]]) -> list[int]:
-    """CRC-32 of each (offset, length) range of a file, reading through one bounce buffer."""
-    bounce = torch.empty(BOUNCE, dtype=torch.uint8)
-    out = []
-    for off, n in ranges:
-        crc = 0
-        for done in range(0, n, BOUNCE):
-            k = min(BOUNCE, n - done)
-            (c,) = _native.read_ranges(path, [(bounce.data_ptr(), off + done, k)], 4, 16 << 20, True)
-            crc = _native.crc32_concat(crc, c, k)
-        out.append(crc)
-    return out
 
 
 def verify_file(path: str, entry: FileEntry | None = None) -> str:

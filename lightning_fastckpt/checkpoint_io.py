@@ -4,7 +4,7 @@ Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt,
 is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
 reads) by the `path` store; it returns once the snapshot is issued. Consistency:
 tensors only `optimizer.step()` writes are copied in the background and the update
-waits for them (step_gate); every other tensor is copied before save returns.
+waits for them (fastckpt.write.gate); every other tensor is copied before save returns.
 Outside a training run a save is durable when it returns. `load_checkpoint` of an
 in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
 whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
@@ -29,8 +29,8 @@ from fastckpt import commit
 from fastckpt.checkpointer import Checkpointer
 from fastckpt.errors import ConfigError
 from fastckpt.format import load_file
-from fastckpt.layerwise import HeldSnapshots
-from fastckpt.step_gate import StepGate
+from fastckpt.write.layerwise import HeldSnapshots
+from fastckpt.write.gate import StepGate
 from fastckpt.store import path_store
 
 
@@ -58,16 +58,20 @@ class FastCheckpointIO(CheckpointIO):
         pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (see the README).
         on_error: "raise" (a failed checkpoint stops training at the next save or at teardown)
             or "warn" (it is logged and warned about, the previous checkpoint stays, training goes on).
+        stall_timeout_s: a copy or write that makes no progress for this long fails its checkpoint
+            (a CheckpointWriteError naming what it waited for) instead of hanging training.
     """
 
     def __init__(self, strategy: str = "c", concurrency: int = 2, writers: int = 4,
                  chunk_mb: int = 64, staging_mb: Optional[int] = None, format: str = "torch",
                  policy: str = "wait", direct_io: bool = True, verify: bool = True,
                  per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
-                 pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise"):
+                 pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise",
+                 stall_timeout_s: float = 120.0):
         self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
                             chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
-                            direct_io=direct_io, verify=verify, on_error=on_error)
+                            direct_io=direct_io, verify=verify, on_error=on_error,
+                            stall_timeout_s=stall_timeout_s)
         self.pool = os.fspath(pool) if pool is not None else None
         if self.pool is not None:
             self._kwargs.update(root=self.pool, store="pmem", model=None, pool_mb=pool_mb, persist=persist)
@@ -132,7 +136,7 @@ class FastCheckpointIO(CheckpointIO):
         if self._ck is not None:
             self._ck.gate()
         if self.gate.steps_seen == 2:  # optimizer state exists now: fault staging in early
-            self._checkpointer().reserve(self.gate.owned_bytes())
+            self._checkpointer().reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     # -- loading ---------------------------------------------------------
     @override

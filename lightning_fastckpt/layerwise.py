@@ -1,6 +1,6 @@
 """LayerwiseCheckpointing: LightCheck's layer-wise snapshot, pipelined with DDP's gradient all-reduce.
 
-Owns wiring fastckpt.layerwise into a Lightning run. With it, a save
+Owns wiring fastckpt.write.layerwise into a Lightning run. With it, a save
 issued at the end of step i copies nothing at once (only tensors outside the
 optimizer, which save copies itself). During step i+1's backward, when DDP hands
 a gradient bucket to its communication hook, the copy of that bucket's parameters
@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 
-from fastckpt.layerwise import layerwise_comm_hook
+from fastckpt.write.layerwise import layerwise_comm_hook
 
 from .checkpoint_io import FastCheckpointIO
 

@@ -157,7 +157,9 @@ PYBIND11_MODULE(_native, m) {
         py::gil_scoped_release nogil;
         j.finalize(b, file_size);
       })
-      .def("abort", &WriteJob::abort, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &WriteJob::abort, py::arg("why"), py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("status", &WriteJob::status)
       .def("record_crcs", &WriteJob::record_crcs)
       .def("span_crcs", &WriteJob::span_crcs)
       .def("chunk_layout", &WriteJob::chunk_layout)
@@ -191,6 +193,7 @@ PYBIND11_MODULE(_native, m) {
       }, py::arg("target"), py::arg("shift"), py::arg("pieces"), py::arg("data_begin"),
          py::arg("data_end"), py::arg("n_records"), py::arg("held") = false)
       .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
+      .def_property_readonly("progress", &Engine::progress)
       .def_property_readonly("copy_threads", &Engine::copy_threads)
       .def_property_readonly("write_threads", &Engine::write_threads);
 }

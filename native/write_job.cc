@@ -102,6 +102,7 @@ void WriteJob::prepare_file() {
   std::lock_guard<std::mutex> lk(mu_);
   file_ready_ = true;
   --running_;
+  bump();
   cv_.notify_all();
 }
 
@@ -203,23 +204,58 @@ void WriteJob::fail(const std::exception& e) {
 
 // Fails the job, then waits until no task of it is still running: once abort returns, no
 // writer touches its file or holds one of its staging chunks (the caller may remove both).
-void WriteJob::abort(const std::string& why) {
+bool WriteJob::abort(const std::string& why, double timeout_s) {
   fail(why);
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [this] { return running_ == 0; });
+  auto idle = [this] { return running_ == 0; };
+  if (timeout_s < 0) {
+    cv_.wait(lk, idle);
+    return true;
+  }
+  return cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), idle);
+}
+
+std::string WriteJob::status() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const size_t units = unit_state_.size();
+  size_t held = 0, copied = 0;
+  for (uint8_t s : unit_state_) {
+    held += s == 0;
+    copied += s == 2;
+  }
+  std::string out = std::to_string(copied) + " of " + std::to_string(units) + " units copied";
+  if (held) out += " (" + std::to_string(held) + " still held)";
+  const size_t total_writes = per_span() ? spans_.size() : n_chunks_;
+  out += ", " + std::to_string(total_writes - writes_left_) + " of " + std::to_string(total_writes) +
+         " written, " + std::to_string(running_) + " tasks running";
+  if (!file_ready_) out += ", the file not yet open";
+  return out;
 }
 
 void WriteJob::count_copied(size_t unit) {
   std::lock_guard<std::mutex> lk(mu_);
   unit_state_[unit] = 2;
   --copies_left_;
+  bump();
   cv_.notify_all();  // per-record waiters watch single units
 }
 
 void WriteJob::count_written() {
   std::lock_guard<std::mutex> lk(mu_);
   --running_;
+  bump();
   if (--writes_left_ == 0 || running_ == 0) cv_.notify_all();
+}
+
+// Staging chunks are freed by writers; a copy waits for one in slices so that a failed job
+// (a writer error, or abort() after a stall) lets its copy threads go.
+int WriteJob::acquire_chunk() {
+  for (;;) {
+    int slot = w_.pool->acquire(0.05);
+    if (slot >= 0) return slot;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (failed_) return -1;
+  }
 }
 
 void WriteJob::fill_chunk(size_t c, uint8_t* buf) {
@@ -242,12 +278,12 @@ void WriteJob::copy_chunk(size_t c) {
     std::lock_guard<std::mutex> lk(mu_);
     skip = failed_;
   }
-  if (skip) {
+  int slot = skip ? -1 : acquire_chunk();
+  if (slot < 0) {
     count_copied(c);
     count_written();
     return;
   }
-  int slot = w_.pool->acquire(-1.0);
   fill_chunk(c, w_.pool->data(slot));
   count_copied(c);
   auto self = shared_from_this();
@@ -374,14 +410,15 @@ bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
 
 bool WriteJob::wait_copied(double timeout_s) { return wait_latch(copies_left_, timeout_s); }
 
-bool WriteJob::wait_written(double timeout_s) { return wait_latch(writes_left_, timeout_s); }
+bool WriteJob::wait_written(double timeout_s) {
+  return wait_until([this] { return writes_left_ == 0 && file_ready_; }, timeout_s);
+}
 
 void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs,
                         uint64_t file_size) {
   if (mode_ == Mode::Mapped) throw std::logic_error("a mapped job has no file to finalize");
-  // A file with no data units has nothing for wait_written() to wait on: wait for
-  // prepare_file() too, which a writer thread may not have run yet.
-  wait_until([this] { return writes_left_ == 0 && file_ready_; }, -1.0);
+  if (!wait_until([this] { return writes_left_ == 0 && file_ready_; }, 0.0))
+    throw std::logic_error("finalize() before wait_written() returned true");
   if (finalized_) throw std::logic_error("job already finalized");
   if (fd_ < 0) throw std::logic_error("file was never opened");
   for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);

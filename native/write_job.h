@@ -7,6 +7,9 @@
 // (the caller may overwrite its tensors) and "written" (all data is in the file).
 // A held job (layer-wise checkpointing) copies nothing until the caller
 // releases records; each record's copy can then be waited on alone.
+// No wait here is unbounded: every one takes a timeout (the Python write path calls them in
+// slices under its deadline), and a copy thread waiting for a staging chunk gives up once the
+// job has failed.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -48,10 +51,14 @@ struct MappedTarget {
   uint64_t shift = 0;
 };
 
+// What a job runs on: its engine's staging, copy and writer threads, and the engine's
+// progress counter (bumped by every unit copied or written, so a waiter can tell a slow
+// checkpoint from a stuck one).
 struct Workers {
   StagingPool* pool;
   ThreadPool* copiers;
   ThreadPool* writers;
+  std::atomic<uint64_t>* progress;
 };
 
 class WriteJob : public std::enable_shared_from_this<WriteJob> {
@@ -64,14 +71,20 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void start();
   void push_chunk(size_t chunk, int slot);  // External mode
   bool wait_copied(double timeout_s);       // true when copied (throws the job's error)
-  bool wait_written(double timeout_s);      // true when written (throws the job's error)
+  // True when every data byte is written and the file is open (throws the job's error).
+  bool wait_written(double timeout_s);
   // Held jobs: start copying (writing, in direct mode) the units holding these records.
   void release(const std::vector<uint32_t>& records);
   void release_all();
   // True when every unit holding these records is copied (throws the job's error).
   bool wait_records_copied(const std::vector<uint32_t>& records, double timeout_s);
+  // After wait_written(): headers, ftruncate, fdatasync.
   void finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size);
-  void abort(const std::string& why);
+  // Fails the job (the first error wins) and waits up to timeout_s (< 0: no limit) until none
+  // of its tasks runs; false when one is still running then (e.g. stuck in the kernel).
+  bool abort(const std::string& why, double timeout_s);
+  // One line for error messages: units copied and written, tasks running, file state.
+  std::string status() const;
 
   size_t n_chunks() const { return n_chunks_; }
   uint64_t chunk_begin(size_t c) const { return data_begin_ + c * chunk_bytes_; }
@@ -104,6 +117,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void submit_unit(size_t unit);
   std::vector<size_t> units_of(const std::vector<uint32_t>& records) const;
   void count_written();
+  void bump() { w_.progress->fetch_add(1, std::memory_order_relaxed); }
+  int acquire_chunk();  // a staging chunk, or -1 once the job has failed
   // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
   bool wait_until(const std::function<bool()>& done, double timeout_s);
   bool wait_latch(const size_t& left, double timeout_s);

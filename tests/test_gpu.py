@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastckpt
-from fastckpt.cuda_snapshot import kvikio_mode
+from fastckpt.write.gds import kvikio_mode
 from conftest import assert_same, state_matrix
 
 pytestmark = pytest.mark.gpu

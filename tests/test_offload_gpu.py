@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastckpt
-from fastckpt.cuda_snapshot import kvikio_mode
+from fastckpt.write.gds import kvikio_mode
 from fastckpt.offload import ActivationOffload, TensorIO, available_tools
 from fastckpt.offload.tools import read_tensor, write_tensor
 

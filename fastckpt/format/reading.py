@@ -34,3 +34,17 @@ def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bo
     crcs = _native.read_ranges(path, [(b.data_ptr(), off, n) for b, (off, n) in zip(bufs, spans)],
                                threads, SPLIT, verify)
     return bufs, list(crcs)
+
+
+def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 << 20) -> list[int]:
+    """CRC-32 of each (offset, length) range of a file, reading through one bounce buffer."""
+    bounce = torch.empty(min(bounce_bytes, max([n for _, n in ranges] + [1])), dtype=torch.uint8)
+    out = []
+    for off, n in ranges:
+        crc = 0
+        for done in range(0, n, bounce.numel()):
+            k = min(bounce.numel(), n - done)
+            (c,) = _native.read_ranges(path, [(bounce.data_ptr(), off + done, k)], 4, 16 << 20, True)
+            crc = _native.crc32_concat(crc, c, k)
+        out.append(crc)
+    return out

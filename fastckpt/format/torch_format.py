@@ -79,7 +79,9 @@ def _restore(storage: torch.UntypedStorage, location: str, map_location):
         target = str(map_location)
     if target == "cpu" or target.startswith("cpu"):
         return storage
-    return storage.to(torch.device(target))
+    # Tensor.to has taken a device positionally in every torch; UntypedStorage.to's device is
+    # keyword-only (and torch 2.11 refuses it positionally)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).to(device=torch.device(target)).untyped_storage()
 
 
 def read_torch(path: str, map_location=None, verify: bool = True, weights_only: bool = True,

@@ -106,7 +106,7 @@ def read_tensor(path: str, device=None, verify: bool = True, header: dict | None
 
 
 def _kvikio():
-    from ..cuda_snapshot import kvikio_mode
+    from ..write.gds import kvikio_mode
     if not torch.cuda.is_available():
         return None, "no CUDA device"
     if kvikio_mode() is None:

@@ -7,52 +7,20 @@ more 4096-aligned, smaller ones packed) goes to its data extent (LightCheck §II
 Joined, the two are byte-for-byte the file format="safetensors" writes, so export is a
 copy, and reading goes through that format's one header validator.
 
-Owns MappedWrite (the FileWrite of a pool: copy threads store the live tensors straight
-into the data extent, no staging; LightCheck-D / Portus zero-copy on the CPU side) and
-read_version (a state back out of the pool, CRCs checked).
+Owns read_version (a state back out of the pool, CRCs checked) and image_bytes (the
+version as a safetensors file's bytes). Writing a version is the write path's
+(fastckpt.write: host_mapped.py, device_mapped.py).
 """
 from __future__ import annotations
-
-import threading
 
 import torch
 
 from .. import _native
 from ..errors import CorruptCheckpointError
 from ..format import safetensors_format as st
-from ..format.plan import FilePlan
-from ..snapshot import JobWrite
 from .pool import Pool, Version
 
 READ_THREADS = 4
-
-
-class MappedWrite(JobWrite):
-    """One version in flight into the pool. wait_copied() frees the caller's tensors;
-    finish() returns once every byte of the data extent is persistent."""
-
-    def __init__(self, engine, pool: Pool, plan: FilePlan, data_off: int, held: bool = False):
-        if plan.format != "safetensors":
-            raise ValueError("the pool keeps safetensors images")
-        self.plan = plan
-        self._copied = threading.Event()
-        pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
-        self._job = engine.submit_mapped(pool.native, (data_off - plan.data_begin) % (1 << 64), pieces,
-                                         plan.data_begin, plan.data_end, len(plan.records), held)
-
-    def finish(self) -> tuple[list[int], list, bytes, int]:
-        """(record CRCs, spans, header bytes, image CRC) once the data is persistent."""
-        self._job.release_all()
-        self._job.wait_written(-1.0)
-        self._copied.set()
-        crcs = list(self._job.record_crcs())
-        blobs, image_crc = self.plan.finish(crcs)
-        (off, header), = blobs
-        assert off == 0 and len(header) == self.plan.data_begin
-        return crcs, [tuple(s) for s in self._job.span_crcs()], header, image_crc
-
-    def abort(self, why: str) -> None:
-        self._job.abort(why)
 
 
 def read_version(pool: Pool, v: Version, map_location=None, verify: bool = True,

@@ -8,18 +8,20 @@ them back with the format readers; the pmem store overrides these hooks.
 from __future__ import annotations
 
 from ..format import load_file
-from ..snapshot import start_write
+from ..write.protocol import FileSink
 
 
 class Store:
     layout_format: str | None = None  # None: the Checkpointer's own format
-    stages = True  # strategy "c" copies through the engine's staging pool
+    sink_kind = "file"  # what sink() returns: write.select picks the write implementation by it
     allow_pickle = False  # safetensors layouts: non-JSON values are an error
 
-    def start_write(self, engine, plan, file_path: str, strategy: str, direct_io: bool, held: bool = False):
-        return start_write(engine, plan, file_path, strategy, direct_io, held)
+    def sink(self, file_path: str, direct_io: bool):
+        """Where the write of the checkpoint begun as `file_path` puts its bytes."""
+        return FileSink(file_path, direct_io)
 
     def finish_write(self, write, file_path: str):
+        """The commit thread's step 3 of the write protocol: a WriteResult once durable."""
         return write.finish()
 
     def commit_rank(self, ckpt_id: str, info) -> None:

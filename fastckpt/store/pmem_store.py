@@ -25,9 +25,9 @@ import zlib
 from ..commit import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
-from ..pmem.image import MappedWrite, read_version
+from ..pmem.image import read_version
 from ..pmem.pool import Pool, Version
-from ..snapshot import FileResult
+from ..write.protocol import MappedSink, WriteResult
 from .base import Store
 
 
@@ -37,7 +37,7 @@ HEADROOM = 1.25  # a pool sized at the first save holds the slots' versions and 
 
 class PoolStore(Store):
     layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
-    stages = False  # tensors go straight into the pool: no staging pool
+    sink_kind = "mapped"  # tensors go straight into the pool: no staging
     allow_pickle = True  # like torch.save: other values are pickled, loaded by the restricted unpickler
 
     def __init__(self, root, model: str = "default", pool_mb: int | None = None, persist: str = "auto",
@@ -135,23 +135,22 @@ class PoolStore(Store):
             self._claims[ckpt_id] = (i, s, desc, extra)
         return ckpt_id, ckpt_id
 
-    def start_write(self, engine, plan, file_path: str, strategy: str, direct_io: bool, held: bool = False):
-        i, s, desc, _ = self._claims[file_path]
-        if plan.devices() - {"cpu"}:
-            from ..pmem.cuda_pool import CudaMappedWrite
-            return CudaMappedWrite(engine, self.pool, plan, desc.data_off, strategy, held)
-        return MappedWrite(engine, self.pool, plan, desc.data_off, held)
+    def sink(self, file_path: str, direct_io: bool) -> MappedSink:
+        return MappedSink(self.pool, self._claims[file_path][2].data_off)
 
-    def finish_write(self, write, file_path: str) -> FileResult:
+    def finish_write(self, write, file_path: str) -> WriteResult:
         """Data persistent -> header and meta persisted -> the slot sealed (not yet current)."""
         i, s, desc, extra = self._claims[file_path]
-        crcs, spans, header, image_crc = write.finish()
+        result = write.finish()
+        (off, header), = result.blobs
+        if off != 0 or len(header) != write.plan.data_begin:
+            raise ValueError("a pool version's header must be the image's first data_begin bytes")
         self.pool.write_at(desc.meta_off, header + extra)
         desc.meta_len, desc.data_len = len(header), write.plan.data_end - write.plan.data_begin
-        desc.image_crc, desc.time = image_crc, time.time()
+        desc.image_crc, desc.time = result.file_crc, time.time()
         self.pool.seal(i, s, desc)
-        return FileResult(file_path, desc.meta_len + desc.data_len, image_crc, crcs, spans, False,
-                          [r.name for r in write.plan.records])
+        result.path, result.bytes = file_path, desc.meta_len + desc.data_len
+        return result
 
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
         return file_path

@@ -92,6 +92,13 @@ class StepGate:
         """Bytes of those storages: most of what a training checkpoint holds."""
         return sum(self._owned().values())
 
+    def owned_device(self) -> str:
+        """'cuda' when the optimizers' parameters live on a GPU, else 'cpu'."""
+        for opt in list(self.optimizers):
+            if any(p.is_cuda for group in opt.param_groups for p in group["params"]):
+                return "cuda"
+        return "cpu"
+
     def _owned(self) -> dict[int, int]:
         out: dict[int, int] = {}
         for opt in list(self.optimizers):

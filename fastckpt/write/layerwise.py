@@ -4,17 +4,19 @@ Owns the held snapshots of one checkpointing front end and the DDP communication
 hook that releases them. A held save copies nothing at once; when DDP hands a
 gradient bucket to its communication hook, the copy of that bucket's parameters
 and their optimizer state starts, overlapping the bucket's all-reduce and the
-rest of the backward pass, and the bucket's future completes only once its copy
-is done — the update of a bucket waits for that bucket's copy alone. Whatever no
-bucket covered is released by the step gate before the optimizer step.
+rest of the backward pass. For host buckets (gloo) the bucket's future completes
+only once its copy is done — the update of a bucket waits for that bucket's copy
+alone; CUDA buckets are not delayed (see layerwise_comm_hook). Whatever no bucket
+covered is released by the step gate, which waits for every copy before the
+optimizer step.
 Framework-free: the Lightning and DeepSpeed plugins wire it in.
 """
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .pending import Pending
-from .step_gate import StepGate
+from ..pending import Pending
+from .gate import StepGate
 
 
 class HeldSnapshots:
@@ -51,14 +53,18 @@ class HeldSnapshots:
 
 def layerwise_comm_hook(held: HeldSnapshots, inner: Optional[Callable] = None) -> Callable:
     """A DDP comm hook: release this bucket's snapshot, run `inner` (default all-reduce), and
-    complete the bucket's future only once the bucket's copy is done."""
+    (host buckets) complete the bucket's future only once the bucket's copy is done."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     inner = inner or allreduce_hook
 
     def layerwise_hook(state, bucket):  # no annotations: DDP checks them against its own types
         waits = held.release_params(bucket.parameters())
         fut = inner(state, bucket)
-        if not waits:
+        if not waits or bucket.buffer().is_cuda:
+            # NCCL completes a bucket's future as soon as its all-reduce is enqueued, so a
+            # callback runs inline on the backward thread: a host wait there would stop the
+            # backward pass for the copy. DDP's optimizer step follows the whole backward, and
+            # the gate before it waits for every copy: the copies overlap backward all the same.
             return fut
 
         def after_copy(f):

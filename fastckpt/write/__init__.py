@@ -1,0 +1,19 @@
+"""The write path: live tensors -> staging or spare memory -> a file or a pool version.
+
+  protocol.py      the protocol every write follows, its call order, sinks and result
+  select.py        the one place an implementation is chosen (source x sink)
+  host_file.py     host tensors -> file          (native job: staged, host copy, direct)
+  host_mapped.py   host tensors -> mapped pool   (native job: copy threads store into it)
+  device_file.py   CUDA tensors -> file          (side stream, pinned staging, spare memory, kvikio)
+  device_mapped.py CUDA tensors -> mapped pool   (side stream into the registered mapping)
+  job_write.py, device_write.py, streams.py, pinning.py, gds.py   what those share
+  deadline.py      every wait bounded: no progress for stall_timeout_s -> WriteStalled
+  gate.py          the optimizer-step gate that waits for the copies
+  layerwise.py     held snapshots released per DDP bucket (LightCheck §III-B)
+"""
+from .deadline import Deadline, WriteStalled
+from .protocol import STRATEGIES, FileSink, MappedSink, SnapshotWrite, WriteResult
+from .select import implementation, staging_chunks, stages, start_write
+
+__all__ = ["Deadline", "WriteStalled", "STRATEGIES", "FileSink", "MappedSink", "SnapshotWrite", "WriteResult",
+           "implementation", "staging_chunks", "stages", "start_write"]

@@ -1,0 +1,54 @@
+"""Host tensors into a file: strategies c / g / d over one native job.
+
+  c  copy threads fill bounded staging chunks; writers drain them (pipelined); the gate
+     waits for the copies;
+  g  a full second host copy first (LightCheck's "spare device memory" is host memory
+     here), made while save() runs; the writers then write from it;
+  d  writers write straight from the live tensors; the gate holds until written.
+A held write (layer-wise, c and d) moves nothing until records are released.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _native
+from .job_write import JobWrite
+from .protocol import FileSink, WriteResult
+
+MODES = {"c": "staged", "g": "host-copy", "d": "direct"}
+
+
+class HostFileWrite(JobWrite):
+    """One file of host tensors in flight."""
+
+    @classmethod
+    def stages(cls, strategy: str, gds: bool = True) -> bool:
+        return strategy == "c"
+
+    def __init__(self, engine, plan, sink: FileSink, strategy: str, deadline, held: bool = False):
+        held = held and strategy != "g"  # g copies everything while save() runs
+        super().__init__(engine, plan, deadline, sink.path, held)
+        self.sink, self.strategy, self.mode = sink, strategy, MODES[strategy]
+        self._keep: list[torch.Tensor] = []
+        pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
+        if strategy == "g":
+            pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
+        mode = _native.Mode.Stage if strategy == "c" else _native.Mode.Direct
+        self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, mode,
+                                  sink.direct_io, len(plan.records), held)
+
+    def _host_copy(self, src: int, nbytes: int) -> int:
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        _native.copy(buf.data_ptr(), src, nbytes, self.engine.copy_threads)
+        self._keep.append(buf)
+        return buf.data_ptr()
+
+    def finish(self) -> WriteResult:
+        self._wait_written()
+        crcs = list(self._job.record_crcs())
+        blobs, file_crc = self.plan.finish(crcs)
+        self._job.finalize(blobs, self.plan.file_size)
+        self._keep.clear()
+        return WriteResult(self.sink.path, self.plan.file_size, file_crc, crcs,
+                           [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io,
+                           [r.name for r in self.plan.records], blobs)

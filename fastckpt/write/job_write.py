@@ -1,0 +1,101 @@
+"""What the host writes share: one native WriteJob driven through the write protocol.
+
+Owns release, the bounded waits (each native wait runs in slices under the write's
+Deadline and names the job's state when it stalls), the held-time wait before finishing
+(a held write waits for its owner to release it: that time is the owner's, not the write
+path's, and no deadline runs during it), abort (the native job stops its tasks; one stuck in
+the kernel is reported and its engine kept alive) and progress.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from .deadline import Deadline
+from .protocol import SnapshotWrite
+
+log = logging.getLogger("fastckpt")
+STUCK: list = []  # writes whose tasks would not stop: they (and their engines) must outlive their owners
+
+
+def keep_stuck(write, why: str) -> None:
+    """A write whose workers did not stop by the deadline: logged, and kept alive for good
+    (destroying its engine would join a thread blocked in the kernel)."""
+    log.error("fastckpt: %s; its threads are left to finish on their own", why)
+    STUCK.append(write)
+
+
+class JobWrite(SnapshotWrite):
+    """A write whose bytes move by one native job (set self._job in the subclass)."""
+
+    def __init__(self, engine, plan, deadline: Deadline, where: str, held: bool):
+        self.engine, self.plan, self.deadline, self.where = engine, plan, deadline, where
+        self._job = None
+        self._error: BaseException | None = None
+        self._released = threading.Event()
+        if not held:
+            self._released.set()
+
+    # -- (1) release ----------------------------------------------------
+    def release(self, records) -> None:
+        if self._job is not None and not self._released.is_set():
+            self._job.release(list(records))
+
+    def release_all(self) -> None:
+        if self._job is not None and not self._released.is_set():
+            self._job.release_all()
+        self._released.set()
+
+    # -- (2) the gate -----------------------------------------------------
+    def wait_records(self, records, timeout: float | None = None) -> bool:
+        records = list(records)
+        if not records:
+            return True
+        self.release(records)
+        return self._wait(lambda s: self._job.wait_records_copied(records, s),
+                          f"the copy of {len(records)} record(s) for {self.where}", timeout)
+
+    def wait_copied(self, timeout: float | None = None) -> bool:
+        self.release_all()
+        return self._wait(self._job.wait_copied, f"the copy for {self.where}", timeout)
+
+    def _wait(self, attempt, what: str, timeout: float | None) -> bool:
+        if self._error is not None:
+            raise self._error
+        try:
+            return self.deadline.wait(lambda: f"{what} ({self._job.status()})", attempt, timeout)
+        except Exception:
+            if self._error is not None:  # aborted: its error, not the job's echo of it
+                raise self._error from None
+            raise
+
+    # -- (3) finishing ----------------------------------------------------
+    def _wait_written(self) -> None:
+        """Held time first (no deadline), then every data byte in the sink (under it)."""
+        while not self._released.wait(1.0):
+            if self._error is not None:
+                raise self._error
+        self._wait(self._job.wait_written, f"the writers of {self.where}", None)
+
+    # -- (4) abort --------------------------------------------------------
+    def abort(self, error: BaseException) -> bool:
+        if self._error is None:
+            self._error = error
+        self._released.set()
+        if self._job is None:
+            return True
+        if self._job.abort(str(error), self.deadline.stall_s):
+            return True
+        keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s "
+                         f"({self._job.status()})")
+        return False
+
+    @property
+    def bytes_written(self) -> int:
+        return self._job.bytes_written if self._job is not None else 0
+
+    def copied(self) -> bool:
+        try:
+            return self._error is not None or self._job.wait_copied(0.0)
+        except Exception:  # noqa: BLE001 - a failed job reads nothing more
+            return True
