@@ -1,9 +1,12 @@
-/* eio_shim.c — an LD_PRELOAD fault injector for the reliability campaign (EIO).
+/* eio_shim.c — an LD_PRELOAD fault injector for the reliability campaign (EIO) and the
+ * write path's deadline tests (a slow device).
  *
  * Files whose path contains $FASTCKPT_FAULT_PATH accept $FASTCKPT_FAULT_AFTER bytes of
  * writes in all; from then on every write, pwrite and fsync/fdatasync on them fails with
- * EIO, as a failing device does, $FASTCKPT_FAULT_COUNT times (default: for ever). Nothing
- * else is touched. Build: cc -shared -fPIC -O2 -o eio_shim.so eio_shim.c -ldl
+ * EIO, as a failing device does, $FASTCKPT_FAULT_COUNT times (default: for ever). With
+ * $FASTCKPT_FAULT_SLOW_US set instead, each of those calls sleeps that many microseconds
+ * and then succeeds (a slow but working device). Nothing else is touched.
+ * Build: cc -shared -fPIC -O2 -o eio_shim.so eio_shim.c -ldl
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -33,6 +36,11 @@ static int matches(int fd) {
 /* 1 when this call on fd must fail (and count it), 0 to let it through. */
 static int must_fail(int fd, size_t bytes) {
   if (!matches(fd)) return 0;
+  const char* slow = getenv("FASTCKPT_FAULT_SLOW_US");
+  if (slow != NULL && *slow != '\0') {
+    usleep((useconds_t)atol(slow));
+    return 0;
+  }
   const char* after = getenv("FASTCKPT_FAULT_AFTER");
   const char* count = getenv("FASTCKPT_FAULT_COUNT");
   long long limit = after ? atoll(after) : 0;

@@ -143,6 +143,8 @@ class FileStore(Store):
                 continue
             try:
                 out.append(commit.read(path))
+            except FileNotFoundError:
+                continue  # removed by retention since the listing: gone, not corrupt
             except (CorruptCheckpointError, OSError) as e:
                 if warn:
                     warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=3)

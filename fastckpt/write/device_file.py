@@ -248,9 +248,9 @@ class DeviceFileWrite(DeviceWrite):
     def bytes_written(self) -> int:
         return self._job.bytes_written if self._job is not None else self._written_bytes
 
-    def _stop(self) -> bool:
+    def _stop(self, timeout: float) -> bool:
         self._written.set()
         self._spare_done.set()
         if self._job is None:
             return True
-        return self._job.abort(str(self._error), self.deadline.stall_s)
+        return self._job.abort(str(self._error), timeout)

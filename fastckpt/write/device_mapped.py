@@ -12,6 +12,7 @@ long-term pins), records bounce through a pinned buffer and a native copy; the l
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -117,15 +118,17 @@ class DeviceMappedWrite(DeviceWrite):
         return WriteResult(self.where, self.plan.file_size, image_crc, list(self._crcs), spans, False,
                            [r.name for r in self.plan.records], blobs)
 
-    def _stop(self) -> bool:
-        """Copies already issued still land in the pool: wait for them before the version's
-        room can be claimed again."""
+    def _stop(self, timeout: float) -> bool:
+        """Copies already issued still land in the pool: wait (up to `timeout`) for them before
+        the version's room can be claimed again."""
         with self._cv:
             self._cv.notify_all()
-        try:
-            self._wait_mark(self.source.stream.mark(), f"the copies already issued into {self.where}")
-        except BaseException:  # noqa: BLE001 - a copy that never ends: reported by abort()
-            return False
+        mark = self.source.stream.mark()
+        end = time.monotonic() + timeout
+        while not mark.query():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.001)
         return True
 
     @property

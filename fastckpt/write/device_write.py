@@ -186,21 +186,24 @@ class DeviceWrite(SnapshotWrite):
         while not released.wait(1.0):
             if self._error is not None:
                 raise self._error
+        # slack: the worker's own waits have the same deadline and name what they waited for
         self.deadline.wait(lambda: f"the copy and write of {self.where} ({self._moved} units done)",
-                           lambda s: (self._thread.join(s), not self._thread.is_alive())[1])
+                           lambda s: (self._thread.join(s), not self._thread.is_alive())[1],
+                           slack=self.deadline.stall_s)
         if self._error is not None:
             raise self._error
 
     # -- (4) abort ----------------------------------------------------------
-    def _stop(self) -> bool:
-        """Stops what the subclass runs besides the worker; True once it has stopped."""
+    def _stop(self, timeout: float) -> bool:
+        """Stops what the subclass runs besides the worker; True once it has stopped (waiting
+        up to `timeout` seconds for that)."""
         return True
 
     def abort(self, error: BaseException) -> bool:
         if self._error is None:
             self._error = error
         self.units.stop()
-        ok = self._stop()
+        ok = self._stop(self.deadline.stall_s)
         worker = self._thread
         if worker is not None and worker is not threading.current_thread():
             worker.join(self.deadline.stall_s)
@@ -208,6 +211,10 @@ class DeviceWrite(SnapshotWrite):
         if not ok:
             keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s")
         return ok
+
+    def settled(self) -> bool:
+        """True once the worker (and what _stop waits for) of this aborted write has ended."""
+        return (self._thread is None or not self._thread.is_alive()) and self._stop(0.0)
 
     def copied(self) -> bool:
         return self._error is not None or all(e.is_set() for e in self._gate_latches(None, release=False))

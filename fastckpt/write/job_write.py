@@ -8,6 +8,8 @@ the kernel is reported and its engine kept alive) and progress.
 """
 from __future__ import annotations
 
+import atexit
+import ctypes
 import logging
 import threading
 
@@ -15,14 +17,30 @@ from .deadline import Deadline
 from .protocol import SnapshotWrite
 
 log = logging.getLogger("fastckpt")
-STUCK: list = []  # writes whose tasks would not stop: they (and their engines) must outlive their owners
+STUCK: list = []  # writes whose tasks would not stop: they (and their engines) outlive their owners
 
 
 def keep_stuck(write, why: str) -> None:
-    """A write whose workers did not stop by the deadline: logged, and kept alive for good
-    (destroying its engine would join a thread blocked in the kernel)."""
+    """A write whose workers did not stop by the deadline: logged, and kept alive until they
+    do (destroying its engine would join a thread blocked in the kernel)."""
     log.error("fastckpt: %s; its threads are left to finish on their own", why)
     STUCK.append(write)
+
+
+@atexit.register
+def _never_destroy_stuck() -> None:
+    """At exit, a write still stuck keeps its engine for good: tearing the interpreter down
+    would destroy the engine, and its destructor would join a thread blocked in the kernel —
+    a hang at exit. The reference is leaked on purpose; exit ends those threads."""
+    for w in STUCK:
+        if not w.settled():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(w))
+
+
+def stuck_on(engine) -> bool:
+    """Whether a stuck write of this engine still has a worker running (settled ones are dropped)."""
+    STUCK[:] = [w for w in STUCK if not w.settled()]
+    return any(w.engine is engine for w in STUCK)
 
 
 class JobWrite(SnapshotWrite):
@@ -89,6 +107,10 @@ class JobWrite(SnapshotWrite):
         keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s "
                          f"({self._job.status()})")
         return False
+
+    def settled(self) -> bool:
+        """True once no task of this (aborted) write runs any more."""
+        return self._job is None or self._job.abort(str(self._error), 0.0)
 
     @property
     def bytes_written(self) -> int:

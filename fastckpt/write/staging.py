@@ -14,7 +14,7 @@ import math
 import threading
 
 from ..engine import MiB, physical_memory
-from .job_write import STUCK
+from .job_write import stuck_on
 from .pinning import pin_chunks, unpin_chunks
 
 log = logging.getLogger("fastckpt")
@@ -71,7 +71,7 @@ class Staging:
         self._closed = True
         if self._reserving is not None:
             self._reserving.join()
-        if any(getattr(w, "engine", None) is self.engine for w in STUCK):
+        if stuck_on(self.engine):
             log.error("fastckpt: staging memory stays allocated: a stuck write still holds some of it")
             return False
         unpin_chunks(self.pool.addresses())
