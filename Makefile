@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
+.PHONY: setup demo test test-gpu test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -24,6 +24,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests $(ARGS)
+
+# every `gpu` test alone in its own process under a hard timeout: one PASS/FAIL/HANG/SKIP line each,
+# non-zero exit on any FAIL or HANG (3 when all skipped: no CUDA here). On a GPU machine it runs with
+# that machine's python3 (its CUDA torch), after `source .whl/gpu-env.sh`; no .venv is made.
+PYGPU   ?= python3
+JOBS    ?= 4
+GPU_LOG ?= $(or $(OUT),.)/gpu-tests.log
+test-gpu:
+	$(PYGPU) tests/run_isolated.py --timeout 300 --jobs $(JOBS) --log $(GPU_LOG) -- tests -m gpu $(ARGS)
 
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/test_crash.py tests/test_pmem.py -k "kill9" --many

@@ -63,7 +63,7 @@ class Checkpointer:
         self.on_error = on_error
         self.commit_timeout_s = commit_timeout_s
         # every wait of the write path fails (WriteStalled) after this long without progress
-        self._deadline = Deadline(stall_timeout_s, self._progress)
+        self._deadline = Deadline(stall_timeout_s, _progress_of(weakref.ref(self)))
         # distributed=None: every rank of an initialised process group saves and commits together;
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
@@ -171,11 +171,6 @@ class Checkpointer:
                 self._engine = new_engine(self.chunk_mb, self.writers * self.concurrency)
                 self._staging = Staging(self._engine, self.concurrency, self.staging_mb, self.policy)
             return self._engine
-
-    def _progress(self) -> int:
-        """Units moved by this Checkpointer's engine so far (the deadline's measure of progress)."""
-        engine = self._engine
-        return engine.progress if engine is not None else 0
 
     def _acquire_slot(self) -> bool:
         """One of `concurrency` slots: waits for the oldest checkpoint in flight (policy='wait'),
@@ -405,6 +400,16 @@ class Checkpointer:
 def _check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+
+
+def _progress_of(ref: "weakref.ref[Checkpointer]"):
+    """Units moved by a Checkpointer's engine so far (its deadline's measure of progress);
+    weak, so that the deadline its writes keep does not keep the Checkpointer alive."""
+    def progress() -> int:
+        ck = ref()
+        engine = ck._engine if ck is not None else None
+        return engine.progress if engine is not None else 0
+    return progress
 
 
 def _as_write_error(e: BaseException, step: int) -> BaseException:

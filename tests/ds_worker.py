@@ -16,6 +16,7 @@
         DeepSpeed's own zero_to_fp32 on what fastckpt wrote
     python ds_worker.py config-error SAVE_DIR OUT
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
+DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def batch(i: int):
 
 def step(eng, i: int, before_update=None) -> float:
     x, y = batch(i)
-    x = x.to(next(eng.module.parameters()).dtype)
+    p = next(eng.module.parameters())
+    x, y = x.to(device=p.device, dtype=p.dtype), y.to(p.device)
     loss = (eng(x).float() - y).pow(2).mean()
     eng.backward(loss)
     if before_update is not None:
@@ -102,7 +104,7 @@ def main() -> None:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         torch.save(get_fp32_state_dict_from_zero_checkpoint(a.save_dir, tag=a.tag), a.out)
         return
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if os.environ["DS_ACCELERATOR"] == "cuda" else "gloo")
     if a.mode == "config-error":
         try:
             make_engine(1, "fp32", "fastckpt", {"concurrency": 2, "bogus_key": 1})

@@ -5,6 +5,10 @@ WORLD_SIZE, MASTER_ADDR/PORT, and Lightning then joins them instead of spawning.
 
     python lit_worker.py OUT [--ddp] [--epochs N] [--layerwise] [--resume] [--per-rank]
                              [--sleep S] [--big N] [--staging-mb M]
+                             [--gpu] [--io-strategy c|g|d] [--precision P]
+
+--gpu: one CUDA device (with --ddp: DDP of one process over NCCL, which still runs the
+gradient buckets through the communication hook).
 
 Writes OUT/ck/*.ckpt, OUT/loss-rank0.txt (one "step loss.hex()" line per step, flushed),
 OUT/sync/*.pt (a synchronous torch.save of every checkpoint dict, as it was built),
@@ -80,17 +84,25 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--big", type=int, default=0)
     ap.add_argument("--staging-mb", type=int, default=None)
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--io-strategy", default="c")
+    ap.add_argument("--precision", default=None)
     a = ap.parse_args()
     L.seed_everything(0, verbose=False)
-    io = FastCheckpointIO(per_rank=a.per_rank, chunk_mb=4 if a.staging_mb else 64, staging_mb=a.staging_mb)
+    io = FastCheckpointIO(strategy=a.io_strategy, per_rank=a.per_rank, chunk_mb=4 if a.staging_mb else 64,
+                          staging_mb=a.staging_mb, stall_timeout_s=60)
     cbs = [ModelCheckpoint(dirpath=os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=-1, save_last=True,
                            save_on_train_epoch_end=True), Record(a.out, a.sleep)]
     if a.layerwise:
         cbs.append(LayerwiseCheckpointing())
     kw = dict(max_epochs=a.epochs, limit_val_batches=0)
+    if a.precision:
+        kw.update(precision=a.precision)
+    if a.gpu:
+        kw.update(accelerator="gpu", devices=1)
     if a.ddp:
         strategy = EveryRankSavesDDP() if a.per_rank else DDPStrategy()
-        kw.update(strategy=strategy, devices=2, num_nodes=1)
+        kw.update(strategy=strategy, devices=1 if a.gpu else 2, num_nodes=1)
     t = trainer(io, cbs, **kw)
     model = TinyModule(big=a.big)
     t.fit(model, loader(), ckpt_path="last" if a.resume else None)

@@ -243,14 +243,18 @@ def test_libpmem2_maps_the_pool_and_its_forced_granularity_takes_the_fence_path(
 
 
 @pytest.mark.gpu
-def test_cuda_tensors_go_straight_into_the_registered_pool(shm):
+@pytest.mark.parametrize("strategy", ["c", "g", "d"])
+def test_cuda_tensors_go_straight_into_the_registered_pool(shm, strategy):
     state = state_matrix("cuda")
-    with pool_ck(os.path.join(shm, "p"), strategy="d") as ck:
-        p = ck.save(state, step=1)
-        assert p.write.mode == "pool-registered"
-        p.wait()
-        out = ck.load(map_location="cuda")
-    assert_same(state, out)
+    with pool_ck(os.path.join(shm, "p"), strategy=strategy, stall_timeout_s=30) as ck:
+        for step in (1, 2, 3):  # the third reuses the first one's slot
+            p = ck.save(state, step=step)
+            assert p.write.mode == "pool-registered"
+            ck.gate()
+            p.wait()
+            out = ck.load(map_location="cuda")
+            assert_same(state, out)
+            state["big"].add_(1)
 
 
 def test_path_named_models_load_drop_and_repack_by_directory(shm, tmp_path):

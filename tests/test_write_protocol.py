@@ -4,7 +4,8 @@ The same tests run over host tensors x {file, mapped pool} (HostFileWrite, HostM
 and over the stream-read writes (DeviceFileWrite, DeviceMappedWrite) driven by HostStream,
 the stream protocol over host memory: the very feeder, drain, latches and staging logic
 that CUDA tensors go through, run here without a GPU. That is not GPU coverage (side
-streams, pinned memory, kvikio): those are the `gpu` tests (make test-gpu).
+streams, pinned memory, kvikio): the "cuda-*" variants run the same tests over CUDA tensors
+and their real side streams, marked `gpu` (make test-gpu).
 
 Each implementation and strategy: the phases in order; the gate (the file holds the state as
 of save() although every tensor is overwritten right after wait_copied); "copied" reached
@@ -37,10 +38,18 @@ from fastckpt.write.streams import HostStream
 from conftest import assert_same, state_matrix
 
 CHUNK = 1 << 20
-IMPLS = {"host-file": HostFileWrite, "stream-file": DeviceFileWrite,
-         "host-mapped": HostMappedWrite, "stream-mapped": DeviceMappedWrite}
-FILE_IMPLS = ["host-file", "stream-file"]
+IMPLS = {"host-file": HostFileWrite, "stream-file": DeviceFileWrite, "cuda-file": DeviceFileWrite,
+         "host-mapped": HostMappedWrite, "stream-mapped": DeviceMappedWrite, "cuda-mapped": DeviceMappedWrite}
 STRATEGIES = ["c", "g", "d"]
+
+
+def impls(*kinds: str) -> list:
+    """The implementations whose sink is one of `kinds`; the CUDA ones marked gpu."""
+    return [pytest.param(i, marks=pytest.mark.gpu) if i.startswith("cuda") else i
+            for i in IMPLS if i.rsplit("-", 1)[1] in kinds]
+
+
+ALL, FILE_IMPLS = impls("file", "mapped"), impls("file")
 
 
 def small_state() -> dict:
@@ -56,6 +65,7 @@ class Harness:
     def __init__(self, tmp_path, shm, impl: str, fmt: str = "torch", stall_s: float = 10.0,
                  staging: int | None = None):
         self.impl, self.cls = impl, IMPLS[impl]
+        self.device = "cuda" if impl.startswith("cuda") else "cpu"
         self.mapped = impl.endswith("mapped")
         self.fmt = "safetensors" if self.mapped else fmt
         self.engine = new_engine(CHUNK >> 20, 4)
@@ -74,12 +84,16 @@ class Harness:
             self.pool = Pool(os.path.join(self.shm, "pool"), 64)
         return MappedSink(self.pool, L.HEAP_OFF)
 
+    def state(self, state: dict) -> dict:
+        """`state` on this implementation's device."""
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
     def start(self, state, strategy: str, held: bool = False, sink=None):
         plan = self.plan(state)
         need = chunks_of(plan, CHUNK) if self.cls.stages(strategy, True) else 0
         grow = need if self.staging_cap is None else min(need, self.staging_cap)
         Staging(self.engine, 1, None, "wait").ensure(grow)
-        extra = {"stream": HostStream()} if self.impl.startswith("stream") else {}
+        extra = {"stream": HostStream()} if self.impl.startswith("stream") else {}  # cuda: its side streams
         return self.cls(self.engine, plan, sink or self.sink(), strategy, self.deadline, held, **extra)
 
     def load(self, result, plan):
@@ -118,14 +132,14 @@ def overwrite_in_place(state) -> None:
             v.view(-1).view(torch.uint8).fill_(0xA5) if v.is_contiguous() else v.zero_()
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
 def test_phases_in_order_roundtrip_bit_exact(harness, impl, strategy, fmt):
     if impl.endswith("mapped") and fmt == "torch":
         pytest.skip("a pool keeps safetensors images")
     h = harness(impl, fmt=fmt)
-    state = state_matrix()
+    state = state_matrix(h.device)
     w = h.start(state, strategy)
     assert w.wait_copied(10)
     result = w.finish()
@@ -135,11 +149,11 @@ def test_phases_in_order_roundtrip_bit_exact(harness, impl, strategy, fmt):
     assert_same(state, h.load(result, w.plan))
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_gate_keeps_the_state_as_of_save(harness, impl, strategy):
     h = harness(impl)
-    state = small_state()
+    state = h.state(small_state())
     expect = copy.deepcopy(state)
     w = h.start(state, strategy)
     assert w.wait_copied(10)
@@ -147,19 +161,19 @@ def test_the_gate_keeps_the_state_as_of_save(harness, impl, strategy):
     assert_same(expect, h.load(w.finish(), w.plan))
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_copied_is_reached_without_finish(harness, impl, strategy):
     """Regression (d hung on CUDA): the commit thread waited for "copied", which only
     finish() — called by that same thread afterwards — set."""
     h = harness(impl)
-    w = h.start(small_state(), strategy)
+    w = h.start(h.state(small_state()), strategy)
     assert w.wait_copied(10), "copied never reached without finish()"
     assert w.copied()
     w.finish()
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("cap", [None, 1])
 def test_the_staging_a_write_declares_is_all_it_draws(harness, impl, strategy, cap):
@@ -167,7 +181,7 @@ def test_the_staging_a_write_declares_is_all_it_draws(harness, impl, strategy, c
     staging chunks too; its feeder waited for one for ever. Here the pool holds exactly what
     the implementation declares (or one chunk), and the write must finish within its deadline."""
     h = harness(impl, staging=cap, stall_s=5.0)
-    state = small_state()
+    state = h.state(small_state())
     w = h.start(state, strategy)
     assert h.engine.pool.capacity == (0 if not w.stages(strategy, True) else
                                       min(chunks_of(w.plan, CHUNK), cap or 1 << 30))
@@ -176,11 +190,11 @@ def test_the_staging_a_write_declares_is_all_it_draws(harness, impl, strategy, c
     assert h.engine.pool.free_count == h.engine.pool.capacity  # every chunk came back
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", ["c", "d"])
 def test_held_write_reads_only_what_is_released(harness, impl, strategy):
     h = harness(impl)
-    state = small_state()
+    state = h.state(small_state())
     expect = copy.deepcopy(state)
     w = h.start(state, strategy, held=True)
     time.sleep(0.2)
@@ -195,7 +209,7 @@ def test_held_write_reads_only_what_is_released(harness, impl, strategy):
     t.join(0.5)
     # staged d through a stream (no kvikio) holds the gate until the whole file is written,
     # so waiting for one record released them all
-    still_held = not (impl == "stream-file" and strategy == "d")
+    still_held = not (isinstance(w, DeviceFileWrite) and strategy == "d" and not w.mode.startswith("kvikio"))
     assert t.is_alive() == still_held, "finish() did not wait for the held records"
     assert w.wait_copied(10)  # the gate releases everything
     overwrite_in_place(state)
@@ -204,10 +218,10 @@ def test_held_write_reads_only_what_is_released(harness, impl, strategy):
     assert_same(expect, h.load(finished["r"], w.plan)), names
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL)
 def test_abort_fails_every_later_wait_with_its_error(harness, impl):
     h = harness(impl)
-    w = h.start(small_state(), "c", held=True)
+    w = h.start(h.state(small_state()), "c", held=True)
     err = fastckpt.CheckpointWriteError("stopped by the test")
     assert w.abort(err)
     assert w.abort(err)  # idempotent
@@ -222,7 +236,7 @@ def test_abort_fails_every_later_wait_with_its_error(harness, impl):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_sink_error_is_raised(harness, tmp_path, impl, strategy):
     h = harness(impl)
-    w = h.start(small_state(), strategy, sink=FileSink(str(tmp_path / "missing" / "ckpt")))
+    w = h.start(h.state(small_state()), strategy, sink=FileSink(str(tmp_path / "missing" / "ckpt")))
     with pytest.raises(OSError, match="missing"):
         w.wait_copied(10)
         w.finish()
@@ -244,7 +258,7 @@ def fifo(tmp_path):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_stuck_writer_is_write_stalled_not_a_hang(harness, fifo, impl, strategy):
     h = harness(impl, stall_s=1.0, staging=1)
-    w = h.start(small_state(), strategy, sink=FileSink(fifo, direct_io=False))
+    w = h.start(h.state(small_state()), strategy, sink=FileSink(fifo, direct_io=False, gds=False))
     t0 = time.monotonic()
     with pytest.raises(WriteStalled, match="nothing moved for 1 s") as got:
         w.wait_copied()  # c/d: the copies wait for the writers (one staging chunk); g: finish does

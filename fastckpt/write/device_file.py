@@ -39,6 +39,7 @@ class DeviceFileWrite(DeviceWrite):
     def __init__(self, engine, plan, sink: FileSink, strategy: str, deadline, held: bool = False, stream=None):
         super().__init__(engine, plan, sink, strategy, deadline, stream, sink.path)
         self._gds = uses_gds(strategy, sink.gds)
+        self._chunk_bytes = engine.pool.chunk_bytes
         self._hold_gate = strategy == "d"  # the gate waits for the bytes in the file
         self._written = threading.Event()
         self._written_bytes = 0
@@ -63,7 +64,7 @@ class DeviceFileWrite(DeviceWrite):
     def _units_of(self, records) -> list[int]:
         if self._gds:
             return list(records)
-        size, begin, out = self.engine.pool.chunk_bytes, self.plan.data_begin, []
+        size, begin, out = self._chunk_bytes, self.plan.data_begin, []
         for i in records:
             r = self.plan.records[i]
             if r.nbytes:
@@ -241,6 +242,7 @@ class DeviceFileWrite(DeviceWrite):
             direct = self._job.used_direct_io
         self._written.set()
         self.source.close()
+        self._let_go()
         return WriteResult(self.where, plan.file_size, file_crc, crcs, spans, direct,
                            [r.name for r in plan.records], blobs)
 

@@ -115,6 +115,7 @@ class DeviceMappedWrite(DeviceWrite):
         blobs, image_crc = self.plan.finish(self._crcs)
         spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(self.plan.records, self._crcs))]
         self.source.close()
+        self._let_go()
         return WriteResult(self.where, self.plan.file_size, image_crc, list(self._crcs), spans, False,
                            [r.name for r in self.plan.records], blobs)
 

@@ -210,6 +210,8 @@ class DeviceWrite(SnapshotWrite):
             ok = ok and not worker.is_alive()
         if not ok:
             keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s")
+        else:
+            self._let_go()
         return ok
 
     def settled(self) -> bool:

@@ -31,6 +31,7 @@ class GdsFile:
     def __init__(self, path: str):
         import kvikio
         self.path = path
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))  # an OSError that names the path
         self._file = kvikio.CuFile(path, "w")
         self.mode = f"kvikio-{kvikio_mode()}"
 

@@ -49,6 +49,7 @@ class HostFileWrite(JobWrite):
         blobs, file_crc = self.plan.finish(crcs)
         self._job.finalize(blobs, self.plan.file_size)
         self._keep.clear()
+        self._let_go()
         return WriteResult(self.sink.path, self.plan.file_size, file_crc, crcs,
                            [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io,
                            [r.name for r in self.plan.records], blobs)

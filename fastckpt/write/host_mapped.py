@@ -34,6 +34,7 @@ class HostMappedWrite(JobWrite):
         self._wait_written()
         crcs = list(self._job.record_crcs())
         blobs, image_crc = self.plan.finish(crcs)
+        self._let_go()
         return WriteResult(self.where, self.plan.file_size, image_crc, crcs,
                            [tuple(s) for s in self._job.span_crcs()], False,
                            [r.name for r in self.plan.records], blobs)

@@ -101,8 +101,10 @@ class JobWrite(SnapshotWrite):
             self._error = error
         self._released.set()
         if self._job is None:
+            self._let_go()
             return True
         if self._job.abort(str(error), self.deadline.stall_s):
+            self._let_go()
             return True
         keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s "
                          f"({self._job.status()})")

@@ -125,6 +125,11 @@ class SnapshotWrite(abc.ABC):
         """True once no tensor of the plan is read any more (does not wait)."""
         return self.wait_copied(0.0)
 
+    def _let_go(self) -> None:
+        """Finished, or aborted with every worker stopped: the engine is no longer needed, and a
+        Pending kept by the caller must not keep a closed Checkpointer's engine (and threads) alive."""
+        self.engine = None
+
 
 def chunks_of(plan: FilePlan, chunk_bytes: int) -> int:
     """Staging chunks covering the plan's data extent."""
