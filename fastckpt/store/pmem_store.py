@@ -27,6 +27,7 @@ from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
 from ..pmem.pool import Pool, Version
+from ..write.pinning import unregister
 from ..write.protocol import MappedSink, WriteResult
 from .base import Store
 
@@ -174,6 +175,7 @@ class PoolStore(Store):
 
     def close(self) -> None:
         if self.pool is not None:
+            unregister(self.pool.native.address)  # CUDA must not keep a registration of an unmapped range
             self.pool.close()
             self.pool = None
 

@@ -43,7 +43,8 @@ class DeviceMappedWrite(DeviceWrite):
         n = len(plan.records)
         self._marks: list = [None] * n
         self._bounce: dict[int, torch.Tensor] = {}
-        self._order: list[int] = []
+        self._order: list[int] = []  # records in the order they were released
+        self._released: set[int] = set()
         self._cv = threading.Condition()
         self._crcs = [0] * n
         self._written_bytes = 0
@@ -57,8 +58,9 @@ class DeviceMappedWrite(DeviceWrite):
         if self._error is not None:
             return
         with self._cv:
-            fresh = [i for i in records if self._marks[i] is None and i not in self._order]
+            fresh = [i for i in records if i not in self._released]
             for i in fresh:
+                self._released.add(i)
                 self._copy(i)
                 self._order.append(i)
             self.units.release(fresh)

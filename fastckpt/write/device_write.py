@@ -211,6 +211,7 @@ class DeviceWrite(SnapshotWrite):
         if not ok:
             keep_stuck(self, f"the write of {self.where} did not stop within {self.deadline.stall_s:g} s")
         else:
+            self.source.close()
             self._let_go()
         return ok
 
