@@ -175,6 +175,8 @@ def main() -> None:
     eng.destroy()  # waits until the tag is committed on every rank
     if int(os.environ["RANK"]) == 0:
         torch.save(out, a.out)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # gloo's threads end here, not in static destruction at exit
 
 
 if __name__ == "__main__":

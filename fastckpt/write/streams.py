@@ -121,9 +121,11 @@ class HostStream:
         self._q.put(done)
 
         def ready() -> bool:
+            if not done.is_set():
+                return False
             if self._error is not None:
                 raise self._error
-            return done.is_set()
+            return True
 
         return Mark(ready)
 
