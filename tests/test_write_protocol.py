@@ -88,12 +88,13 @@ class Harness:
         """`state` on this implementation's device."""
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
-    def start(self, state, strategy: str, held: bool = False, sink=None):
+    def start(self, state, strategy: str, held: bool = False, sink=None, delay_s: float = 0.0):
         plan = self.plan(state)
         need = chunks_of(plan, CHUNK) if self.cls.stages(strategy, True) else 0
         grow = need if self.staging_cap is None else min(need, self.staging_cap)
         Staging(self.engine, 1, None, "wait").ensure(grow)
-        extra = {"stream": HostStream()} if self.impl.startswith("stream") else {}  # cuda: its side streams
+        # cuda: its own side streams; host: copies that complete delay_s after they are issued
+        extra = {"stream": HostStream(delay_s=delay_s)} if self.impl.startswith("stream") else {}
         return self.cls(self.engine, plan, sink or self.sink(), strategy, self.deadline, held, **extra)
 
     def load(self, result, plan):
@@ -193,16 +194,20 @@ def test_the_staging_a_write_declares_is_all_it_draws(harness, impl, strategy, c
 @pytest.mark.parametrize("impl", ALL)
 @pytest.mark.parametrize("strategy", ["c", "d"])
 def test_held_write_reads_only_what_is_released(harness, impl, strategy):
+    """Releasing one record that spans several chunks, with copies still in flight (a stream's
+    copies complete later), then waiting for it: regression of the layer-wise hang on CUDA,
+    where the feeder handed over one chunk in flight and then blocked for a release that the
+    waiting (inline, NCCL) bucket callback could never make."""
     h = harness(impl)
     state = h.state(small_state())
     expect = copy.deepcopy(state)
-    w = h.start(state, strategy, held=True)
+    w = h.start(state, strategy, held=True, delay_s=0.02)
     time.sleep(0.2)
     assert w.bytes_written == 0 and not w.copied()
-    names = [r.name for r in w.plan.records]
-    first = [i for i, r in enumerate(w.plan.records) if r.nbytes][0]
-    w.release([first])
-    assert w.wait_records([first], 10)
+    big = [i for i, r in enumerate(w.plan.records) if r.nbytes >= 3 * CHUNK]
+    assert big, "the state needs a record spanning several chunks"
+    w.release(big)
+    assert w.wait_records(big, 10), "the released record was never copied"
     finished = {}
     t = threading.Thread(target=lambda: finished.setdefault("r", w.finish()))
     t.start()  # the commit thread: it waits (no deadline) while the rest is held
@@ -215,7 +220,7 @@ def test_held_write_reads_only_what_is_released(harness, impl, strategy):
     overwrite_in_place(state)
     t.join(20)
     assert not t.is_alive()
-    assert_same(expect, h.load(finished["r"], w.plan)), names
+    assert_same(expect, h.load(finished["r"], w.plan))
 
 
 @pytest.mark.parametrize("impl", ALL)

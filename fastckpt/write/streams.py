@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -87,9 +88,12 @@ class CudaStreams:
 
 
 class HostStream:
-    """The stream protocol over host memory: one worker thread runs the copies in order."""
+    """The stream protocol over host memory: one worker thread runs the copies in order.
+    delay_s: each copy takes at least this long on the worker (a device's copies completing
+    one after another, later than they were issued), for tests that need copies in flight."""
 
-    def __init__(self, plan: FilePlan | None = None):
+    def __init__(self, plan: FilePlan | None = None, delay_s: float = 0.0):
+        self.delay_s = delay_s
         self._q: "queue.Queue" = queue.Queue()
         self._error: BaseException | None = None
         self._closed = False
@@ -105,6 +109,8 @@ class HostStream:
                 item.set()
                 continue
             dst, src = item
+            if self.delay_s:
+                time.sleep(self.delay_s)
             if self._error is None:
                 try:
                     dst.copy_(src)
