@@ -13,6 +13,7 @@ Owns, for writes whose tensors are read through a stream (streams.py):
 """
 from __future__ import annotations
 
+import abc
 import ctypes
 import logging
 import queue
@@ -153,8 +154,9 @@ class DeviceWrite(SnapshotWrite):
         except BaseException as e:  # noqa: BLE001 - raised by the waits and by finish()
             self.abort(e)
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The worker: feeds chunks to the writers, or drains records into the pool."""
 
     def _moved_one(self) -> None:
         self._moved += 1
@@ -222,8 +224,9 @@ class DeviceWrite(SnapshotWrite):
     def copied(self) -> bool:
         return self._error is not None or all(e.is_set() for e in self._gate_latches(None, release=False))
 
+    @abc.abstractmethod
     def _gate_latches(self, records, release: bool = True):
-        raise NotImplementedError
+        """The events that say these records (None: all) are no longer read; release them first."""
 
     def wait_records(self, records, timeout: float | None = None) -> bool:
         records = list(records)
