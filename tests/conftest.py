@@ -157,3 +157,14 @@ def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     t.join()
+
+
+@pytest.fixture(scope="session")
+def fault_shim(tmp_path_factory) -> str:
+    """benchmarks/campaign/eio_shim.c built as an LD_PRELOAD library: with FASTCKPT_FAULT_PATH
+    and FASTCKPT_FAULT_SLOW_US set, every write and fsync under that path takes that long."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "campaign",
+                       "eio_shim.c")
+    so = str(tmp_path_factory.mktemp("shim") / "eio_shim.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, src, "-ldl"], check=True, capture_output=True)
+    return so

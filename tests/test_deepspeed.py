@@ -147,16 +147,19 @@ def tensors_of(obj, prefix=""):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_each_tag_is_one_step_exactly_and_the_gate_is_per_group(tmp_path, stage):
+def test_each_tag_is_one_step_exactly_and_the_gate_is_per_group(tmp_path, stage, fault_shim):
     """Each save is issued between backward and the update, so the update meets a ~150 MB
     snapshot still being copied: an update not gated on its group's copy would leave values of
     two steps in the tag. Every tag must equal the default engine's tag of the same step,
-    tensor for tensor, and DeepSpeed's two parameter groups must be gated one by one."""
+    tensor for tensor, and DeepSpeed's two parameter groups must be gated one by one. The
+    writes are slowed (20 ms per write: the LD_PRELOAD shim) so that the snapshot is surely
+    still in flight when the update comes, however long ZeRO-3's work before the update takes."""
     env = {"WIDTH": "3072", "HIDDEN": "1"}
     args = ("--stage", str(stage), "--steps", "4", "--save-before-update")
     run("loop", tmp_path / "ref", tmp_path / "r.pt", *args, "--engine", "torch", **env)
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "fast"), "FASTCKPT_FAULT_SLOW_US": "20000"}
     got = run("loop", tmp_path / "fast", tmp_path / "f.pt", *args,
-              FASTCKPT_ENTRY='{"concurrency": 2, "chunk_mb": 4, "staging_mb": 4}', **env)
+              FASTCKPT_ENTRY='{"concurrency": 2, "chunk_mb": 4, "staging_mb": 4}', **env, **slow)
     assert got["gate"]["scoped"] and got["gate"]["full_waits"] == 0
     assert got["gate"]["scoped_waits"] >= 1  # an update met a copy in flight (most of steps 1-3 do)
     for tag in ("global_step0", "global_step1", "global_step2", "global_step3"):

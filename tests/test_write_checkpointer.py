@@ -29,7 +29,6 @@ from fastckpt.write.streams import STREAMS, HostStream
 from conftest import assert_same, state_matrix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIM = os.path.join(ROOT, "benchmarks", "campaign", "eio_shim.c")
 
 
 @pytest.fixture
@@ -147,11 +146,9 @@ print("ok", round(took, 2))
 """
 
 
-def test_a_slow_writer_that_keeps_moving_never_trips_the_deadline(tmp_path):
-    so = str(tmp_path / "shim.so")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, SHIM, "-ldl"], check=True, capture_output=True)
+def test_a_slow_writer_that_keeps_moving_never_trips_the_deadline(tmp_path, fault_shim):
     root = tmp_path / "slow-ckpts"
-    env = dict(os.environ, LD_PRELOAD=so, FASTCKPT_FAULT_PATH=str(root), FASTCKPT_FAULT_SLOW_US="100000",
+    env = dict(os.environ, LD_PRELOAD=fault_shim, FASTCKPT_FAULT_PATH=str(root), FASTCKPT_FAULT_SLOW_US="100000",
                PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", SLOW_CHILD, str(root)], capture_output=True, text=True,
                          timeout=120, env=env)
