@@ -36,6 +36,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointComm
 
 import fastckpt
 from fastckpt.checkpointer import Checkpointer
+from fastckpt.errors import CorruptCheckpointError
 from fastckpt.distributed import make_agreement
 from fastckpt.fsutil import write_atomic
 from fastckpt.write.gate import StepGate
@@ -43,7 +44,8 @@ from fastckpt.write.gate import StepGate
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
-from .tags import TagCommitter, file_size, newest_committed
+from .load_tag import Choice, choose, is_pool_pointer
+from .tags import TagCommitter, file_size, read_record
 
 ENGINE_NAME = "FastckptEngine"
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class FastckptEngine(CheckpointEngine):
         if pending is not None:
             pending.wait()
         with torch.serialization.safe_globals(deepspeed_safe_globals()):
-            if self.pool:  # DeepSpeed's map_location callables keep storages where they load: on the CPU
+            if self.pool and is_pool_pointer(path):  # DeepSpeed's map_location callables keep storages on the CPU
                 where = None if callable(map_location) else map_location
                 return self._ck.store.load_named(path, 0, where, self.verify)
             return fastckpt.load(path, map_location=map_location, verify=self.verify, mmap=False)
@@ -141,10 +143,26 @@ class FastckptEngine(CheckpointEngine):
                                        "note": "the data is in the pool; `fastckpt export POOL OUT "
                                                "--model MODEL --to torch` writes the file"}).encode())
 
-    def newest_committed_tag(self, save_dir: str) -> Optional[str]:
-        """After everything in flight has landed: the newest tag committed on every rank."""
+    def tag_to_load(self, load_dir: str, tag=None, latest_file: str = "latest") -> Choice:
+        """The tag every rank loads from load_dir (load_tag.choose), once every save of this
+        process into load_dir has landed — this engine's and any other engine's still open.
+        Rank 0 decides and broadcasts; each rank then checks the record against the files it
+        can see, and all agree (a committed tag is loaded by every rank, or by none)."""
         self.wait()
-        return newest_committed(save_dir, self.size_of)
+        for engine in list(_open_engines):
+            engine._committer.wait_for(load_dir)
+        agree = self._committer.agreement
+        choice = agree.broadcast(choose(load_dir, tag, self.size_of, latest_file) if agree.rank == 0 else None)
+        why = ""
+        if choice.status == "committed":
+            try:
+                read_record(load_dir, choice.tag, self.size_of)
+            except CorruptCheckpointError as e:
+                why = str(e)
+        if not agree.all_ok(not why):
+            raise CorruptCheckpointError(why or f"tag {choice.tag!r} in {load_dir} does not check out on another "
+                                         "rank; nothing was loaded")
+        return choice
 
     # -- closing ---------------------------------------------------------
     def cleanup(self) -> None:

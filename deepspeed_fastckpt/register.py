@@ -8,10 +8,11 @@ Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config 
   which group of DeepSpeed's optimizer rewrites them;
 - `destroy()`: waits until every tag in flight is committed and raises a write error
   (an interpreter exit without destroy() does the same, quietly logging errors);
-- `load_checkpoint(dir, tag=None)`: the tag comes from fastckpt's commit records (the
-  newest tag committed on every rank), not from DeepSpeed's `latest` file, which may be
-  missing, torn or name a tag whose files never completed. An explicit tag must be
-  committed. Everything in flight lands first.
+- `load_checkpoint(dir, tag=None)`: every save of this process into dir lands first, then
+  the ranks agree on one tag (deepspeed_fastckpt.load_tag): what DeepSpeed would load,
+  checked against fastckpt's commit records — a tag fastckpt never finished is not loaded
+  (the newest committed one is, with a warning), a tag another engine wrote is loaded as
+  DeepSpeed would and said so, and "nothing to load" is a warning, never silence.
 - `forward`, `backward`, `step`: activation offload (deepspeed_fastckpt.offload) when the
   entry has `"offload": {...}`; `step` also times steps for `"interval": "auto"`
   (deepspeed_fastckpt.interval).
@@ -22,11 +23,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
+
+from fastckpt.errors import CorruptCheckpointError
 
 from . import interval, offload
 from .engine import FastckptEngine
 from .settings import entry_of, offload_node
-from .tags import read_record
 
 log = logging.getLogger(__name__)
 _MARK = "__fastckpt_wrapped__"
@@ -100,15 +103,17 @@ def _wrap_load(original):
         engine = self.checkpoint_engine
         if not isinstance(engine, FastckptEngine):
             return original(self, load_dir, tag, *args, **kwargs)
-        if tag is None:
-            tag = engine.newest_committed_tag(load_dir)
-            if tag is None:
-                log.warning("fastckpt: no committed checkpoint tag under %s; nothing loaded", load_dir)
-                return None, None
-        else:
-            engine.wait()
-            read_record(load_dir, str(tag), engine.size_of)  # CorruptCheckpointError if uncommitted
-        return original(self, load_dir, tag, *args, **kwargs)
+        universal = self.load_universal_checkpoint()
+        choice = engine.tag_to_load(load_dir, tag, "latest_universal" if universal else "latest")
+        if choice.error:
+            raise CorruptCheckpointError(choice.error)
+        if choice.warning:
+            log.warning("fastckpt: %s", choice.warning)
+            warnings.warn(f"fastckpt: {choice.warning}", stacklevel=2)
+        if choice.tag is None:
+            if universal:  # as DeepSpeed: a universal load without a tag to load is an error
+                raise ValueError(f"fastckpt: {choice.warning}")
+            return None, None
+        return original(self, load_dir, choice.tag, *args, **kwargs)
 
     return load_checkpoint
-

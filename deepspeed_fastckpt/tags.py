@@ -95,6 +95,7 @@ class TagCommitter:
         self._queue: "queue.Queue" = queue.Queue()
         self._errors: list[BaseException] = []
         self._in_flight = 0
+        self._dirs: dict[str, int] = {}  # save_dir -> tags of it in flight
         self._cv = threading.Condition()
         self._seq: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name="fastckpt-deepspeed-commit", daemon=True)
@@ -104,7 +105,19 @@ class TagCommitter:
         """files: [(path, Pending)] this rank wrote for the tag."""
         with self._cv:
             self._in_flight += 1
+            key = os.path.abspath(save_dir)
+            self._dirs[key] = self._dirs.get(key, 0) + 1
         self._queue.put((save_dir, tag, files))
+
+    @property
+    def agreement(self) -> Agreement:
+        return self._agree
+
+    def wait_for(self, save_dir: str) -> None:
+        """Until no tag of save_dir is in flight here (committed or failed); raises nothing."""
+        key = os.path.abspath(save_dir)
+        with self._cv:
+            self._cv.wait_for(lambda: self._dirs.get(key, 0) == 0)
 
     def wait(self) -> None:
         """Until every submitted tag is committed (or failed); raises the first failure."""
@@ -141,6 +154,10 @@ class TagCommitter:
             finally:
                 with self._cv:
                     self._in_flight -= 1
+                    key = os.path.abspath(item[0])
+                    self._dirs[key] -= 1
+                    if not self._dirs[key]:
+                        del self._dirs[key]
                     self._cv.notify_all()
 
     def _commit(self, save_dir: str, tag: str, files: list) -> None:

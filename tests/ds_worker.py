@@ -14,6 +14,13 @@
         M steps, save_checkpoint whenever deepspeed_fastckpt.checkpoint_due (interval "auto")
     python ds_worker.py consolidate SAVE_DIR OUT --tag T
         DeepSpeed's own zero_to_fp32 on what fastckpt wrote
+    python ds_worker.py immediate SAVE_DIR OUT --stage S
+        one step, save_checkpoint, and at once load_checkpoint on the same engine (DeepSpeed's
+        TestZeROSaveLoadEdgeCase::test_immediate_save_load); every rank's loaded path in OUT
+    python ds_worker.py two-engines SAVE_DIR OUT --stage S
+        engine A saves after 3 steps; engine B, made next in the same process, loads at once
+    python ds_worker.py resume-nothing SAVE_DIR OUT
+        load_checkpoint of a directory holding no checkpoint; the path and warnings in OUT
     python ds_worker.py config-error SAVE_DIR OUT
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
 DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
@@ -24,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
@@ -139,6 +147,27 @@ def main() -> None:
         out["interval"], out["plan"] = iv.every, iv.auto.plan.to_dict()
         out["concurrency"] = eng.checkpoint_engine._ck.concurrency
         eng.destroy()
+    elif a.mode == "resume-nothing":  # a directory with no checkpoint in it
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            path, _ = eng.load_checkpoint(a.save_dir)
+        out.update(path=path, warnings=[str(w.message) for w in seen if "fastckpt" in str(w.message)])
+    elif a.mode == "immediate":
+        step(eng, 0)
+        eng.save_checkpoint(a.save_dir, client_state={"data_pos": 1, "note": "immediate"})
+        path, _ = eng.load_checkpoint(a.save_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
+        out["loaded_by_rank"] = [None] * int(os.environ["WORLD_SIZE"])
+        torch.distributed.all_gather_object(out["loaded_by_rank"], path)
+    elif a.mode == "two-engines":
+        for i in range(3):
+            step(eng, i)
+        eng.save_checkpoint(a.save_dir, client_state={"data_pos": 3, "note": "engine A"})
+        out["params_at_save"] = full_params(eng)
+        other = make_engine(a.stage, a.dtype, a.engine)  # a second engine in the same process
+        path, client = other.load_checkpoint(a.save_dir)
+        out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
+                   params_loaded=full_params(other))
+        other.destroy()
     elif a.mode == "loop" and a.save_before_update:  # the update starts while the snapshot copies
         for i in range(a.steps):
             step(eng, i, lambda: eng.save_checkpoint(a.save_dir, client_state={"data_pos": i, "note": "loop"}))
@@ -153,14 +182,18 @@ def main() -> None:
         elif rank0 and a.latest == "torn":
             with open(os.path.join(a.save_dir, "latest"), "w") as f:
                 f.write("global_st")
-        elif rank0 and a.latest == "uncommitted":  # a newer tag whose writer died half-way
-            os.makedirs(os.path.join(a.save_dir, "global_step9"), exist_ok=True)
-            with open(os.path.join(a.save_dir, "global_step9", "mp_rank_00_model_states.pt"), "wb") as f:
+        elif rank0 and a.latest == "uncommitted":  # a newer tag whose fastckpt writer died half-way
+            os.makedirs(os.path.join(a.save_dir, "global_step9"), exist_ok=True)  # what it leaves: its hidden file
+            with open(os.path.join(a.save_dir, "global_step9", ".mp_rank_00_model_states.pt.fastckpt-99999-1.tmp"),
+                      "wb") as f:
                 f.write(b"PK\x03\x04 torn")
             with open(os.path.join(a.save_dir, "latest"), "w") as f:
                 f.write("global_step9")
         torch.distributed.barrier()
-        path, client = eng.load_checkpoint(a.save_dir)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            path, client = eng.load_checkpoint(a.save_dir, tag=a.tag)
+        out["warnings"] = [str(w.message) for w in seen if "fastckpt" in str(w.message)]
         done = eng.global_steps
         out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
                    loaded_steps=done, lr=eng.get_lr(), losses=[step(eng, i) for i in (done, done + 1)])

@@ -41,9 +41,16 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
     return procs
 
 
-def run(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py", **env_extra: str) -> dict:
+def run(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py", timeout: float = 600,
+        **env_extra: str) -> dict:
     procs = launch(mode, save_dir, out, *extra, ranks=ranks, script=script, **env_extra)
-    logs = [p.communicate(timeout=600)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        tails = [p.communicate()[0][-3000:] for p in procs]
+        raise AssertionError(f"{mode}: the ranks hung (killed after {timeout:g} s):\n" + "\n---\n".join(tails))
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-6000:]}"
     return torch.load(out, weights_only=False)

@@ -1,0 +1,56 @@
+"""DeepSpeed loads through fastckpt: every rank loads the same tag, agreed once every save of
+the process into that directory has landed; a checkpoint another engine wrote loads as
+DeepSpeed would load it (and a warning says it was not checked); a tag fastckpt never
+finished is never loaded. Real deepspeed.initialize engines, 2 gloo ranks."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from test_deepspeed import assert_resumed_exactly, run
+
+pytest.importorskip("deepspeed")
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_load_right_after_a_save_loads_the_same_tag_on_every_rank(tmp_path, stage):
+    """DeepSpeed's TestZeROSaveLoadEdgeCase::test_immediate_save_load: only rank 0 writes the
+    commit record, so a rank that looked for it by itself could find nothing and skip the load
+    while rank 0 loaded (under ZeRO-3: rank 0 then waits in an all-gather for ever)."""
+    got = run("immediate", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=240)
+    paths = got["loaded_by_rank"]  # each rank's own file (ZeRO-3: one per rank) of the same tag
+    assert None not in paths and len({os.path.dirname(p) for p in paths}) == 1, paths
+    assert os.path.basename(os.path.dirname(paths[0])) == "global_step1"
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_second_engine_loads_the_first_engines_checkpoint_still_in_flight(tmp_path, stage, fault_shim):
+    """DeepSpeed's TestLatestCheckpoint::test_existing_latest: engine B, made in the same process
+    right after engine A's save returned, must wait for that save and load it. A's writes are
+    slowed (1 s each, the LD_PRELOAD shim) so that its save is surely still in flight then."""
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck"), "FASTCKPT_FAULT_SLOW_US": "1000000"}
+    got = run("two-engines", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, **slow)
+    assert got["path"] is not None and os.sep + "global_step3" + os.sep in got["path"]
+    assert got["client"] == {"data_pos": 3, "note": "engine A"}
+    for name, value in got["params_at_save"].items():
+        assert torch.equal(value, got["params_loaded"][name]), name
+
+
+@pytest.mark.parametrize("stage,tag", [(1, None), (3, None), (2, "global_step3")])
+def test_a_checkpoint_deepspeed_wrote_itself_loads_as_deepspeed_would(tmp_path, stage, tag):
+    """A run that switches to fastckpt resumes from what DeepSpeed's own engine saved: its
+    `latest` (or the tag asked for) loads, bit-exact, with a warning that it had no record."""
+    trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), "--engine", "torch", ranks=2)
+    extra = ("--tag", tag) if tag else ()
+    resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), *extra, ranks=2)
+    assert_resumed_exactly(trained, resumed)
+    assert any("no fastckpt commit record" in w for w in resumed["warnings"]), resumed["warnings"]
+
+
+def test_nothing_to_load_is_said_not_silent(tmp_path):
+    (tmp_path / "ck").mkdir()
+    got = run("resume-nothing", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1")
+    assert got["path"] is None
+    assert any("nothing was loaded" in w for w in got["warnings"]), got["warnings"]
