@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -106,6 +107,7 @@ class FastCheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError("FastCheckpointIO.save_checkpoint does not take storage_options; "
                             "set its options in the constructor")
+        self.gate.install()  # again after a teardown: this plugin is in use in a new run
         path = os.fspath(path)
         key = _key(path)
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
@@ -142,6 +144,7 @@ class FastCheckpointIO(CheckpointIO):
     @override
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
+        self.gate.install()  # a resume starts a run
         path = os.fspath(path)
         self._settle(_key(path))
         weights_only = True if weights_only is None else weights_only
@@ -152,6 +155,10 @@ class FastCheckpointIO(CheckpointIO):
             tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
             try:
                 local, crc = path_store.download(path, tmp)
+                if crc is None:
+                    warnings.warn(f"fastckpt: {path} has no fastckpt commit record ({path}{path_store.MARKER_SUFFIX}): "
+                                  "it was not uploaded by fastckpt (or its upload was cut short after the data); "
+                                  "loaded as Lightning would, checked only by its own CRCs", stacklevel=2)
                 return load_file(local, map_location, self.verify, weights_only, expect_crc=crc, mmap=False)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -175,8 +182,18 @@ class FastCheckpointIO(CheckpointIO):
         path = os.fspath(path)
         key = _key(path)
         pending = self._by_path.get(key)
-        self._deferred[key] = (path, pending.counter if pending is not None else -1)
+        if pending is None:  # not written by this plugin (another IO, an earlier run): as Lightning does
+            self._deferred.pop(key, None)
+            self._remove_now(path)
+            return
+        self._deferred[key] = (path, pending.counter)
         self._remove_deferred()
+
+    def _remove_now(self, path: str) -> None:
+        if self.pool is not None:
+            self._checkpointer().store.drop_named(path)
+        if self.pool is None or os.path.lexists(path_store.local_path(path)) or path_store.is_remote(path):
+            path_store.remove(path, later=self._reap)
 
     def _committed_newer(self, base: int, exclude: str) -> bool:
         return any(k != exclude and k not in self._deferred and p.counter > base and p.done()
@@ -189,10 +206,7 @@ class FastCheckpointIO(CheckpointIO):
                 continue  # still in flight: deleting now would let its rename bring it back
             if self._committed_newer(base, exclude=key):
                 del self._deferred[key]
-                if self.pool is not None:
-                    self._checkpointer().store.drop_named(path)
-                else:
-                    path_store.remove(path, later=self._reap)
+                self._remove_now(path)
                 self._by_path.pop(key, None)
 
     def _reap(self, free) -> None:
@@ -234,6 +248,7 @@ class FastCheckpointIO(CheckpointIO):
     def teardown(self) -> None:
         """Waits for every checkpoint in flight and raises the first write error (on_error="raise")."""
         self.held.clear()
+        self.gate.remove()  # no optimizer step of anyone reaches this plugin any more
         self.gate.steps_seen = 0
         ck, self._ck = self._ck, None
         try:

@@ -6,8 +6,9 @@ or the new one, complete — never a torn mix, and never there before it is dura
 
 URLs (`s3://`, `gcs://`, `memory://`, ... through fsspec): the file is staged on local
 disk, uploaded, and then a commit record `NAME.fastckpt-commit` (size and whole-file CRC)
-is written last. Object stores have no atomic rename, so a reader trusts NAME only when
-that record exists and matches. `file://` URLs are plain local paths.
+is written last. Object stores have no atomic rename, so a reader checks NAME against that
+record when it exists; a URL without one (a file fastckpt did not upload) is read as
+Lightning would read it, checked by its own CRCs. `file://` URLs are plain local paths.
 
 Per-rank saving (every rank saves the same step): NAME is a directory holding one
 `rank-R.<id>` file per rank and a COMMIT record naming them, written atomically by
@@ -157,16 +158,21 @@ def read_marker(url: str) -> dict:
         raise CorruptCheckpointError(f"the commit record of {url} is unreadable: {e}") from e
 
 
-def download(url: str, into_dir: str) -> tuple[str, int]:
-    """Copies a committed upload to a local file; returns (path, expected whole-file CRC)."""
-    rec = read_marker(url)
+def download(url: str, into_dir: str) -> tuple[str, int | None]:
+    """Copies a checkpoint at a URL to a local file; returns (path, the whole-file CRC its
+    commit record expects). A URL without a commit record (a file fastckpt did not upload)
+    comes back with None: its loader checks it by the file's own CRCs only."""
     fs = filesystem(url)
+    rec = read_marker(url) if fs.exists(url + MARKER_SUFFIX) else None
     local = os.path.join(into_dir, "download.tmp")
-    fs.get_file(url, local)
+    try:
+        fs.get_file(url, local)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint {url!r} does not exist") from None
     size = os.path.getsize(local)
-    if size != rec["size"]:
+    if rec is not None and size != rec["size"]:
         raise CorruptCheckpointError(f"{url} is {size} bytes but its commit record says {rec['size']}")
-    return local, rec["crc32"]
+    return local, rec["crc32"] if rec is not None else None
 
 
 def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:

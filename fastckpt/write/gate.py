@@ -55,7 +55,12 @@ class StepGate:
         _live_gates.add(self)  # weakly: the hook never keeps a plugin alive
 
     def remove(self) -> None:
+        """Stops reacting to optimizer steps; the process-wide hook goes with the last gate."""
+        global _dispatch_handle
         _live_gates.discard(self)
+        if not _live_gates and _dispatch_handle is not None:
+            _dispatch_handle.remove()
+            _dispatch_handle = None
 
     def _pre_step(self, optimizer, args, kwargs):
         self.optimizers.add(optimizer)
