@@ -90,12 +90,15 @@ class FastckptEngine(CheckpointEngine):
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
-        state, _ = self.gate.frozen_view(state_dict, also_owned=self.update_only)
-        pending = self._ck.save(state, step=self.gate.steps_seen, path=path)
+        view = self.gate.snapshot_view(state_dict, also_owned=self.update_only)
+        pending = self._ck.save(view.state, step=self.gate.steps_seen, path=path, watch=view.watch)
         self._by_path[path] = pending
         self._files.append((path, pending))
         if self.gate.steps_seen == 0:  # before any optimizer step nothing gates the copy: finish it now
             pending.wait()
+        elif view.copy_now:  # until the run has shown only the update writes these tensors
+            pending.release_all()
+            pending.wait_copied()
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []

@@ -4,12 +4,13 @@ The shared backend of the Lightning and DeepSpeed plugins. It imports neither
 framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors.
 """
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,
-                     NoCheckpointError, StateMismatchError, UnsafeCheckpointError)
+                     NoCheckpointError, StateMismatchError, TornSnapshotError, UnsafeCheckpointError)
 from .checkpointer import Checkpointer
 from .commit import CommitInfo
 from .pending import Pending
 from .single_file import load, save
 
 __all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
-           "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "UnsafeCheckpointError"]
+           "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "TornSnapshotError",
+           "UnsafeCheckpointError"]
 __version__ = "0.1.0"

@@ -21,7 +21,8 @@ import weakref
 from .commit import CommitInfo, FileEntry
 from .distributed import Agreement, make_agreement
 from .engine import new_engine
-from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
+from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError,
+                     TornSnapshotError)
 from .format import FORMATS, plan_file
 from .pending import Pending
 from .store import STORES, open_store
@@ -89,11 +90,14 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------
     def save(self, state, step: int, meta: dict | None = None, path=None,
-             held: bool = False) -> Pending:
+             held: bool = False, watch=None) -> Pending:
         """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued.
 
         path: where this checkpoint goes (store='path' only). held=True: nothing is copied
         until the caller releases records through the returned Pending (layer-wise mode).
+        watch: a fastckpt.write.watch.SnapshotWatch over the tensors the snapshot copies after
+        save() returns; if one was written in place meanwhile, the checkpoint is dropped
+        (TornSnapshotError, always warned about: the training state itself is intact).
         """
         self._check_open()
         if (path is not None) != self._named_paths:
@@ -144,7 +148,7 @@ class Checkpointer:
             where = path if path is not None else f"under {self.root}"
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
                                          f"{e}; the previous checkpoint is intact")
-        pending.write, pending.plan = write, plan
+        pending.write, pending.plan, pending.watch = write, plan, watch
         thread = threading.Thread(target=self._drain,
                                   args=(pending, write, error, ckpt_id, file_path, meta),
                                   name=f"fastckpt-commit-{counter}", daemon=True)
@@ -212,6 +216,16 @@ class Checkpointer:
             except WriteStalled as e:
                 error = error or e
             pending.prev = None  # a long run must not keep a chain of every past checkpoint
+        if error is None and pending.watch is not None and pending.watch.deferred:
+            changed = pending.watch.check()  # the copies are done; the gate may have decided already
+            if changed:
+                error = TornSnapshotError(
+                    f"{changed} was written in place after save() returned and before its snapshot was copied "
+                    f"(not by the optimizer); the checkpoint of step {pending.step} could mix two states and "
+                    "was dropped; later snapshots are copied before save() returns")
+                pending.observed = True  # warned about below, whatever on_error says
+                log.warning("fastckpt: %s", error)
+                warnings.warn(f"fastckpt: {error}", stacklevel=1)
         if error is None:
             try:  # in counter order: a later save of the same path must land last
                 result.path = self.store.commit_file(ckpt_id, file_path, result)

@@ -17,6 +17,11 @@ class CheckpointWriteError(FastckptError, OSError):
     """Writing a checkpoint failed (full disk, I/O error, unwritable directory, ...)."""
 
 
+class TornSnapshotError(CheckpointWriteError):
+    """A tensor was written in place (not by the optimizer) after save() returned and before its
+    snapshot was copied: the checkpoint could mix two states, so it was dropped."""
+
+
 class UnsafeCheckpointError(FastckptError):
     """The file asks to run code (a pickle global that is not allowlisted)."""
 

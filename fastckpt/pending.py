@@ -19,6 +19,7 @@ class Pending:
         self.skipped = skipped
         self.write = None  # the SnapshotWrite in flight (None when skipped or failed to start)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
+        self.watch = None  # the SnapshotWatch over tensors copied after save() returned, if any
         self._index: dict[int, int] | None = None
         if skipped:
             self._copied.set()

@@ -4,7 +4,9 @@ Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt,
 is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
 reads) by the `path` store; it returns once the snapshot is issued. Consistency:
 tensors only `optimizer.step()` writes are copied in the background and the update
-waits for them (fastckpt.write.gate); every other tensor is copied before save returns.
+waits for them (fastckpt.write.gate) — once the run has shown that nothing else writes
+them between a save and the next step (fastckpt.write.watch; until then, and after any
+such write, they are copied before save returns); every other tensor is copied at once.
 Outside a training run a save is durable when it returns. `load_checkpoint` of an
 in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
 whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
@@ -113,19 +115,22 @@ class FastCheckpointIO(CheckpointIO):
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
         self._remove_deferred()
         running = self.gate.steps_seen > 0
-        state, owned = self.gate.frozen_view(checkpoint)
+        view = self.gate.snapshot_view(checkpoint)
         if self.pool is None:
             _make_parent(path)
-        held = self.layerwise and running
-        pending = self._checkpointer().save(state, step=int(checkpoint.get("global_step", 0) or 0),
-                                            path=path, held=held)
+        held = self.layerwise and running and not view.copy_now
+        pending = self._checkpointer().save(view.state, step=int(checkpoint.get("global_step", 0) or 0),
+                                            path=path, held=held, watch=view.watch)
         self._by_path[key] = pending
         self.stats["saves"] += 1
         if held and not pending.skipped:
-            self.held.hold(pending, owned)
+            self.held.hold(pending, view.owned)
         if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
             pending.release_all()
             pending.wait()
+        elif view.copy_now:  # until the run has shown only the optimizer writes these tensors
+            pending.release_all()
+            pending.wait_copied()
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
@@ -250,6 +255,7 @@ class FastCheckpointIO(CheckpointIO):
         self.held.clear()
         self.gate.remove()  # no optimizer step of anyone reaches this plugin any more
         self.gate.steps_seen = 0
+        self.gate.trust.reset()
         ck, self._ck = self._ck, None
         try:
             if ck is not None:

@@ -8,16 +8,24 @@ calls every live StepGate (one per checkpointing front end, e.g. FastCheckpointI
 - it notes that training is running (saves between runs are synchronous);
 - Lightning calls `optimizer.step(closure)` with forward and backward inside the
   closure, so the hook wraps the closure: the gate runs after backward, right
-  before the update. A step without a closure (manual optimization) is gated at once.
+  before the update. A step without a closure (manual optimization) is gated at once;
+- after the gate, it settles what the snapshots since the last step saw (watch.py): a
+  snapshot is left to copy after save() returns only once a run has shown that nothing
+  but the optimizer writes the saved tensors between a save and the next step.
+The hook is registered by the first gate installed and removed with the last one (at a
+plugin's teardown, never from a finalizer: torch iterates over its hooks during a step).
 """
 from __future__ import annotations
 
 import collections
 import weakref
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .watch import SnapshotWatch, Trust
 
 
 _live_gates: "weakref.WeakSet[StepGate]" = weakref.WeakSet()
@@ -25,9 +33,9 @@ _dispatch_handle = None
 
 
 def _dispatch(optimizer, args, kwargs):
-    """The one process-wide pre-hook; it never changes, so no gate (or the garbage collector
-    finalizing a plugin in the middle of torch's loop over its hooks) mutates torch's hook
-    dict while an optimizer step iterates over it."""
+    """The one process-wide pre-hook; gates come and go in a weak set, so no gate (or the
+    garbage collector finalizing a plugin in the middle of torch's loop over its hooks)
+    mutates torch's hook dict while an optimizer step iterates over it."""
     changed = False
     for gate in list(_live_gates):
         result = gate._pre_step(optimizer, args, kwargs)
@@ -47,6 +55,7 @@ class StepGate:
         self._gate = (lambda optimizer: gate(optimizer)) if scoped else (lambda optimizer: gate())
         self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         self.steps_seen = 0
+        self.trust = Trust()
 
     def install(self) -> None:
         global _dispatch_handle
@@ -68,9 +77,9 @@ class StepGate:
         # args[0] is the optimizer itself (torch passes the bound method's arguments)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
-            self._gate(optimizer)
+            self._gate_and_settle(optimizer)
             return None
-        gate = self._gate
+        gate = self._gate_and_settle
 
         def gated_closure(*a, **kw):
             out = closure(*a, **kw)
@@ -81,17 +90,26 @@ class StepGate:
             return args, {**kwargs, "closure": gated_closure}
         return (args[0], gated_closure, *args[2:]), kwargs
 
+    def _gate_and_settle(self, optimizer) -> None:
+        self._gate(optimizer)
+        self.trust.settle()  # the copies are done and the optimizer has not written yet
+
     def owned_storages(self) -> set[int]:
         """Storages only optimizer.step() writes: parameters and optimizer state of known optimizers."""
         return set(self._owned())
 
-    def frozen_view(self, state, also_owned: frozenset = frozenset()):
-        """(state to save, owned storages): while training runs, every tensor the gate does not
-        protect is copied now (freeze_unowned); between runs nothing changes it, as is."""
+    def snapshot_view(self, state, also_owned: frozenset = frozenset()) -> "SnapshotView":
+        """What to save while training runs: every tensor the gate does not protect is copied now
+        (freeze_unowned); the rest is left to the snapshot, watched for in-place writes, and —
+        until the run has earned it (watch.Trust) — copied before save() returns (copy_now).
+        Between runs nothing changes the state: as is."""
         if self.steps_seen == 0:
-            return state, set()
+            return SnapshotView(state, set(), None, False)
         owned = self.owned_storages() | set(also_owned)
-        return freeze_unowned(state, owned), owned
+        kept: list = []
+        frozen = freeze_unowned(state, owned, kept)
+        watch = self.trust.watch(kept)
+        return SnapshotView(frozen, owned, watch, not watch.deferred)
 
     def owned_bytes(self) -> int:
         """Bytes of those storages: most of what a training checkpoint holds."""
@@ -134,17 +152,33 @@ def storages_of(params, optimizers) -> set[int]:
     return out
 
 
-def freeze_unowned(state, owned: set[int]):
+@dataclass
+class SnapshotView:
+    """A state ready to save: `owned` storages are left to the snapshot (watched by `watch`);
+    copy_now: wait for the snapshot's copy before save() returns."""
+
+    state: object
+    owned: set
+    watch: Optional[SnapshotWatch]
+    copy_now: bool
+
+
+def freeze_unowned(state, owned: set[int], kept: Optional[list] = None, path: str = ""):
     """`state` with every tensor whose storage is not in `owned` replaced by a copy made now:
     what something other than the optimizer update (a forward pass, a buffer update) may
-    change before the gated snapshot has copied it. Containers keep their types."""
+    change before the gated snapshot has copied it. Containers keep their types. kept, when
+    given, collects (path, tensor) of the tensors left as they are."""
     if isinstance(state, torch.Tensor):
-        return state if state.untyped_storage().data_ptr() in owned else state.detach().clone()
+        if state.untyped_storage().data_ptr() in owned:
+            if kept is not None:
+                kept.append((path, state))
+            return state
+        return state.detach().clone()
     if isinstance(state, dict):
-        out = {k: freeze_unowned(v, owned) for k, v in state.items()}
+        out = {k: freeze_unowned(v, owned, kept, f"{path}.{k}" if path else str(k)) for k, v in state.items()}
         return out if type(state) is dict else _same_mapping(state, out)
     if isinstance(state, (list, tuple)):
-        items = [freeze_unowned(v, owned) for v in state]
+        items = [freeze_unowned(v, owned, kept, f"{path}[{i}]") for i, v in enumerate(state)]
         if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple
             return type(state)(*items)
         return type(state)(items)
