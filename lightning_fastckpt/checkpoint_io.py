@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
@@ -71,6 +72,7 @@ class FastCheckpointIO(CheckpointIO):
                  per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
                  pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise",
                  stall_timeout_s: float = 120.0):
+        self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
                             chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
                             direct_io=direct_io, verify=verify, on_error=on_error,
@@ -87,9 +89,19 @@ class FastCheckpointIO(CheckpointIO):
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
         self._reaper: Optional[ThreadPoolExecutor] = None
         self.stats = {"saves": 0}
+        self._active = False  # between the first save or optimizer step of a run and its teardown
+        self._wrapped = False  # called from another IO's thread (AsyncCheckpointIO): act synchronously
         self.gate = StepGate(self._gate)
         self.gate.install()
         self.held = HeldSnapshots(self.gate)
+
+    def __getstate__(self) -> dict:
+        """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
+        settings: the copy is a fresh plugin; saves in flight stay with the original."""
+        return dict(self._settings)
+
+    def __setstate__(self, settings: dict) -> None:
+        self.__init__(**settings)
 
     @classmethod
     def from_config(cls, cfg) -> "FastCheckpointIO":
@@ -123,11 +135,24 @@ class FastCheckpointIO(CheckpointIO):
                                             path=path, held=held, watch=view.watch)
         self._by_path[key] = pending
         self.stats["saves"] += 1
+        self._active = self._active or running
         if held and not pending.skipped:
             self.held.hold(pending, view.owned)
-        if not running:  # trainer.save_checkpoint() outside fit: durable when it returns
+        if not self._wrapped and threading.current_thread() is not threading.main_thread():
+            self._wrapped = True
+            warnings.warn("FastCheckpointIO is called off the training thread (wrapped by "
+                          "AsyncCheckpointIO?): it already saves asynchronously, so it now makes each "
+                          "save durable before returning; the wrapper only adds a copy, and its "
+                          "removals of older top-k files can reach this plugin before their saves do.",
+                          stacklevel=2)
+        if not running or self._wrapped:
+            # trainer.save_checkpoint() outside fit, or a caller already off the training thread
+            # (AsyncCheckpointIO wrapping this plugin: its teardown waits for its own thread and
+            # never reaches ours): durable when it returns, its commit thread gone
             pending.release_all()
+            self._checkpointer().wait()
             pending.wait()
+            self._remove_deferred()  # removals that waited for a newer checkpoint: it is here
         elif view.copy_now:  # until the run has shown only the optimizer writes these tensors
             pending.release_all()
             pending.wait_copied()
@@ -139,6 +164,7 @@ class FastCheckpointIO(CheckpointIO):
 
     def _gate(self) -> None:
         """Before an optimizer update: every snapshot in flight has copied what the update overwrites."""
+        self._active = True
         self.held.clear()
         if self._ck is not None:
             self._ck.gate()
@@ -174,7 +200,7 @@ class FastCheckpointIO(CheckpointIO):
             return load_file(info.file_for(rank), map_location, self.verify, weights_only,
                              expect_crc=info.entry_for(rank).crc32 if self.verify else None)
         if not os.path.exists(local):
-            raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's own words
         return fastckpt.load(local, map_location=map_location, verify=self.verify, weights_only=weights_only)
 
     # -- removing --------------------------------------------------------
@@ -215,7 +241,12 @@ class FastCheckpointIO(CheckpointIO):
                 self._by_path.pop(key, None)
 
     def _reap(self, free) -> None:
-        """Frees a removed file's blocks off the training thread (joined at teardown)."""
+        """Frees a removed file's blocks off the training thread during a run (joined at
+        teardown); outside a run, or wrapped by another IO whose teardown never reaches this
+        one, at once: no thread of this plugin outlives its run."""
+        if not self._active or self._wrapped:
+            free()
+            return
         if self._reaper is None:
             self._reaper = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
         self._reaper.submit(free)
@@ -237,6 +268,7 @@ class FastCheckpointIO(CheckpointIO):
         if ck is not None:
             ck.close()
         self._kwargs = new
+        self._settings.update(concurrency=new["concurrency"], writers=new["writers"])
 
     def in_flight(self) -> int:
         """Checkpoints saved and not yet landed."""
@@ -256,6 +288,7 @@ class FastCheckpointIO(CheckpointIO):
         self.gate.remove()  # no optimizer step of anyone reaches this plugin any more
         self.gate.steps_seen = 0
         self.gate.trust.reset()
+        self._active = False
         ck, self._ck = self._ck, None
         try:
             if ck is not None:

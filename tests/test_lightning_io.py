@@ -334,3 +334,35 @@ def test_a_file_this_plugin_did_not_write_is_removed_at_once(tmp_path):
     io.remove_checkpoint(str(foreign))
     io.teardown()
     assert not os.path.exists(foreign) and files(tmp_path) == []
+
+
+def test_the_plugin_pickles_as_its_settings_for_ddp_spawn(tmp_path):
+    """ddp_spawn (and torch.save(trainer)) pickle the trainer with its plugins."""
+    import pickle
+    io = FastCheckpointIO(concurrency=3, chunk_mb=8)
+    copy = pickle.loads(pickle.dumps(io))
+    assert copy._settings == io._settings and copy is not io and copy._ck is None
+    torch.manual_seed(0)
+    cb = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1)
+    t = trainer(FastCheckpointIO(), [cb], max_steps=4, strategy="ddp_spawn", devices=2)
+    t.fit(TinyModule(), loader())
+    assert sorted(files(tmp_path)) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    assert load(tmp_path / "epoch=0-step=4.ckpt")["global_step"] == 4
+
+
+def test_wrapped_by_async_checkpoint_io_nothing_outlives_fit(tmp_path):
+    """AsyncCheckpointIO(FastCheckpointIO()): the wrapper calls save from its own thread and its
+    teardown never reaches ours, so the plugin then acts synchronously: every file durable and
+    no thread of ours left when fit returns."""
+    cb = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1)
+    t = trainer(AsyncCheckpointIO(FastCheckpointIO()), [cb], max_steps=6)
+    with pytest.warns(UserWarning, match="already saves asynchronously"):
+        t.fit(TinyModule(), loader())
+    assert sorted(files(tmp_path)) == [f"epoch=0-step={s}.ckpt" for s in (2, 4, 6)]
+    assert load(tmp_path / "epoch=0-step=6.ckpt")["global_step"] == 6
+    assert not [th.name for th in threading.enumerate() if th.name.startswith("fastckpt")]
+
+
+def test_a_missing_checkpoint_is_said_in_lightnings_words(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+        trainer(FastCheckpointIO(), max_steps=1).fit(TinyModule(), loader(), ckpt_path=str(tmp_path / "nope.ckpt"))
