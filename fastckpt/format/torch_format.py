@@ -42,8 +42,10 @@ def plan_torch(state) -> FilePlan:
     for r in head + tail:
         r.crc = zlib.crc32(r.blob)
     file_size = cd_offset + zl.tail_size(records, cd_offset)
-    data_begin = data[0].data_off if data else cd_offset
-    data_end = data[-1].data_off + data[-1].size if data else cd_offset
+    # no tensor at all (a DeepSpeed pipeline layer without parameters, a dict of counters):
+    # an empty data extent at an aligned offset, everything else is written as blobs
+    data_begin = data[0].data_off if data else cd_offset - cd_offset % ALIGN
+    data_end = data[-1].data_off + data[-1].size if data else data_begin
 
     def finish(crcs: list[int]) -> tuple[list[tuple[int, bytes]], int]:
         for r, c in zip(data, crcs):

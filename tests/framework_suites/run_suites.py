@@ -2,14 +2,22 @@
 default — and reports which failures are fastckpt's. Not part of CI: it needs a checkout of the
 framework's repository (at, or near, the installed version); their tests stay in that checkout.
 
-    python tests/framework_suites/run_suites.py lightning --checkout DIR [--tests PATH ...]
+    python tests/framework_suites/run_suites.py lightning --checkout DIR [--tests PATH ...] [--peer]
     python tests/framework_suites/run_suites.py deepspeed --checkout DIR [--tests PATH ...]
-        [--timeout S] [--out report.json] [--only fastckpt]
+        [--timeout S] [--out report.json] [--only fastckpt] [--python PATH]
+
+--python runs the suite with another interpreter (one with the framework at the checkout's
+version, e.g. a venv with deepspeed==0.19.5 for a v0.19.5 checkout): the tests of one release
+against the code of another fail for reasons of their own. fastckpt comes from this tree
+(PYTHONPATH), native extension included, so that interpreter must be the same Python version.
 
 Lightning: `-p lightning_default_io` (this folder on PYTHONPATH) makes FastCheckpointIO the
-CheckpointIO every strategy builds by default. DeepSpeed: `deepspeed_hook/sitecustomize.py`
+CheckpointIO every strategy builds by default; --peer adds a third run with Lightning's own
+AsyncCheckpointIO as the default, and each fastckpt-only failure says whether that peer fails it
+too (then it is inherent to saving asynchronously, not fastckpt's). DeepSpeed: `deepspeed_hook/sitecustomize.py`
 (on PYTHONPATH, so every worker process DeepSpeed's harness starts imports it) adds a
-`"fastckpt": {}` entry to every DeepSpeed config. DeepSpeed runs on its CPU accelerator (gloo).
+`"fastckpt": {}` entry to every DeepSpeed config. DeepSpeed runs on its CPU accelerator (gloo) with 2 ranks (LOCAL_SIZE=2: the accelerator's
+device count; tests that need more skip).
 A run that outlives --timeout (or that DeepSpeed's harness ends with "Test hanged") is a HANG,
 naming the test it was in.
 """
@@ -37,28 +45,31 @@ LIGHTNING_TESTS = [
 DEEPSPEED_TESTS = ["tests/unit/checkpoint"]
 
 
-def suite(framework: str, checkout: str, tests: list[str] | None, fastckpt: bool) -> tuple[list[str], str, dict]:
-    """(pytest arguments, working directory, extra environment) of one run."""
-    env = {"PYTHONUNBUFFERED": "1"}
+def suite(framework: str, checkout: str, tests: list[str] | None, kind: str) -> tuple[list[str], str, dict]:
+    """(pytest arguments, working directory, extra environment) of one run: kind is stock,
+    fastckpt or async (Lightning's AsyncCheckpointIO as the default)."""
+    env = {"PYTHONUNBUFFERED": "1", "FASTCKPT_SUITE_IO": kind}
+    patched = kind != "stock"
     path = [ROOT, os.environ.get("PYTHONPATH", "")]
     if framework == "lightning":
-        args = list(tests or LIGHTNING_TESTS) + (["-p", "lightning_default_io"] if fastckpt else [])
+        args = list(tests or LIGHTNING_TESTS) + (["-p", "lightning_default_io"] if patched else [])
         cwd = os.path.join(checkout, "tests")
         path.insert(0, HERE)
     else:
         args = list(tests or DEEPSPEED_TESTS)
         cwd = checkout
         env["DS_ACCELERATOR"] = "cpu"
-        if fastckpt:
+        env["LOCAL_SIZE"] = "2"
+        if patched:
             path.insert(0, os.path.join(HERE, "deepspeed_hook"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return args, cwd, env
 
 
-def run(framework: str, checkout: str, tests, fastckpt: bool, timeout: float, xml: str) -> dict:
+def run(framework: str, checkout: str, tests, kind: str, timeout: float, xml: str, python: str) -> dict:
     """Outcome of every test id (passed / failed / skipped) and, when the run hung, where."""
-    args, cwd, env = suite(framework, checkout, tests, fastckpt)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
+    args, cwd, env = suite(framework, checkout, tests, kind)
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -93,12 +104,14 @@ def parse(xml: str) -> dict[str, dict]:
     return out
 
 
-def compare(stock: dict, ours: dict) -> dict:
+def compare(stock: dict, ours: dict, peer: dict | None) -> dict:
     s, o = stock["results"], ours["results"]
     failed = lambda r, k: r.get(k, {}).get("status") == "failed"  # noqa: E731
     ours_only = sorted(k for k in o if failed(o, k) and not failed(s, k))
     both = sorted(k for k in o if failed(o, k) and failed(s, k))
+    peer_too = [k for k in ours_only if peer is not None and failed(peer["results"], k)]
     return {"fastckpt_only": {k: o[k]["why"] for k in ours_only}, "failing_stock_too": both,
+            "failing_with_async_peer_too": peer_too,
             "passed_with_fastckpt": sum(1 for v in o.values() if v["status"] == "passed"),
             "passed_stock": sum(1 for v in s.values() if v["status"] == "passed"),
             "hung": {"stock": stock["hung"], "fastckpt": ours["hung"]}}
@@ -111,15 +124,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", nargs="*", default=None, help="test paths inside the checkout (default: its checkpoint tests)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one whole run may take")
     ap.add_argument("--only", choices=("stock", "fastckpt"), default=None, help="one of the two runs")
+    ap.add_argument("--peer", action="store_true", help="Lightning: also run with its AsyncCheckpointIO as default")
     ap.add_argument("--out", default=None, help="JSON report")
+    ap.add_argument("--python", default=sys.executable, help="interpreter that runs the suite")
     a = ap.parse_args(argv)
     checkout = os.path.abspath(a.checkout)
     runs = {}
-    for kind in ("stock", "fastckpt"):
+    kinds = ("stock", "fastckpt") + (("async",) if a.peer and a.framework == "lightning" and a.only is None else ())
+    for kind in kinds:
         if a.only in (None, kind):
             print(f"== {a.framework}, {kind} ...", flush=True)
-            runs[kind] = run(a.framework, checkout, a.tests, kind == "fastckpt", a.timeout,
-                             os.path.join("/tmp", f"{a.framework}-{kind}-{os.getpid()}.xml"))
+            runs[kind] = run(a.framework, checkout, a.tests, kind, a.timeout,
+                             os.path.join("/tmp", f"{a.framework}-{kind}-{os.getpid()}.xml"), a.python)
             r = runs[kind]
             counts = {}
             for v in r["results"].values():
@@ -127,16 +143,17 @@ def main(argv=None) -> int:
             print(f"   {counts} in {r['seconds']} s" + (f"; HANG: {r['hung']}" if r["hung"] else ""), flush=True)
     report = {"framework": a.framework, "checkout": checkout, "runs": {k: {kk: vv for kk, vv in v.items() if kk != "tail"}
                                                                         for k, v in runs.items()}}
-    if len(runs) == 2:
-        report["compare"] = c = compare(runs["stock"], runs["fastckpt"])
+    if "stock" in runs and "fastckpt" in runs:
+        report["compare"] = c = compare(runs["stock"], runs["fastckpt"], runs.get("async"))
         print(f"fastckpt-only failures: {len(c['fastckpt_only'])}; failing stock too: {len(c['failing_stock_too'])}; "
               f"passed: {c['passed_stock']} stock, {c['passed_with_fastckpt']} with fastckpt")
         for k, why in c["fastckpt_only"].items():
-            print(f"  FASTCKPT-ONLY {k}: {why}")
+            peer = " [fails with AsyncCheckpointIO too]" if k in c["failing_with_async_peer_too"] else ""
+            print(f"  FASTCKPT-ONLY {k}{peer}: {why}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
-    bad = any(r["hung"] for r in runs.values()) or (len(runs) == 2 and report["compare"]["fastckpt_only"])
+    bad = any(r["hung"] for r in runs.values()) or ("compare" in report and report["compare"]["fastckpt_only"])
     return 1 if bad else 0
 
 
