@@ -45,7 +45,7 @@ from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
 from .load_tag import Choice, choose, is_pool_pointer
-from .tags import TagCommitter, file_size, read_record
+from .tags import TagCommitter, file_size, mark_open, read_record
 
 ENGINE_NAME = "FastckptEngine"
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class FastckptEngine(CheckpointEngine):
     def create(self, info: CheckpointCommitInfo) -> None:
         self._committer.raise_errors()
         self._files = []
+        mark_open(info.save_dir, info.tag)
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)

@@ -3,10 +3,12 @@
 DeepSpeed loads the tag it is given, or the one its `latest` file names (`latest_universal`
 for universal checkpoints). Under `save_dir`, a tag is
   committed  fastckpt's record is there and every file it names has its size: loaded;
-  torn       fastckpt wrote files of it and never committed it (a save cut short): never loaded;
+  torn       fastckpt began it (its open mark, a writer's hidden file) and never committed it
+             (a save cut short): never loaded;
   damaged    its record is unreadable or disagrees with the files: never loaded;
-  foreign    checkpoint files another engine wrote (DeepSpeed's own before fastckpt was
-             switched on, ds_to_universal, ...): there is no record to check, so it is
+  foreign    checkpoint files another engine wrote or put there (DeepSpeed's own before
+             fastckpt was switched on, ds_to_universal, which also copies fastckpt's
+             model-state files into its tag): there is no record to check, so it is
              loaded as DeepSpeed would load it, and a warning says so;
   empty      a directory without checkpoint files (a save cut short before any file);
   missing    no such directory.
@@ -23,10 +25,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from fastckpt.errors import CorruptCheckpointError
-from fastckpt.format import written_by_fastckpt
 from fastckpt.fsutil import read_regular
 
-from .tags import TAG_RECORD, newest_committed, read_record
+from .tags import TAG_OPEN, TAG_RECORD, newest_committed, read_record
 
 SizeOf = Callable[[str], Optional[int]]
 
@@ -42,8 +43,9 @@ class Choice:
 
 
 def _files_of(tag_dir: str) -> tuple[bool, bool]:
-    """(fastckpt wrote files of this tag, another writer's checkpoint files are there). Ours:
-    a writer's hidden temporary file, a file carrying fastckpt's whole-file CRC, a pool pointer."""
+    """(fastckpt began this tag, another writer's checkpoint files are there). Ours: the mark
+    a fastckpt save leaves first, a writer's hidden temporary file, a pool pointer. A file
+    carrying fastckpt's CRC in a tag without the mark was put there by someone else (a copy)."""
     try:
         names = os.listdir(tag_dir)
     except OSError:
@@ -51,10 +53,10 @@ def _files_of(tag_dir: str) -> tuple[bool, bool]:
     ours = foreign = False
     for name in names:
         path = os.path.join(tag_dir, name)
-        if ".fastckpt-" in name and name.endswith(".tmp"):
+        if name == TAG_OPEN or (".fastckpt-" in name and name.endswith(".tmp")):
             ours = True
         elif name != TAG_RECORD and os.path.isfile(path) and not os.path.islink(path):
-            if written_by_fastckpt(path) or is_pool_pointer(path):
+            if is_pool_pointer(path):
                 ours = True
             elif name.endswith(".pt"):
                 foreign = True

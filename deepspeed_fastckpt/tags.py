@@ -9,6 +9,12 @@ background gloo group over DeepSpeed's process group), and rank 0 then writes
 number) and `save_dir/fastckpt-latest`, both atomically. DeepSpeed's own `latest` file is
 written with a plain open() and may be missing, torn, or name a tag that never completed;
 `newest_committed` ignores it.
+
+Before any file of a tag is written, `mark_open` leaves `save_dir/tag/fastckpt-tag.open`: a
+tag with that mark and no record is one fastckpt began and never committed. Files fastckpt
+wrote can also arrive in a tag it never saved (ds_to_universal copies the model-state files
+into its universal tag); without the mark they are another writer's checkpoint. The mark's
+directory entry is made durable by the directory sync that follows the first file's rename.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from fastckpt.errors import CheckpointWriteError, CorruptCheckpointError
 from fastckpt.fsutil import write_atomic
 
 TAG_RECORD = "fastckpt-tag.json"
+TAG_OPEN = "fastckpt-tag.open"
 LATEST = "fastckpt-latest"
 
 
@@ -37,6 +44,13 @@ def _parse_record(save_dir: str, tag: str) -> dict:
                                      f"(no {TAG_RECORD}): its files may be incomplete") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
+
+
+def mark_open(save_dir: str, tag: str) -> None:
+    """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the commit)."""
+    tag_dir = os.path.join(save_dir, str(tag))
+    os.makedirs(tag_dir, exist_ok=True)
+    os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
 
 
 def file_size(path: str) -> Optional[int]:

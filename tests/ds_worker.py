@@ -21,6 +21,9 @@
         engine A saves after 3 steps; engine B, made next in the same process, loads at once
     python ds_worker.py resume-nothing SAVE_DIR OUT
         load_checkpoint of a directory holding no checkpoint; the path and warnings in OUT
+    python ds_worker.py universal SAVE_DIR OUT --stage S
+        3 steps, save_checkpoint(tag="t"), DeepSpeed's ds_to_universal makes "t_universal" (it
+        copies fastckpt's model-state files), a second engine loads that with load_universal
     python ds_worker.py config-error SAVE_DIR OUT
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
 DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
@@ -45,7 +48,7 @@ import deepspeed  # noqa: E402
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 
 
-def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None):
+def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None, load_universal=False):
     torch.manual_seed(0)
     width = int(os.environ.get("WIDTH", "64"))
     hidden = [torch.nn.Linear(width, width), torch.nn.ReLU()] if os.environ.get("HIDDEN") else []
@@ -57,7 +60,8 @@ def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None):
     cfg = {"train_batch_size": 4 * int(os.environ["WORLD_SIZE"]), "train_micro_batch_size_per_gpu": 4,
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
-           "zero_optimization": {"stage": stage}, "checkpoint": {"tag_validation": "FAIL"}}
+           "zero_optimization": {"stage": stage},
+           "checkpoint": {"tag_validation": "FAIL", **({"load_universal": True} if load_universal else {})}}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if engine == "fastckpt":
@@ -158,6 +162,32 @@ def main() -> None:
         path, _ = eng.load_checkpoint(a.save_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
         out["loaded_by_rank"] = [None] * int(os.environ["WORLD_SIZE"])
         torch.distributed.all_gather_object(out["loaded_by_rank"], path)
+    elif a.mode == "universal":
+        from types import SimpleNamespace
+
+        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+        for i in range(3):
+            step(eng, i)
+        from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+        eng.save_checkpoint(a.save_dir, tag="t", client_state={"data_pos": 3, "note": "universal",
+                                                               UNIVERSAL_CHECKPOINT_INFO: {}})
+        out["params_at_save"] = full_params(eng)
+        if a.engine == "fastckpt":
+            eng.checkpoint_engine.wait()  # the tag is committed: an offline tool may read it
+        if int(os.environ["RANK"]) == 0:
+            ds_to_universal(SimpleNamespace(input_folder=os.path.join(a.save_dir, "t"),
+                                            output_folder=os.path.join(a.save_dir, "t_universal"),
+                                            num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                            strict=True, inject_missing_state=False))
+        torch.distributed.barrier()
+        other = make_engine(a.stage, a.dtype, a.engine, load_universal=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            path, client = other.load_checkpoint(a.save_dir, tag="t_universal")
+        out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
+                   params_loaded=full_params(other),
+                   warnings=[str(w.message) for w in seen if "fastckpt" in str(w.message)])
+        other.destroy()
     elif a.mode == "two-engines":
         for i in range(3):
             step(eng, i)

@@ -9,6 +9,8 @@ import os
 import pytest
 import torch
 
+import fastckpt
+
 from test_deepspeed import assert_resumed_exactly, run
 
 pytest.importorskip("deepspeed")
@@ -47,6 +49,34 @@ def test_a_checkpoint_deepspeed_wrote_itself_loads_as_deepspeed_would(tmp_path, 
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), *extra, ranks=2)
     assert_resumed_exactly(trained, resumed)
     assert any("no fastckpt commit record" in w for w in resumed["warnings"]), resumed["warnings"]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage):
+    """DeepSpeed's TestZeROUniversalCheckpointDP::test_dp_world_size_2to2: ds_to_universal copies
+    the model-state files fastckpt wrote (with fastckpt's CRC) into a tag fastckpt never saved;
+    that tag was taken for a fastckpt save cut short and refused ("was never committed")."""
+    got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=300)
+    assert got["path"] is not None and os.sep + "t_universal" + os.sep in got["path"], got["path"]
+    assert got["client"] == {"data_pos": 3, "note": "universal"}
+    for name, value in got["params_at_save"].items():
+        assert torch.equal(value, got["params_loaded"][name]), name
+    assert any("no fastckpt commit record" in w for w in got["warnings"]), got["warnings"]
+    assert (tmp_path / "ck" / "t" / "fastckpt-tag.open").exists()
+    assert not (tmp_path / "ck" / "t_universal" / "fastckpt-tag.open").exists()
+
+
+def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
+    """The same complete fastckpt file: in a tag a fastckpt save opened and never committed it is
+    torn (never loaded); copied into a tag no fastckpt save opened it is another writer's."""
+    from deepspeed_fastckpt.load_tag import tag_status
+    from deepspeed_fastckpt.tags import file_size, mark_open
+    for tag in ("begun", "copied"):
+        (tmp_path / tag).mkdir()
+        fastckpt.save({"w": torch.ones(3)}, tmp_path / tag / "mp_rank_00_model_states.pt")
+    mark_open(str(tmp_path), "begun")
+    assert tag_status(str(tmp_path), "begun", file_size)[0] == "torn"
+    assert tag_status(str(tmp_path), "copied", file_size)[0] == "foreign"
 
 
 def test_nothing_to_load_is_said_not_silent(tmp_path):

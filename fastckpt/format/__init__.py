@@ -49,17 +49,3 @@ def load_file(path: str, map_location=None, verify: bool = True, weights_only: b
         return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
     from .safetensors_format import read_safetensors
     return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
-
-
-def written_by_fastckpt(path: str) -> bool:
-    """Whether fastckpt wrote this checkpoint file (its zip comment or safetensors metadata
-    carries fastckpt's whole-file CRC); False for torch.save's, other writers' and damaged files."""
-    from ..errors import CorruptCheckpointError
-    try:
-        if sniff(path) == "torch":
-            from .zip_reader import read_index
-            return read_index(path).file_crc is not None
-        from .safetensors_format import CRC_KEY, read_header
-        return CRC_KEY in read_header(path)[0].get("__metadata__", {})
-    except (CorruptCheckpointError, OSError):
-        return False
