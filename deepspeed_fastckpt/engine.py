@@ -153,8 +153,7 @@ class FastckptEngine(CheckpointEngine):
         Rank 0 decides and broadcasts; each rank then checks the record against the files it
         can see, and all agree (a committed tag is loaded by every rank, or by none)."""
         self.wait()
-        for engine in list(_open_engines):
-            engine._committer.wait_for(load_dir)
+        wait_for_saves_into(load_dir)
         agree = self._committer.agreement
         choice = agree.broadcast(choose(load_dir, tag, self.size_of, latest_file) if agree.rank == 0 else None)
         why = ""
@@ -183,6 +182,12 @@ class FastckptEngine(CheckpointEngine):
         finally:
             self._committer.close()
 
+
+
+def wait_for_saves_into(save_dir: str) -> None:
+    """Until every save of this process into save_dir has committed or failed (any open engine's)."""
+    for engine in list(_open_engines):
+        engine._committer.wait_for(save_dir)
 
 
 @atexit.register

@@ -16,6 +16,8 @@ Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config 
 - `forward`, `backward`, `step`: activation offload (deepspeed_fastckpt.offload) when the
   entry has `"offload": {...}`; `step` also times steps for `"interval": "auto"`
   (deepspeed_fastckpt.interval).
+DeepSpeed's offline readers (ds_to_universal, zero_to_fp32) run in-process wait for the
+saves into their directory first (deepspeed_fastckpt.offline_readers).
 This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ import warnings
 
 from fastckpt.errors import CorruptCheckpointError
 
-from . import interval, offload
+from . import interval, offline_readers, offload
 from .engine import FastckptEngine
 from .settings import entry_of, offload_node
 
@@ -46,6 +48,7 @@ def register() -> None:
     DeepSpeedEngine.forward = offload.wrap_forward(DeepSpeedEngine.forward)
     DeepSpeedEngine.backward = offload.wrap_backward(DeepSpeedEngine.backward)
     DeepSpeedEngine.step = _wrap_step(offload.wrap_closing(DeepSpeedEngine.step))
+    offline_readers.register()
 
 
 def _wrap_configure(original):

@@ -22,8 +22,8 @@
     python ds_worker.py resume-nothing SAVE_DIR OUT
         load_checkpoint of a directory holding no checkpoint; the path and warnings in OUT
     python ds_worker.py universal SAVE_DIR OUT --stage S
-        3 steps, save_checkpoint(tag="t"), DeepSpeed's ds_to_universal makes "t_universal" (it
-        copies fastckpt's model-state files), a second engine loads that with load_universal
+        3 steps, save_checkpoint(tag="t"), at once DeepSpeed's ds_to_universal makes "t_universal"
+        on rank 0 (it copies fastckpt's model-state files), a second engine loads it (load_universal)
     python ds_worker.py config-error SAVE_DIR OUT
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
 DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
@@ -172,8 +172,6 @@ def main() -> None:
         eng.save_checkpoint(a.save_dir, tag="t", client_state={"data_pos": 3, "note": "universal",
                                                                UNIVERSAL_CHECKPOINT_INFO: {}})
         out["params_at_save"] = full_params(eng)
-        if a.engine == "fastckpt":
-            eng.checkpoint_engine.wait()  # the tag is committed: an offline tool may read it
         if int(os.environ["RANK"]) == 0:
             ds_to_universal(SimpleNamespace(input_folder=os.path.join(a.save_dir, "t"),
                                             output_folder=os.path.join(a.save_dir, "t_universal"),

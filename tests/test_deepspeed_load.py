@@ -52,11 +52,14 @@ def test_a_checkpoint_deepspeed_wrote_itself_loads_as_deepspeed_would(tmp_path, 
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage):
-    """DeepSpeed's TestZeROUniversalCheckpointDP::test_dp_world_size_2to2: ds_to_universal copies
-    the model-state files fastckpt wrote (with fastckpt's CRC) into a tag fastckpt never saved;
-    that tag was taken for a fastckpt save cut short and refused ("was never committed")."""
-    got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=300)
+def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage, fault_shim):
+    """DeepSpeed's TestZeROUniversalCheckpointDP::test_dp_world_size_2to2: ds_to_universal runs on
+    rank 0 right after save_checkpoint returned, so it must wait for the save still in flight
+    (writes slowed to 0.3 s each so that it surely is); it copies the model-state files fastckpt
+    wrote into a tag fastckpt never saved, which was refused as a save cut short."""
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "t" / ""),
+            "FASTCKPT_FAULT_SLOW_US": "300000"}
+    got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=300, **slow)
     assert got["path"] is not None and os.sep + "t_universal" + os.sep in got["path"], got["path"]
     assert got["client"] == {"data_pos": 3, "note": "universal"}
     for name, value in got["params_at_save"].items():
