@@ -2,7 +2,7 @@
 default — and reports which failures are fastckpt's. Not part of CI: it needs a checkout of the
 framework's repository (at, or near, the installed version); their tests stay in that checkout.
 
-    python tests/framework_suites/run_suites.py lightning --checkout DIR [--tests PATH ...] [--peer]
+    python tests/framework_suites/run_suites.py lightning --checkout DIR [--tests PATH ...]
     python tests/framework_suites/run_suites.py deepspeed --checkout DIR [--tests PATH ...]
         [--timeout S] [--out report.json] [--only fastckpt] [--python PATH]
 
@@ -12,9 +12,7 @@ against the code of another fail for reasons of their own. fastckpt comes from t
 (PYTHONPATH), native extension included, so that interpreter must be the same Python version.
 
 Lightning: `-p lightning_default_io` (this folder on PYTHONPATH) makes FastCheckpointIO the
-CheckpointIO every strategy builds by default; --peer adds a third run with Lightning's own
-AsyncCheckpointIO as the default, and each fastckpt-only failure says whether that peer fails it
-too (then it is inherent to saving asynchronously, not fastckpt's). DeepSpeed: `deepspeed_hook/sitecustomize.py`
+CheckpointIO every strategy builds by default. DeepSpeed: `deepspeed_hook/sitecustomize.py`
 (on PYTHONPATH, so every worker process DeepSpeed's harness starts imports it) adds a
 `"fastckpt": {}` entry to every DeepSpeed config. DeepSpeed runs on its CPU accelerator (gloo) with 2 ranks (LOCAL_SIZE=2: the accelerator's
 device count; tests that need more skip).
@@ -46,9 +44,8 @@ DEEPSPEED_TESTS = ["tests/unit/checkpoint"]
 
 
 def suite(framework: str, checkout: str, tests: list[str] | None, kind: str) -> tuple[list[str], str, dict]:
-    """(pytest arguments, working directory, extra environment) of one run: kind is stock,
-    fastckpt or async (Lightning's AsyncCheckpointIO as the default)."""
-    env = {"PYTHONUNBUFFERED": "1", "FASTCKPT_SUITE_IO": kind}
+    """(pytest arguments, working directory, extra environment) of one run: kind is stock or fastckpt."""
+    env = {"PYTHONUNBUFFERED": "1"}
     patched = kind != "stock"
     path = [ROOT, os.environ.get("PYTHONPATH", "")]
     if framework == "lightning":
@@ -104,14 +101,12 @@ def parse(xml: str) -> dict[str, dict]:
     return out
 
 
-def compare(stock: dict, ours: dict, peer: dict | None) -> dict:
+def compare(stock: dict, ours: dict) -> dict:
     s, o = stock["results"], ours["results"]
     failed = lambda r, k: r.get(k, {}).get("status") == "failed"  # noqa: E731
     ours_only = sorted(k for k in o if failed(o, k) and not failed(s, k))
     both = sorted(k for k in o if failed(o, k) and failed(s, k))
-    peer_too = [k for k in ours_only if peer is not None and failed(peer["results"], k)]
     return {"fastckpt_only": {k: o[k]["why"] for k in ours_only}, "failing_stock_too": both,
-            "failing_with_async_peer_too": peer_too,
             "passed_with_fastckpt": sum(1 for v in o.values() if v["status"] == "passed"),
             "passed_stock": sum(1 for v in s.values() if v["status"] == "passed"),
             "hung": {"stock": stock["hung"], "fastckpt": ours["hung"]}}
@@ -124,14 +119,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", nargs="*", default=None, help="test paths inside the checkout (default: its checkpoint tests)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one whole run may take")
     ap.add_argument("--only", choices=("stock", "fastckpt"), default=None, help="one of the two runs")
-    ap.add_argument("--peer", action="store_true", help="Lightning: also run with its AsyncCheckpointIO as default")
     ap.add_argument("--out", default=None, help="JSON report")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the suite")
     a = ap.parse_args(argv)
     checkout = os.path.abspath(a.checkout)
     runs = {}
-    kinds = ("stock", "fastckpt") + (("async",) if a.peer and a.framework == "lightning" and a.only is None else ())
-    for kind in kinds:
+    for kind in ("stock", "fastckpt"):
         if a.only in (None, kind):
             print(f"== {a.framework}, {kind} ...", flush=True)
             runs[kind] = run(a.framework, checkout, a.tests, kind, a.timeout,
@@ -144,12 +137,11 @@ def main(argv=None) -> int:
     report = {"framework": a.framework, "checkout": checkout, "runs": {k: {kk: vv for kk, vv in v.items() if kk != "tail"}
                                                                         for k, v in runs.items()}}
     if "stock" in runs and "fastckpt" in runs:
-        report["compare"] = c = compare(runs["stock"], runs["fastckpt"], runs.get("async"))
+        report["compare"] = c = compare(runs["stock"], runs["fastckpt"])
         print(f"fastckpt-only failures: {len(c['fastckpt_only'])}; failing stock too: {len(c['failing_stock_too'])}; "
               f"passed: {c['passed_stock']} stock, {c['passed_with_fastckpt']} with fastckpt")
         for k, why in c["fastckpt_only"].items():
-            peer = " [fails with AsyncCheckpointIO too]" if k in c["failing_with_async_peer_too"] else ""
-            print(f"  FASTCKPT-ONLY {k}{peer}: {why}")
+            print(f"  FASTCKPT-ONLY {k}: {why}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
