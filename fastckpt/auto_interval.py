@@ -88,7 +88,11 @@ class AutoInterval:
 
     @property
     def step_s(self) -> float:
-        return statistics.median(self._times)
+        """The median quiet step (no checkpoint in it); while none has been seen since the
+        last plan (every step had one in flight), the plan's."""
+        if self._times or self.plan is None:
+            return statistics.median(self._times)
+        return self.plan.step_s
 
     @property
     def needs_tuning(self) -> bool:
