@@ -39,6 +39,8 @@ from fastckpt.store import path_store
 
 
 IGNORED_KEYS = ("root", "store", "keep", "distributed", "model")  # Lightning decides paths and retention
+CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
+                     "direct_io", "verify", "on_error", "stall_timeout_s")  # settings passed on as they are
 
 
 class FastCheckpointIO(CheckpointIO):
@@ -73,16 +75,8 @@ class FastCheckpointIO(CheckpointIO):
                  pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise",
                  stall_timeout_s: float = 120.0):
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self._kwargs = dict(strategy=strategy, concurrency=concurrency, writers=writers,
-                            chunk_mb=chunk_mb, staging_mb=staging_mb, format=format, policy=policy,
-                            direct_io=direct_io, verify=verify, on_error=on_error,
-                            stall_timeout_s=stall_timeout_s)
         self.pool = os.fspath(pool) if pool is not None else None
-        if self.pool is not None:
-            self._kwargs.update(root=self.pool, store="pmem", model=None, pool_mb=pool_mb, persist=persist)
-        else:
-            self._kwargs.update(store="path")
-        Checkpointer(distributed=False, **self._kwargs).close()  # validates the settings
+        Checkpointer(distributed=False, **self._checkpointer_kwargs()).close()  # validates the settings
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, fastckpt.Pending] = {}
@@ -94,6 +88,18 @@ class FastCheckpointIO(CheckpointIO):
         self.gate = StepGate(self._gate)
         self.gate.install()
         self.held = HeldSnapshots(self.gate)
+
+    def _checkpointer_kwargs(self, settings: Optional[dict] = None) -> dict:
+        """What the Checkpointer is opened with, derived from the plugin's settings (or the
+        given ones): one source for both, so reconfigure() cannot leave them apart."""
+        s = self._settings if settings is None else settings
+        kwargs = {k: s[k] for k in CHECKPOINTER_KEYS}
+        if s["pool"] is not None:
+            kwargs.update(root=os.fspath(s["pool"]), store="pmem", model=None, pool_mb=s["pool_mb"],
+                          persist=s["persist"])
+        else:
+            kwargs.update(store="path")
+        return kwargs
 
     def __getstate__(self) -> dict:
         """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
@@ -159,7 +165,7 @@ class FastCheckpointIO(CheckpointIO):
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
-            self._ck = Checkpointer(distributed=None if self.per_rank else False, **self._kwargs)
+            self._ck = Checkpointer(distributed=None if self.per_rank else False, **self._checkpointer_kwargs())
         return self._ck
 
     def _gate(self) -> None:
@@ -261,14 +267,13 @@ class FastCheckpointIO(CheckpointIO):
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
         next save opens the Checkpointer with them."""
-        new = dict(self._kwargs)
+        new = dict(self._settings)
         new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
-        Checkpointer(distributed=False, **new).close()  # validates before anything changes
+        Checkpointer(distributed=False, **self._checkpointer_kwargs(new)).close()  # validates before anything changes
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()
-        self._kwargs = new
-        self._settings.update(concurrency=new["concurrency"], writers=new["writers"])
+        self._settings = new
 
     def in_flight(self) -> int:
         """Checkpoints saved and not yet landed."""

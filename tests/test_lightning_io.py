@@ -267,7 +267,8 @@ def test_from_hydra_config():
     with initialize_config_dir(config_dir=os.path.abspath(cfg_dir), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=d", "concurrency=3"])
     io = FastCheckpointIO.from_config(cfg)
-    assert io._kwargs["strategy"] == "d" and io._kwargs["concurrency"] == 3
+    opened_with = io._checkpointer_kwargs()
+    assert opened_with["strategy"] == "d" and opened_with["concurrency"] == 3
 
 
 def test_async_checkpoint_io_peer_still_works_alongside(tmp_path):
