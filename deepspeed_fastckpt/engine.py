@@ -39,13 +39,14 @@ from fastckpt.checkpointer import Checkpointer
 from fastckpt.errors import CorruptCheckpointError
 from fastckpt.distributed import make_agreement
 from fastckpt.fsutil import write_atomic
+from fastckpt.store.tag_records import file_size, is_pool_pointer, mark_open, read_record
 from fastckpt.write.gate import StepGate
 
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
-from .load_tag import Choice, choose, is_pool_pointer
-from .tags import TagCommitter, file_size, mark_open, read_record
+from .load_tag import Choice, choose
+from .tags import TagCommitter
 
 ENGINE_NAME = "FastckptEngine"
 log = logging.getLogger(__name__)

@@ -1,20 +1,7 @@
-"""Tag-level commit of a DeepSpeed checkpoint, and finding the newest committed tag.
-
-A DeepSpeed tag (`save_dir/tag/`) is several files per rank (model states, ZeRO optimizer
-partitions). Each file is made durable and renamed into place on its own; the tag is
-committed only when every rank's files are durable: a background thread per engine takes
-tags in order, waits for this rank's files, agrees with the other ranks (fastckpt's
-background gloo group over DeepSpeed's process group), and rank 0 then writes
-`save_dir/tag/fastckpt-tag.json` (every file with its size and CRC-32, and a sequence
-number) and `save_dir/fastckpt-latest`, both atomically. DeepSpeed's own `latest` file is
-written with a plain open() and may be missing, torn, or name a tag that never completed;
-`newest_committed` ignores it.
-
-Before any file of a tag is written, `mark_open` leaves `save_dir/tag/fastckpt-tag.open`: a
-tag with that mark and no record is one fastckpt began and never committed. Files fastckpt
-wrote can also arrive in a tag it never saved (ds_to_universal copies the model-state files
-into its universal tag); without the mark they are another writer's checkpoint. The mark's
-directory entry is made durable by the directory sync that follows the first file's rename.
+"""Tag-level commit of a DeepSpeed checkpoint: a background thread per engine takes tags in
+order, waits for this rank's files, agrees with the other ranks (fastckpt's background gloo
+group over DeepSpeed's process group), and rank 0 then writes the tag's commit record and
+`fastckpt-latest` (the on-disk format and its readers: fastckpt.store.tag_records).
 """
 from __future__ import annotations
 
@@ -25,75 +12,9 @@ import threading
 from typing import Callable, Optional
 
 from fastckpt.distributed import Agreement
-from fastckpt.errors import CheckpointWriteError, CorruptCheckpointError
+from fastckpt.errors import CheckpointWriteError
 from fastckpt.fsutil import write_atomic
-
-TAG_RECORD = "fastckpt-tag.json"
-TAG_OPEN = "fastckpt-tag.open"
-LATEST = "fastckpt-latest"
-
-
-def _parse_record(save_dir: str, tag: str) -> dict:
-    path = os.path.join(save_dir, tag, TAG_RECORD)
-    try:
-        with open(path, "rb") as f:
-            rec = json.loads(f.read())
-        return {"tag": tag, "seq": int(rec["seq"]), "files": list(rec["files"])}
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
-                                     f"(no {TAG_RECORD}): its files may be incomplete") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
-
-
-def mark_open(save_dir: str, tag: str) -> None:
-    """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the commit)."""
-    tag_dir = os.path.join(save_dir, str(tag))
-    os.makedirs(tag_dir, exist_ok=True)
-    os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
-
-
-def file_size(path: str) -> Optional[int]:
-    return os.path.getsize(path) if os.path.isfile(path) else None
-
-
-def read_record(save_dir: str, tag: str, size_of: Callable[[str], Optional[int]] = file_size) -> dict:
-    """The commit record of a tag, checked against the files it names (size_of: a file's size,
-    or of the pool version saved under that path); CorruptCheckpointError if not."""
-    rec = _parse_record(save_dir, tag)
-    for f in rec["files"]:
-        size = size_of(os.path.join(save_dir, tag, f["name"]))
-        if size != f["bytes"]:
-            raise CorruptCheckpointError(f"tag {tag!r}: {f['name']} is {size} bytes, its commit record "
-                                         f"says {f['bytes']}")
-    return rec
-
-
-def newest_committed(save_dir: str, size_of: Callable[[str], Optional[int]] = file_size) -> Optional[str]:
-    """The committed tag with the highest sequence number (None if there is none)."""
-    best: Optional[dict] = None
-    if not os.path.isdir(save_dir):
-        return None
-    for tag in os.listdir(save_dir):
-        if not os.path.isfile(os.path.join(save_dir, tag, TAG_RECORD)):
-            continue
-        try:
-            rec = read_record(save_dir, tag, size_of)
-        except CorruptCheckpointError:
-            continue
-        if best is None or rec["seq"] > best["seq"]:
-            best = rec
-    return None if best is None else best["tag"]
-
-
-def next_seq(save_dir: str) -> int:
-    seqs = [0]
-    for tag in os.listdir(save_dir) if os.path.isdir(save_dir) else []:
-        try:
-            seqs.append(_parse_record(save_dir, tag)["seq"])
-        except CorruptCheckpointError:
-            pass
-    return max(seqs) + 1
+from fastckpt.store.tag_records import LATEST, TAG_RECORD, next_seq
 
 
 class TagCommitter:

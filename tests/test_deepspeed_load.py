@@ -72,8 +72,7 @@ def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage,
 def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
     """The same complete fastckpt file: in a tag a fastckpt save opened and never committed it is
     torn (never loaded); copied into a tag no fastckpt save opened it is another writer's."""
-    from deepspeed_fastckpt.load_tag import tag_status
-    from deepspeed_fastckpt.tags import file_size, mark_open
+    from fastckpt.store.tag_records import file_size, mark_open, tag_status
     for tag in ("begun", "copied"):
         (tmp_path / tag).mkdir()
         fastckpt.save({"w": torch.ones(3)}, tmp_path / tag / "mp_rank_00_model_states.pt")
