@@ -17,6 +17,8 @@ import threading
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 from .commit import CommitInfo, FileEntry
 from .distributed import Agreement, make_agreement
@@ -34,6 +36,15 @@ log = logging.getLogger("fastckpt")
 POLICIES = ("wait", "skip")
 ON_ERROR = ("raise", "warn")
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+@dataclass
+class Loaded:
+    """What load_with_record() read: the state, its checkpoint, and those passed over (why)."""
+
+    state: Any
+    info: CommitInfo
+    skipped: list[str]
 
 
 class Checkpointer:
@@ -346,26 +357,53 @@ class Checkpointer:
         warnings.warn(f"fastckpt: {error} (on_error='warn': training goes on)", stacklevel=3)
 
     # -- reading ---------------------------------------------------------
-    def latest(self) -> CommitInfo | None:
-        """The newest committed checkpoint whose record and file sizes check out, or None."""
-        committed = self.store.committed()
-        return committed[0] if committed else None
+    def latest(self, verified: bool = False) -> CommitInfo | None:
+        """The newest committed checkpoint: its commit record is intact and its files have the
+        sizes the record says (no byte of them is read). verified=True: the newest whose every
+        byte also checks against its CRC-32s (reads them all) — what load() returns."""
+        for info in self.store.committed():
+            if not verified or self._verifies(info):
+                return info
+        return None
+
+    def _verifies(self, info: CommitInfo) -> bool:
+        try:
+            self.store.verify(info)
+        except (CorruptCheckpointError, OSError):
+            return False
+        return True
 
     def list(self) -> list[CommitInfo]:
+        """Every committed checkpoint (see latest()), newest first."""
         return self.store.committed()
 
     def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
              verify: bool | None = None, weights_only: bool = True, into=None,
              mmap: bool | None = None):
-        """Returns the state of the newest valid checkpoint (or of `step`), falling back past corrupt ones.
+        """Returns the state of the newest checkpoint that verifies (or of `step`), falling back
+        past corrupt ones with a warning that names them.
 
         With into=<a state of the same structure>, shapes and dtypes are checked and the
         values copied into its tensors in place (a StateMismatchError lists every difference).
         """
+        loaded = self.load_with_record(step, map_location, rank, verify, weights_only, mmap)
+        if loaded.skipped:
+            warnings.warn(f"fastckpt: loaded step {loaded.info.step}; passed over: {'; '.join(loaded.skipped)}",
+                          stacklevel=2)
+        if into is not None:
+            from .into import copy_into
+            return copy_into(into, loaded.state, f"checkpoint step {loaded.info.step} in {loaded.info.path}")
+        return loaded.state
+
+    def load_with_record(self, step: int | None = None, map_location="cpu", rank: int | None = None,
+                         verify: bool | None = None, weights_only: bool = True,
+                         mmap: bool | None = None) -> "Loaded":
+        """As load(), and also which checkpoint it was and why others were passed over (no warning)."""
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
-        candidates = [c for c in self.store.committed(warn=True) if step is None or c.step == step]
-        errors = []
+        errors: list[str] = []
+        candidates = [c for c in self.store.committed(errors if step is None else None)
+                      if step is None or c.step == step]
         for info in candidates:
             state, err = None, None
             try:
@@ -373,12 +411,7 @@ class Checkpointer:
             except (CorruptCheckpointError, OSError) as e:
                 err = e
             if self._agree.all_ok(err is None):
-                if errors:
-                    warnings.warn(f"fastckpt: {errors[-1]}; loaded step {info.step} instead", stacklevel=2)
-                if into is not None:
-                    from .into import copy_into
-                    return copy_into(into, state, f"checkpoint step {info.step} in {info.path}")
-                return state
+                return Loaded(state, info, errors)
             errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
         what = f"step {step}" if step is not None else "any checkpoint"
         raise NoCheckpointError(f"no valid checkpoint for {what} under {self.root}"

@@ -9,24 +9,41 @@ import time
 from .errors import ConfigError
 
 
+NOTHING = 2  # exit status when there is nothing to list or verify (1 is kept for corruption)
+
+
+def _nothing(cmd: str, found) -> int:
+    print(f"fastckpt {cmd}: {found.note}", file=sys.stderr)
+    if found.hints:
+        print("checkpoints are in: " + ", ".join(found.hints), file=sys.stderr)
+    return NOTHING
+
+
 def _ls(args) -> int:
-    from .pmem.tool import is_pool, ls_pool
-    if is_pool(args.root):
-        return ls_pool(args.root)
-    from .store.file_store import FileStore
-    rows = FileStore(args.root).listing()
-    if not rows:
-        print(f"no checkpoints under {args.root}")
-        return 1
-    print(f"{'step':>10} {'counter':>8} {'size':>12} {'written':>20}  status")
-    for path, info, status in rows:
-        if info is None:
-            print(f"{'-':>10} {'-':>8} {'-':>12} {'-':>20}  {status}  {os.path.basename(path)}")
-        else:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.time))
-            print(f"{info.step:>10} {info.counter:>8} {_size(info.bytes):>12} {when:>20}  "
-                  f"valid ({info.format}, {info.world_size} rank{'s' if info.world_size > 1 else ''})")
+    from .folders import survey
+    from .pmem.tool import ls_pool
+    found = survey(args.root)
+    if found.kind == "pool":
+        return ls_pool(found.path)
+    if not found.entries:
+        return _nothing("ls", found)
+    print(f"{found.path}: {KINDS[found.kind]}")
+    print(f"  {'name':<32} {'step':>8} {'size':>11} {'written':>19}  status")
+    for e in found.entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)) if e.time else "-"
+        step = "-" if e.step is None else str(e.step)
+        size = "-" if e.bytes is None else _size(e.bytes)
+        detail = f" ({e.detail})" if e.detail else ""
+        print(f"{'*' if e.latest else ' '} {e.name:<32} {step:>8} {size:>11} {when:>19}  {e.status}{detail}")
+    if any(e.latest for e in found.entries):
+        print("* the latest, as the folder's own `latest` names it")
+    print("committed/complete: records and sizes checked; `fastckpt verify` reads every byte")
     return 0
+
+
+KINDS = {"root": "a fastckpt checkpoint root", "checkpoint": "one checkpoint",
+         "deepspeed": "a DeepSpeed save folder", "tag": "one DeepSpeed tag",
+         "files": "a folder of checkpoint files", "file": "one checkpoint file"}
 
 
 def _size(n: int) -> str:
@@ -38,14 +55,18 @@ def _size(n: int) -> str:
 
 
 def _verify(args) -> int:
-    from .pmem.tool import is_pool, verify_pool
-    if is_pool(args.path):
-        return verify_pool(args.path)
-    from .verify import verify_path
-    report = verify_path(args.path)
+    from .folders import survey
+    from .pmem.tool import verify_pool
+    from .verify import verify_survey
+    found = survey(args.path)
+    if found.kind == "pool":
+        return verify_pool(found.path)
+    if not found.entries:
+        return _nothing("verify", found)
+    report = verify_survey(found)
     for line in report.lines:
         print(line)
-    print("OK" if report.ok else "CORRUPTION FOUND")
+    print("OK: every byte checks" if report.ok else "CORRUPTION FOUND")
     return 0 if report.ok else 1
 
 
@@ -56,6 +77,7 @@ def _export(args) -> int:
     from .format import load_file
     from .single_file import save
     from .pmem.tool import export_pool, is_pool
+    what = ""
     if is_pool(args.src):
         state = export_pool(args.src, args.model, args.out, args.to, args.step)
         if state is None:  # safetensors: the version's bytes, copied
@@ -64,7 +86,11 @@ def _export(args) -> int:
     elif os.path.isfile(args.src):
         state = load_file(args.src)
     else:
-        state = Checkpointer(args.src).load(step=args.step, rank=args.rank)
+        if not os.path.isdir(args.src):
+            raise FileNotFoundError(f"{args.src} does not exist")
+        loaded = Checkpointer(args.src).load_with_record(step=args.step, rank=args.rank)
+        state = loaded.state
+        what = f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}" if loaded.skipped else "")
     bars: list = []
 
     def progress(done: int, total: int) -> None:
@@ -80,7 +106,7 @@ def _export(args) -> int:
     finally:
         for bar in bars:
             bar.close()
-    print(f"wrote {args.out} ({_size(size)}, format {args.to})")
+    print(f"wrote {args.out} ({_size(size)}, format {args.to}){': ' + what if what else ''}")
     return 0
 
 
@@ -101,8 +127,13 @@ def _info(args) -> int:
     for k, v in feats.items():
         print(f"{k:>18}: {v}")
     if args.pool:
+        from .folders import survey
         from .pmem.pool import Pool
-        pool = Pool(args.pool, create=False)
+        found = survey(args.pool)
+        if found.kind != "pool":
+            raise ConfigError(f"{found.path} is not a pool ({found.note or KINDS[found.kind]}); a pool is a file, "
+                              "/dev/daxN.M, or a folder holding fastckpt.pool")
+        pool = Pool(found.path, create=False)
         for k, v in pool.describe().items():
             print(f"{'pool ' + k:>18}: {v}")
         pool.close()
@@ -178,10 +209,12 @@ def _goodput(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastckpt", description="Inspect and convert fastckpt checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("ls", help="list checkpoints under ROOT, or a pool's models and versions")
+    s = sub.add_parser("ls", help="list the checkpoints in a folder any plugin wrote (a Checkpointer root, "
+                                  "Lightning's checkpoint folder, a DeepSpeed save folder or tag), a file, or a pool")
     s.add_argument("root")
     s.set_defaults(fn=_ls)
-    s = sub.add_parser("verify", help="check every byte of ROOT, a checkpoint directory, or FILE")
+    s = sub.add_parser("verify", help="read every byte of what `ls` lists and check its CRC-32s "
+                                      "(exit 0: all good, 1: corruption found, 2: nothing to verify)")
     s.add_argument("path")
     s.set_defaults(fn=_verify)
     s = sub.add_parser("export", help="convert a checkpoint (or a model's version in a pool) to a file")

@@ -3,14 +3,15 @@
 Owns reading every byte once (bounded memory: a 64 MiB bounce buffer), checking
 each record's CRC-32, the headers/directory (whole-file CRC), the commit record, the
 structure a load would build (data.pkl through the restricted unpickler, on meta storages),
-and naming what is damaged down to the chunk when the commit record has spans.
+and naming what is damaged down to the chunk when the commit record has spans. What a
+folder holds (which files, against which records) is fastckpt.folders' to say.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
-from . import commit
 from .commit import FileEntry
 from .errors import CorruptCheckpointError, UnsafeCheckpointError
 from .format import sniff
@@ -86,39 +87,49 @@ def _bad_chunk(path: str, entry: FileEntry | None) -> str:
     return ""
 
 
-def verify_dir(ckpt_dir: str, report: Report) -> None:
-    try:
-        info = commit.read(ckpt_dir)
-    except (CorruptCheckpointError, OSError) as e:
-        report.bad(f"{ckpt_dir}: {e}")
-        return
-    for f in info.files:
-        try:
-            report.good(f"step {info.step}: " + verify_file(os.path.join(ckpt_dir, f.name), f))
-        except (CorruptCheckpointError, OSError) as e:
-            report.bad(f"step {info.step}: {e}")
-
-
-def verify_path(path: str) -> Report:
-    """A file, one checkpoint directory, or a whole root."""
+def verify_survey(found) -> Report:
+    """Every checkpoint `fastckpt ls` lists in found (folders.survey), every byte read: an
+    incomplete one is skipped (it is never loaded), an invalid one is reported as corrupt."""
+    from tqdm import tqdm
     report = Report()
-    if os.path.isfile(path):
-        try:
-            report.good(verify_file(path))
-        except (CorruptCheckpointError, OSError) as e:
-            report.bad(str(e))
-    elif os.path.isfile(os.path.join(path, commit.COMMIT_NAME)):
-        verify_dir(path, report)
-    elif os.path.isdir(path):
-        from .store.file_store import FileStore
-        rows = FileStore(path).listing()
-        if not rows:
-            report.bad(f"{path}: no checkpoints here")
-        for ckpt_dir, _, status in rows:
-            if status.startswith("incomplete"):
-                report.lines.append(f"skip    {ckpt_dir}: {status}")
-            else:
-                verify_dir(ckpt_dir, report)
-    else:
-        report.bad(f"{path}: no such file or directory")
+    total = sum(os.path.getsize(p) for e in found.entries for p, _ in e.checks if os.path.isfile(p))
+    with _loadable_as(found.kind), tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None,
+                                        leave=False) as bar:
+        for e in found.entries:
+            if e.status == "incomplete":
+                report.lines.append(f"skip    {e.path}: incomplete ({e.detail})")
+                continue
+            if e.status == "invalid":
+                report.bad(f"{e.path}: {e.detail}")
+                continue
+            for path, entry in e.checks:
+                try:
+                    report.good(_verify_one(path, entry) + (" (foreign: no fastckpt record)"
+                                                            if e.status == "foreign" else ""))
+                except (CorruptCheckpointError, OSError) as err:
+                    report.bad(str(err))
+                bar.update(os.path.getsize(path) if os.path.isfile(path) else 0)
     return report
+
+
+def _loadable_as(kind: str):
+    """DeepSpeed's files name a few of its plain-data types, which its engine allows when it
+    loads them (deepspeed_fastckpt.safe_types): judged the same way here when it is installed."""
+    if kind in ("deepspeed", "tag"):
+        try:
+            import torch
+            from deepspeed_fastckpt.safe_types import deepspeed_safe_globals
+            return torch.serialization.safe_globals(deepspeed_safe_globals())
+        except ImportError:
+            pass
+    return contextlib.nullcontext()
+
+
+def _verify_one(path: str, entry: FileEntry | None) -> str:
+    from .store.tag_records import is_pool_pointer
+    if is_pool_pointer(path):
+        from .pmem.tool import verify_pointer
+        return verify_pointer(path)
+    if entry is not None and os.path.getsize(path) != entry.bytes:
+        raise CorruptCheckpointError(f"{path}: {os.path.getsize(path)} bytes, its commit record says {entry.bytes}")
+    return verify_file(path, entry)

@@ -83,7 +83,7 @@ def test_a_damaged_current_version_falls_back_to_the_previous_one(shm):
             ck.save(state_for(step), step=step).wait()
         cur = [v for v in ck.store.pool.versions("default") if v.active][0]
         ck.store.pool.view[cur.desc.data_off + 100] ^= 0xFF  # one flipped byte in its data
-        with pytest.warns(UserWarning, match="loaded step 1 instead"):
+        with pytest.warns(UserWarning, match="loaded step 1; passed over"):
             out = ck.load()
     assert_same(state_for(1), out)
     assert cli_main(["verify", pool_path]) == 1

@@ -72,7 +72,7 @@ def test_ls_export_info(tmp_path, capsys):
         ck.save(state, step=20).wait()
     assert main(["ls", str(tmp_path / "ck")]) == 0
     out = capsys.readouterr().out
-    assert "20" in out and "valid" in out
+    assert "20" in out and "committed" in out
     st = str(tmp_path / "x.safetensors")
     assert main(["export", str(tmp_path / "ck"), st, "--step", "10", "--to", "safetensors"]) == 0
     with safe_open(st, "pt") as f:
@@ -82,5 +82,5 @@ def test_ls_export_info(tmp_path, capsys):
     assert_same(state, torch.load(back, weights_only=True))
     assert main(["info"]) == 0
     assert "o_direct" in capsys.readouterr().out
-    assert main(["ls", str(tmp_path / "nothing")]) == 1
-    assert main(["verify", str(tmp_path / "nothing")]) == 1
+    assert main(["ls", str(tmp_path / "nothing")]) == 2  # nothing there is not corruption (1)
+    assert main(["verify", str(tmp_path / "nothing")]) == 2

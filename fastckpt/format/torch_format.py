@@ -110,10 +110,11 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
     return _unpickle_records(path, pkl, {k: b.numel() for k, b in bufs.items()}, storage, weights_only)
 
 
-def check_structure(path: str, idx: ZipIndex) -> None:
+def check_structure(path: str, idx: ZipIndex):
     """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
     every storage it names present at its size and every view inside its storage (the
-    storages are on the meta device: nothing is read or allocated)."""
+    storages are on the meta device: nothing is read or allocated). Returns the structure,
+    its tensors on the meta device."""
     entry = idx.entries.get("data.pkl")
     if entry is None:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
@@ -121,7 +122,7 @@ def check_structure(path: str, idx: ZipIndex) -> None:
         f.seek(entry.data_off)
         pkl = f.read(entry.size)
     sizes = {k: e.size for k, e in idx.entries.items()}
-    _unpickle_records(path, pkl, sizes, lambda key, n, loc: torch.UntypedStorage(n, device="meta"), True)
+    return _unpickle_records(path, pkl, sizes, lambda key, n, loc: torch.UntypedStorage(n, device="meta"), True)
 
 
 def _unpickle_records(path: str, pkl: bytes, sizes: dict, storage_of, weights_only: bool):

@@ -51,6 +51,22 @@ class Version:
         return self.desc.meta_len + self.desc.data_len
 
 
+def check_device_path(path: str) -> None:
+    """A pool named directly under /dev must be an existing DAX character device: creating a
+    regular file there (a typo, a machine without the device) is never what was meant."""
+    if os.path.dirname(os.path.abspath(path)) != "/dev":
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is not a DAX device: there is no such device on this machine (a pool on "
+                          "/dev must be an existing /dev/daxN.M; a pool file goes on a filesystem, e.g. "
+                          "/dev/shm/NAME.pool)") from None
+    subsystem = f"/sys/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/subsystem"
+    if not stat.S_ISCHR(st.st_mode) or os.path.basename(os.path.realpath(subsystem)) != "dax":
+        raise ConfigError(f"{path} is not a DAX device; a pool on /dev must be an existing /dev/daxN.M")
+
+
 class Pool:
     """An open pool. Pool(path, size_mb=...) creates it when missing; persist picks the path."""
 
@@ -62,6 +78,7 @@ class Pool:
         env = os.environ.get("FASTCKPT_PMEM_PERSIST")
         if persist == "auto" and env in ("fence", "msync"):
             force = {"fence": 0, "msync": 1}[env]
+        check_device_path(self.path)
         if not create and not os.path.exists(self.path):
             raise FileNotFoundError(f"no pool at {self.path!r}")
         parent = os.path.dirname(self.path)

@@ -82,6 +82,28 @@ def pick(pool: Pool, model: str | None, step: int | None):
                             + (f" of step {step}" if step is not None else ""))
 
 
+def verify_pointer(path: str) -> str:
+    """The pool version a pointer file (left where a pool-backed engine's file would be) stands
+    for, read back with every CRC checked; CorruptCheckpointError if it is damaged or gone."""
+    import json
+
+    from ..fsutil import read_regular
+    body = json.loads(read_regular(path, 4096))
+    pool_path, model = str(body["fastckpt_pool"]), str(body["model"])
+    try:
+        pool = Pool(pool_path, create=False)
+    except (OSError, CorruptCheckpointError) as e:
+        raise CorruptCheckpointError(f"{path}: points into pool {pool_path}, which cannot be opened ({e})") from None
+    try:
+        v = pick(pool, model, None)
+        read_version(pool, v, verify=True)
+        return f"{path}: step {v.step} of model {model!r} in pool {pool_path}, {_size(v.nbytes)}"
+    except NoCheckpointError as e:
+        raise CorruptCheckpointError(f"{path}: {e}") from None
+    finally:
+        pool.close()
+
+
 def export_pool(path: str, model: str | None, out: str, to: str, step: int | None):
     """safetensors: writes the version's bytes (the same file format='safetensors' writes)
     and returns None; torch: returns the state for the caller's torch writer."""

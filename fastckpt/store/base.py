@@ -7,7 +7,10 @@ them back with the format readers; the pmem store overrides these hooks.
 """
 from __future__ import annotations
 
+import os
+
 from ..format import load_file
+from ..verify import verify_file
 from ..write.protocol import FileSink
 
 
@@ -26,6 +29,12 @@ class Store:
 
     def commit_rank(self, ckpt_id: str, info) -> None:
         """Every rank, after all ranks' parts are durable and before rank 0's commit()."""
+
+    def verify(self, info) -> None:
+        """Reads every byte of a committed checkpoint (all ranks) and checks its CRC-32s against
+        the record; CorruptCheckpointError (or OSError) names what is wrong."""
+        for f in info.files:
+            verify_file(os.path.join(info.path, f.name), f)
 
     def load(self, info, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
              mmap=None):

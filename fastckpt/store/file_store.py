@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 
 from .. import commit
 from ..commit import CommitInfo
@@ -135,8 +134,9 @@ class FileStore(Store):
                 out.append((int(m.group(1)), int(m.group(2)), os.path.join(self.root, n)))
         return out
 
-    def committed(self, warn: bool = False) -> list[CommitInfo]:
-        """Valid commit records, newest first (by counter)."""
+    def committed(self, problems: list | None = None) -> list[CommitInfo]:
+        """Valid commit records, newest first (by counter); why others were passed over is
+        appended to problems."""
         out = []
         for _, counter, path in sorted(self._dirs(), key=lambda d: -d[1]):
             if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
@@ -146,8 +146,8 @@ class FileStore(Store):
             except FileNotFoundError:
                 continue  # removed by retention since the listing: gone, not corrupt
             except (CorruptCheckpointError, OSError) as e:
-                if warn:
-                    warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=3)
+                if problems is not None:
+                    problems.append(str(e))  # names the checkpoint's folder
         return out
 
     def listing(self) -> list[tuple[str, CommitInfo | None, str]]:

@@ -74,7 +74,7 @@ class PathStore(Store):
     def retain(self, keep: int, in_flight: set) -> None:
         pass
 
-    def committed(self, warn: bool = False) -> list:
+    def committed(self, problems: list | None = None) -> list:
         return []
 
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,

@@ -26,7 +26,7 @@ from ..commit import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
-from ..pmem.pool import Pool, Version
+from ..pmem.pool import Pool, Version, check_device_path
 from ..write.pinning import unregister
 from ..write.protocol import MappedSink, WriteResult
 from .base import Store
@@ -51,6 +51,7 @@ class PoolStore(Store):
         self.root = os.path.abspath(os.fspath(root))
         if os.path.isdir(self.root):
             self.root = os.path.join(self.root, POOL_NAME)
+        check_device_path(self.root)
         self.model, self.pool_mb, self.persist = model, pool_mb, persist
         self.slots = concurrency + 1
         self.world_size = world_size
@@ -197,7 +198,7 @@ class PoolStore(Store):
             newest_active = max(newest_active, act[0] if act else 0)
         return per_rank, newest_active
 
-    def committed(self, warn: bool = False) -> list[CommitInfo]:
+    def committed(self, problems: list | None = None) -> list[CommitInfo]:
         if self.named:
             return []  # path-named models are read by path (load_named), as the path store's files are
         per_rank, newest_active = self._rank_versions()
@@ -210,9 +211,8 @@ class PoolStore(Store):
             try:
                 meta = self._extra(parts[0])
             except CorruptCheckpointError as e:
-                if warn:
-                    import warnings
-                    warnings.warn(f"skipping {e}", stacklevel=3)
+                if problems is not None:
+                    problems.append(f"checkpoint {e} is invalid")
                 continue
             files = tuple(FileEntry(f"{v.model}@{v.counter}", r, v.nbytes, v.desc.image_crc)
                           for r, v in enumerate(parts))
@@ -252,6 +252,10 @@ class PoolStore(Store):
         if pool is not None:
             for r in range(self.world_size):
                 pool.drop(self.model_of(r, model=self.name_of(target)))
+
+    def verify(self, info: CommitInfo) -> None:
+        for f in info.files:
+            self.load(info, f.rank, None, True, True)
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True,
              weights_only: bool = True, mmap=None):

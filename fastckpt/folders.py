@@ -1,0 +1,242 @@
+"""What a path holds, as the `fastckpt` command sees it: every folder a plugin writes.
+
+survey(path) names the kind and lists its checkpoints, from records and names alone
+(nothing but small headers is read):
+  root        a Checkpointer's root (step-N.cK/ folders with COMMIT records, `latest`)
+  checkpoint  one such folder, or a Lightning per-rank checkpoint folder (COMMIT inside)
+  deepspeed   a DeepSpeed save folder (tag folders, `latest`)
+  tag         one DeepSpeed tag folder
+  files       a folder of checkpoint files (Lightning's ModelCheckpoint: *.ckpt)
+  file        one checkpoint file (ours, torch.save's, safetensors, or a pool pointer)
+  pool        a persistent-memory pool (a file, /dev/daxN.M, or a folder holding fastckpt.pool)
+  nothing     a folder without checkpoints (`hints`: folders under it that have some)
+  missing     no such path
+
+Each Entry's status says how far it was checked without reading its bytes:
+  committed   a commit record names it and its files have the sizes the record says
+  complete    a file renamed into place whole (atomically); no record to compare it with
+  foreign     another engine's DeepSpeed tag: no fastckpt record
+  incomplete  a save in flight, or one cut short (never loaded)
+  invalid     its record is damaged or disagrees with its files (never loaded)
+"Verified" is stronger and only `fastckpt verify` (fastckpt.verify) says it: every byte read
+and its CRC-32s checked. `checks` lists what verify reads: (file, its record entry or None).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from . import commit
+from .commit import FileEntry
+from .errors import CorruptCheckpointError, UnsafeCheckpointError
+from .store import tag_records as tags
+from .store.file_store import DIR_RE, FileStore
+from .store.path_store import MARKER_SUFFIX
+
+CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
+TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # the path store's file in flight
+DS_FILE_RE = re.compile(r"(model_states|optim_states)\.pt$")
+DS_STEP_RE = re.compile(r"global_step(\d+)")
+HINT_DEPTH = 4
+
+
+@dataclass
+class Entry:
+    name: str
+    path: str
+    status: str
+    detail: str = ""
+    step: Optional[int] = None
+    bytes: Optional[int] = None
+    time: Optional[float] = None
+    latest: bool = False
+    checks: list[tuple[str, Optional[FileEntry]]] = field(default_factory=list)
+
+
+@dataclass
+class Survey:
+    kind: str
+    path: str
+    entries: list[Entry] = field(default_factory=list)
+    note: str = ""
+    hints: list[str] = field(default_factory=list)
+
+
+def survey(path: str) -> Survey:
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(path):
+        return Survey("missing", path, note=f"{path} does not exist")
+    if _is_pool(path):
+        return Survey("pool", path)
+    if not os.path.isdir(path):
+        return Survey("file", path, [_file_entry(path)])
+    names = sorted(os.listdir(path))
+    if commit.COMMIT_NAME in names:
+        return Survey("checkpoint", path, [_commit_entry(path)])
+    if _is_pool(os.path.join(path, "fastckpt.pool")):
+        return Survey("pool", os.path.join(path, "fastckpt.pool"))
+    if _is_tag(path, names):
+        return Survey("tag", path, [_tag_entry(os.path.dirname(path), os.path.basename(path), None)])
+    if any(DIR_RE.match(n) for n in names):
+        return _root(path)
+    tag_names = [n for n in names if os.path.isdir(os.path.join(path, n))
+                 and _is_tag(os.path.join(path, n), _listdir(os.path.join(path, n)))]
+    if tag_names:
+        return _deepspeed(path, tag_names)
+    entries = [e for e in (_folder_entry(path, n) for n in names) if e is not None]
+    if entries:
+        entries.sort(key=lambda e: -(e.time or 0))
+        return Survey("files", path, entries)
+    return Survey("nothing", path, note=f"no checkpoints in {path}", hints=_hints(path))
+
+
+# -- kinds ----------------------------------------------------------------
+def _root(path: str) -> Survey:
+    store = FileStore(path)
+    latest = (store.read_latest() or {}).get("dir")
+    entries = []
+    for ckpt_dir, info, status in store.listing():
+        if info is None:  # "incomplete (never committed)" or "invalid: why"
+            word, _, why = status.partition(": ") if status.startswith("invalid") else status.partition(" (")
+            entries.append(Entry(os.path.basename(ckpt_dir), ckpt_dir, word, detail=why.rstrip(")")))
+        else:
+            entries.append(_info_entry(os.path.basename(ckpt_dir), info))
+    for e in entries:
+        e.latest = latest is not None and os.path.basename(os.path.normpath(latest)) == e.name
+    return Survey("root", path, entries)
+
+
+def _deepspeed(path: str, tag_names: list[str]) -> Survey:
+    latest = tags.read_latest(path, "latest") or tags.read_latest(path, tags.LATEST)
+    entries = [_tag_entry(path, t, latest) for t in tag_names]
+    entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
+    return Survey("deepspeed", path, entries)
+
+
+def _tag_entry(save_dir: str, tag: str, latest: Optional[str]) -> Entry:
+    tag_dir = os.path.join(save_dir, tag)
+    status, why = tags.tag_status(save_dir, tag, tags.file_size)
+    files = [os.path.join(tag_dir, n) for n in _listdir(tag_dir) if DS_FILE_RE.search(n)]
+    entry = Entry(tag, tag_dir, {"torn": "incomplete", "damaged": "invalid", "empty": "incomplete",
+                                 "missing": "incomplete"}.get(status, status), detail=why,
+                  time=os.path.getmtime(tag_dir), latest=tag == latest)
+    named = DS_STEP_RE.fullmatch(tag)  # DeepSpeed's default tag names the step
+    entry.step = int(named.group(1)) if named else None
+    if status == "committed":
+        rec = tags.read_record(save_dir, tag)
+        n = rec["world_size"]
+        entry.detail = f"commit {rec['seq']}" + (f", {n} rank{'s' if n > 1 else ''}" if n else "")
+        entry.checks = [(os.path.join(tag_dir, f["name"]),
+                         FileEntry(f["name"], 0, int(f["bytes"]), int(f["crc32"], 16))) for f in rec["files"]]
+    else:
+        entry.checks = [(f, None) for f in files]
+    entry.bytes = sum(tags.file_size(p) or 0 for p, _ in entry.checks)
+    return entry
+
+
+def _folder_entry(folder: str, name: str) -> Optional[Entry]:
+    path = os.path.join(folder, name)
+    tmp = TMP_RE.match(name)
+    if tmp:
+        return Entry(tmp.group(1), path, "incomplete", detail="a save in flight, or one cut short",
+                     time=os.path.getmtime(path))
+    if name.endswith(MARKER_SUFFIX) or not name.endswith(CHECKPOINT_EXT):
+        return None
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+            return _commit_entry(path)
+        return Entry(name, path, "incomplete", detail="a per-rank checkpoint folder without its COMMIT record",
+                     time=os.path.getmtime(path))
+    return _file_entry(path) if os.path.isfile(path) else None
+
+
+def _commit_entry(ckpt_dir: str) -> Entry:
+    try:
+        return _info_entry(os.path.basename(ckpt_dir), commit.read(ckpt_dir))
+    except (CorruptCheckpointError, OSError) as e:
+        return Entry(os.path.basename(ckpt_dir), ckpt_dir, "invalid", detail=str(e))
+
+
+def _info_entry(name: str, info) -> Entry:
+    ranks = f"{info.world_size} rank{'s' if info.world_size > 1 else ''}"
+    return Entry(name, info.path, "committed", detail=f"{info.format}, {ranks}", step=info.step,
+                 bytes=info.bytes, time=info.time,
+                 checks=[(os.path.join(info.path, f.name), f) for f in info.files])
+
+
+def _file_entry(path: str) -> Entry:
+    name = os.path.basename(path)
+    entry = Entry(name, path, "complete", bytes=os.path.getsize(path), time=os.path.getmtime(path),
+                  checks=[(path, None)])
+    if tags.is_pool_pointer(path):
+        entry.detail = "a pointer: the data is in a pool (`fastckpt ls POOL`)"
+        return entry
+    try:
+        entry.detail, entry.step = _describe_file(path)
+    except (CorruptCheckpointError, UnsafeCheckpointError, OSError, ValueError) as e:
+        entry.status, entry.detail = "invalid", str(e)
+    return entry
+
+
+def _describe_file(path: str) -> tuple[str, Optional[int]]:
+    """(format and writer, the training step it records when it is a Lightning checkpoint)."""
+    from .format import sniff
+    if sniff(path) == "safetensors":
+        return "safetensors", None
+    from .format.torch_format import check_structure
+    from .format.zip_reader import read_index
+    idx = read_index(path)
+    writer = "by fastckpt" if idx.file_crc is not None else "by torch.save"
+    try:
+        state = check_structure(path, idx)
+    except UnsafeCheckpointError:
+        return f"torch, {writer}; names globals a safe load refuses", None
+    step = state.get("global_step") if isinstance(state, dict) else None
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    where = f", epoch {epoch}" if isinstance(epoch, int) else ""
+    return f"torch, {writer}{where}", step if isinstance(step, int) else None
+
+
+# -- helpers --------------------------------------------------------------
+def _is_pool(path: str) -> bool:
+    from .pmem.tool import is_pool
+    return os.path.exists(path) and not os.path.isdir(path) and is_pool(path)
+
+
+def _is_tag(path: str, names: list[str]) -> bool:
+    return tags.TAG_RECORD in names or tags.TAG_OPEN in names or any(DS_FILE_RE.search(n) for n in names)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _hints(path: str) -> list[str]:
+    """Folders under path (a few levels down) that hold checkpoints: where a user probably meant."""
+    found = []
+    base = path.rstrip(os.sep).count(os.sep)
+    for here, dirs, _ in os.walk(path):
+        if here.count(os.sep) - base >= HINT_DEPTH:
+            dirs[:] = []
+            continue
+        for d in sorted(dirs):
+            sub = os.path.join(here, d)
+            if _holds_checkpoints(sub):
+                found.append(sub)
+        dirs[:] = [d for d in dirs if os.path.join(here, d) not in found]
+    return found
+
+
+def _holds_checkpoints(path: str) -> bool:
+    """Whether a folder directly holds checkpoints of any kind (for hints: names only)."""
+    names = _listdir(path)
+    return (commit.COMMIT_NAME in names or _is_tag(path, names) or any(DIR_RE.match(n) for n in names)
+            or any(n.endswith(CHECKPOINT_EXT) and not n.startswith(".") for n in names)
+            or any(os.path.isdir(os.path.join(path, n)) and _is_tag(os.path.join(path, n),
+                                                                    _listdir(os.path.join(path, n)))
+                   for n in names))
