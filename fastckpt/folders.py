@@ -75,6 +75,9 @@ def survey(path: str) -> Survey:
     names = sorted(os.listdir(path))
     if commit.COMMIT_NAME in names:
         return Survey("checkpoint", path, [_commit_entry(path)])
+    if DIR_RE.match(os.path.basename(path)):
+        return Survey("checkpoint", path, [Entry(os.path.basename(path), path, "incomplete",
+                                                 detail=f"never committed (no {commit.COMMIT_NAME} record)")])
     if _is_pool(os.path.join(path, "fastckpt.pool")):
         return Survey("pool", os.path.join(path, "fastckpt.pool"))
     if _is_tag(path, names):

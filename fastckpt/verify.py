@@ -87,15 +87,22 @@ def _bad_chunk(path: str, entry: FileEntry | None) -> str:
     return ""
 
 
+ONE_CHECKPOINT = ("checkpoint", "tag", "file")  # survey kinds where the user named one checkpoint
+
+
 def verify_survey(found) -> Report:
-    """Every checkpoint `fastckpt ls` lists in found (folders.survey), every byte read: an
-    incomplete one is skipped (it is never loaded), an invalid one is reported as corrupt."""
+    """Every checkpoint `fastckpt ls` lists in found (folders.survey), every byte read. An
+    incomplete one is skipped in a folder of many (it is never loaded) and reported when it is
+    the one checkpoint asked about; an invalid one is reported as corrupt."""
     from tqdm import tqdm
     report = Report()
     total = sum(os.path.getsize(p) for e in found.entries for p, _ in e.checks if os.path.isfile(p))
     with _loadable_as(found.kind), tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None,
                                         leave=False) as bar:
         for e in found.entries:
+            if e.status == "incomplete" and found.kind in ONE_CHECKPOINT:
+                report.bad(f"{e.path}: incomplete ({e.detail}): it cannot be loaded")
+                continue
             if e.status == "incomplete":
                 report.lines.append(f"skip    {e.path}: incomplete ({e.detail})")
                 continue

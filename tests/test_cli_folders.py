@@ -165,3 +165,15 @@ def test_committed_and_verified_mean_what_they_say_everywhere(tmp_path, capsys):
     assert out.startswith(f"wrote {tmp_path / 'out.pt'}") and ": step 220; passed over:" in out and "240" in out
     assert len(out.splitlines()) == 1
     assert main(["verify", root]) == 1
+
+
+def test_one_checkpoint_asked_about_that_never_committed_fails_verify(tmp_path, capsys):
+    root = tmp_path / "ck"
+    with Checkpointer(str(root)) as ck:
+        ck.save({"w": torch.ones(8)}, step=1)
+    (step_dir,) = root.glob("step-*")
+    (step_dir / "COMMIT").unlink()
+    assert main(["verify", str(step_dir)]) == 1
+    assert "never committed" in capsys.readouterr().out
+    assert main(["verify", str(root)]) == 0  # in a root it is skipped, as load skips it
+    assert "skip " in capsys.readouterr().out
