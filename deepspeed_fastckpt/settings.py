@@ -48,6 +48,9 @@ def checkpointer_kwargs(entry: Any) -> dict:
     validate(kwargs)
     kwargs.pop("interval", None)
     kwargs.pop("tune", None)
+    pool = kwargs.get("pool")
+    values = {k: v for k, v in kwargs.items() if k != "pool"}
+    CheckpointerConfig(**values, **({"store": "pmem", "root": pool} if pool else {})).validate()
     return kwargs
 
 

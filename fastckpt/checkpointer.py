@@ -21,20 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .commit import CommitInfo, FileEntry
+from .config import DEFAULTS, CheckpointerConfig
 from .distributed import Agreement, make_agreement
 from .engine import new_engine
-from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError,
-                     TornSnapshotError)
-from .format import FORMATS, plan_file
+from .errors import CheckpointWriteError, CorruptCheckpointError, NoCheckpointError, TornSnapshotError
+from .format import plan_file
 from .pending import Pending
-from .store import STORES, open_store
-from .write import STRATEGIES, Deadline, WriteStalled, staging_chunks, stages, start_write
-from .write.deadline import DEFAULT_STALL_S
+from .store import open_store
+from .write import Deadline, WriteStalled, staging_chunks, stages, start_write
 from .write.staging import Staging
 
 log = logging.getLogger("fastckpt")
-POLICIES = ("wait", "skip")
-ON_ERROR = ("raise", "warn")
+D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 
@@ -50,23 +48,16 @@ class Loaded:
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
-    def __init__(self, root=None, strategy: str = "c", concurrency: int = 2, writers: int = 4,
-                 chunk_mb: int = 64, staging_mb: int | None = None, store: str = "file",
-                 format: str = "torch", keep: int = 2, verify: bool = True, policy: str = "wait",
-                 direct_io: bool = True, commit_timeout_s: float = 600.0,
-                 distributed: bool | None = None, model: str = "default", pool_mb: int | None = None,
-                 persist: str = "auto", on_error: str = "raise", stall_timeout_s: float = DEFAULT_STALL_S):
-        _check_choice("strategy", strategy, STRATEGIES)
-        _check_choice("on_error", on_error, ON_ERROR)
-        _check_choice("store", store, STORES)
-        _check_choice("format", format, FORMATS)
-        _check_choice("policy", policy, POLICIES)
-        for name, val, low in (("concurrency", concurrency, 1), ("writers", writers, 1),
-                               ("chunk_mb", chunk_mb, 1), ("keep", keep, 0)):
-            if not isinstance(val, int) or val < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {val!r}")
-        if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < chunk_mb):
-            raise ConfigError(f"staging_mb must be None or an integer >= chunk_mb ({chunk_mb}), got {staging_mb!r}")
+    def __init__(self, root=None, strategy: str = D.strategy, concurrency: int = D.concurrency,
+                 writers: int = D.writers, chunk_mb: int = D.chunk_mb, staging_mb: int | None = D.staging_mb,
+                 store: str = D.store, format: str = D.format, keep: int = D.keep, verify: bool = D.verify,
+                 policy: str = D.policy, direct_io: bool = D.direct_io,
+                 commit_timeout_s: float = D.commit_timeout_s, distributed: bool | None = D.distributed,
+                 model: str | None = D.model, pool_mb: int | None = D.pool_mb, persist: str = D.persist,
+                 on_error: str = D.on_error, stall_timeout_s: float = D.stall_timeout_s):
+        CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep, verify,
+                           policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist, on_error,
+                           stall_timeout_s).validate()
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
@@ -442,11 +433,6 @@ class Checkpointer:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Checkpointer is closed")
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
 
 
 def _progress_of(ref: "weakref.ref[Checkpointer]"):

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .write.deadline import DEFAULT_STALL_S
 
 
 @dataclass
 class CheckpointerConfig:
-    root: str = "checkpoints"
+    """Every Checkpointer setting with its default: the one place defaults live (Checkpointer,
+    FastCheckpointIO and the DeepSpeed entry take theirs from here; tests check the YAML's)."""
+
+    root: str | None = "checkpoints"
     strategy: str = "c"
     concurrency: int = 2
     writers: int = 4
@@ -31,11 +35,11 @@ class CheckpointerConfig:
     direct_io: bool = True
     commit_timeout_s: float = 600.0
     distributed: bool | None = None
-    model: str = "default"
+    model: str | None = "default"
     pool_mb: int | None = None
     persist: str = "auto"
     on_error: str = "raise"
-    stall_timeout_s: float = 120.0
+    stall_timeout_s: float = DEFAULT_STALL_S
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
@@ -43,7 +47,43 @@ class CheckpointerConfig:
         unknown = sorted(set(d) - fields)
         if unknown:
             raise ConfigError(f"unknown fastckpt setting(s) {unknown}; valid: {sorted(fields)}")
-        return cls(**d)
+        return cls(**d).validate()
+
+    def validate(self) -> "CheckpointerConfig":
+        """Every value checked, nothing built or touched on disk (a pool path under /dev aside,
+        which must name a DAX device); a ConfigError of one line names the first bad one."""
+        from .format import FORMATS
+        from .pmem.pool import PERSIST, check_device_path
+        from .store import STORES
+        from .write import STRATEGIES
+        for name, choices in (("strategy", STRATEGIES), ("store", STORES), ("format", FORMATS),
+                              ("policy", POLICIES), ("on_error", ON_ERROR), ("persist", PERSIST)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; choose one of: {', '.join(choices)}")
+        for name, low in (("concurrency", 1), ("writers", 1), ("chunk_mb", 1), ("keep", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.staging_mb is not None and (not isinstance(self.staging_mb, int) or self.staging_mb < self.chunk_mb):
+            raise ConfigError(f"staging_mb must be null/None or an integer >= chunk_mb ({self.chunk_mb}), "
+                              f"got {self.staging_mb!r}")
+        for name in ("commit_timeout_s", "stall_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.pool_mb is not None and (not isinstance(self.pool_mb, int) or self.pool_mb <= 0):
+            raise ConfigError(f"pool_mb must be null/None or an integer > 0, got {self.pool_mb!r}")
+        for name in ("verify", "direct_io"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.store == "pmem" and self.root is not None:
+            check_device_path(self.root)
+        return self
+
+
+DEFAULTS = CheckpointerConfig()
+POLICIES = ("wait", "skip")
+ON_ERROR = ("raise", "warn")
 
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
@@ -90,10 +130,22 @@ def instantiate(cfg):
     """A Checkpointer from a Hydra config, a dict, or a CheckpointerConfig."""
     from .checkpointer import Checkpointer
     if isinstance(cfg, CheckpointerConfig):
-        c = cfg
+        c = cfg.validate()
     else:
         c = CheckpointerConfig.from_dict(flatten(cfg))
     return Checkpointer(**dataclasses.asdict(c))
+
+
+def check(cfg) -> CheckpointerConfig:
+    """The whole config checked before any work (Checkpointer settings, the offload and tune
+    groups), nothing built: a ConfigError of one line names the first problem."""
+    from .offload.settings import OffloadConfig
+    c = CheckpointerConfig.from_dict(flatten(cfg))
+    offload = OffloadConfig.from_node(cfg.get("offload") if hasattr(cfg, "get") else None)
+    if offload.enabled:
+        offload.io()
+    tuner_of(cfg)
+    return c
 
 
 def offload_of(cfg):

@@ -31,6 +31,8 @@ from typing_extensions import override
 import fastckpt
 from fastckpt import commit
 from fastckpt.checkpointer import Checkpointer
+from fastckpt.config import DEFAULTS as D
+from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.format import load_file
 from fastckpt.write.layerwise import HeldSnapshots
@@ -40,7 +42,7 @@ from fastckpt.store import path_store
 
 IGNORED_KEYS = ("root", "store", "keep", "distributed", "model")  # Lightning decides paths and retention
 CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
-                     "direct_io", "verify", "on_error", "stall_timeout_s")  # settings passed on as they are
+                     "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
 
 
 class FastCheckpointIO(CheckpointIO):
@@ -68,15 +70,15 @@ class FastCheckpointIO(CheckpointIO):
             (a CheckpointWriteError naming what it waited for) instead of hanging training.
     """
 
-    def __init__(self, strategy: str = "c", concurrency: int = 2, writers: int = 4,
-                 chunk_mb: int = 64, staging_mb: Optional[int] = None, format: str = "torch",
-                 policy: str = "wait", direct_io: bool = True, verify: bool = True,
+    def __init__(self, strategy: str = D.strategy, concurrency: int = D.concurrency, writers: int = D.writers,
+                 chunk_mb: int = D.chunk_mb, staging_mb: Optional[int] = D.staging_mb, format: str = D.format,
+                 policy: str = D.policy, direct_io: bool = D.direct_io, verify: bool = D.verify,
                  per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
-                 pool_mb: Optional[int] = None, persist: str = "auto", on_error: str = "raise",
-                 stall_timeout_s: float = 120.0):
+                 pool_mb: Optional[int] = D.pool_mb, persist: str = D.persist, on_error: str = D.on_error,
+                 stall_timeout_s: float = D.stall_timeout_s):
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.pool = os.fspath(pool) if pool is not None else None
-        Checkpointer(distributed=False, **self._checkpointer_kwargs()).close()  # validates the settings
+        CheckpointerConfig(**self._checkpointer_kwargs()).validate()
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, fastckpt.Pending] = {}
@@ -95,8 +97,7 @@ class FastCheckpointIO(CheckpointIO):
         s = self._settings if settings is None else settings
         kwargs = {k: s[k] for k in CHECKPOINTER_KEYS}
         if s["pool"] is not None:
-            kwargs.update(root=os.fspath(s["pool"]), store="pmem", model=None, pool_mb=s["pool_mb"],
-                          persist=s["persist"])
+            kwargs.update(root=os.fspath(s["pool"]), store="pmem", model=None)
         else:
             kwargs.update(store="path")
         return kwargs
@@ -269,7 +270,7 @@ class FastCheckpointIO(CheckpointIO):
         next save opens the Checkpointer with them."""
         new = dict(self._settings)
         new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
-        Checkpointer(distributed=False, **self._checkpointer_kwargs(new)).close()  # validates before anything changes
+        CheckpointerConfig(**self._checkpointer_kwargs(new)).validate()  # before anything changes
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()

@@ -97,3 +97,66 @@ def test_tune_group(tmp_path):
     instantiate(make([f"root={tmp_path}", "tune=auto"])).close()  # not a Checkpointer setting
     with pytest.raises(fastckpt.ConfigError, match="unknown tune setting"):
         tuner_of(make([f"root={tmp_path}", "tune=auto", "+tune.overheads=1"]))
+
+
+def test_defaults_live_in_one_place():
+    """CheckpointerConfig holds every default: the Checkpointer, FastCheckpointIO and the Hydra
+    YAML (strategy and store groups, top level) say the same values."""
+    import dataclasses
+    import inspect
+
+    from lightning_fastckpt import FastCheckpointIO
+    defaults = {f.name: f.default for f in dataclasses.fields(CheckpointerConfig)}
+    for ctor in (fastckpt.Checkpointer.__init__, FastCheckpointIO.__init__):
+        for name, p in inspect.signature(ctor).parameters.items():
+            if name in defaults and name != "root":
+                assert p.default == defaults[name], (ctor.__qualname__, name)
+    for group in ("c", "g", "d"):
+        flat = flatten(make([f"strategy={group}"]))
+        assert {k: flat[k] for k in ("concurrency", "writers", "chunk_mb")} == \
+               {k: defaults[k] for k in ("concurrency", "writers", "chunk_mb")}, group
+    for store in ("file", "pmem"):
+        flat = flatten(make([f"store={store}"]))
+        for k, v in flat.items():
+            if k not in ("root", "strategy", "store"):
+                assert v == defaults[k], (store, k, v)
+
+
+@pytest.mark.parametrize("override,says", [
+    ("concurrency=-1", "concurrency must be an integer >= 1, got -1"),
+    ("format=safetenors", "unknown format 'safetenors'; choose one of: torch, safetensors"),
+    ("policy=skipp", "unknown policy 'skipp'"),
+    ("store.persist=fencee", "unknown setting 'persist' of store=file"),
+    ("+concurency=4", "unknown fastckpt setting(s) ['concurency']; valid:"),
+    ("concurency=4", "unknown setting 'concurency' in 'concurency=4'; valid: chunk_mb, commit_timeout_s, concurrency"),
+])
+def test_the_demo_refuses_a_bad_config_at_once_in_one_line(tmp_path, override, says):
+    """Before any work (the torch.save reference takes a minute): exit 2 and one line that says
+    what is wrong — no traceback, not Hydra's 'use +key'."""
+    import subprocess
+    import sys
+    import time
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "fastckpt.demo", override, f"hydra.run.dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip() and "real_accelerator" not in x]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert time.monotonic() - t0 < 60
+    assert not os.path.exists(tmp_path / "torch_save")
+
+
+def test_every_entry_checks_values_before_building_anything(tmp_path):
+    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from lightning_fastckpt import FastCheckpointIO
+    with pytest.raises(fastckpt.ConfigError, match="concurrency must be"):
+        FastCheckpointIO(concurrency=0)
+    with pytest.raises(fastckpt.ConfigError, match="unknown persist"):
+        FastCheckpointIO.from_config({"persist": "fencee"})
+    with pytest.raises(fastckpt.ConfigError, match="writers must be"):
+        checkpointer_kwargs({"writers": 0})
+    with pytest.raises(fastckpt.ConfigError, match="stall_timeout_s must be"):
+        fastckpt.Checkpointer(str(tmp_path / "ck"), stall_timeout_s=-1)
+    assert not os.path.exists(tmp_path / "ck")

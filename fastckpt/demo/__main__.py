@@ -57,8 +57,53 @@ def describe(name: str, r: dict) -> str:
             f"(n={len(r['stalls'])})   final loss {r['loss']:.4f}   weights {r['digest']}")
 
 
+def unknown_override(args: list[str]) -> str | None:
+    """The first command-line override naming a key the config does not have, said as we say it
+    (Hydra's own words are 'use +key'), or None. `+key=...` is left to check() after composing."""
+    from fastckpt.config import GROUP_KEYS
+    groups = [g for g in os.listdir(CONFIGS) if os.path.isdir(os.path.join(CONFIGS, g))]
+    config = OmegaConf.load(os.path.join(CONFIGS, "config.yaml"))
+    top = (set(config) - {"defaults"}) | set(groups) | {"demo", "hydra"}
+    chosen = {g: str(c) for entry in config.defaults if not isinstance(entry, str) for g, c in entry.items()}
+    group_of = {k: g for g, keys in GROUP_KEYS.items() for k in keys}
+    chosen.update(a.split("=", 1) for a in args if "=" in a and a.split("=", 1)[0] in groups)
+    for arg in args:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key = arg.split("=", 1)[0]
+        head, _, rest = key.partition(".")
+        if head == "hydra":
+            continue
+        if head not in top and head in group_of:
+            return f"{head!r} is set in its group: {group_of[head]}.{arg}"
+        if head not in top:
+            return f"unknown setting {head!r} in {arg!r}; valid: {', '.join(sorted(top))}"
+        if not rest:
+            continue
+        if head == "demo":
+            where, valid = "demo", set(OmegaConf.load(os.path.join(CONFIGS, "demo.yaml")).demo)
+        elif head in chosen:
+            where = f"{head}={chosen[head]}"
+            try:
+                valid = set(OmegaConf.load(os.path.join(CONFIGS, head, f"{chosen[head]}.yaml")))
+            except FileNotFoundError:
+                continue  # an unknown choice: Hydra's own error lists the choices
+        else:
+            continue
+        if rest.split(".")[0] not in valid:
+            return f"unknown setting {rest!r} of {where} in {arg!r}; valid: {', '.join(sorted(valid))}"
+    return None
+
+
 @hydra.main(config_path=CONFIGS, config_name="demo", version_base="1.3")
-def main(cfg: DictConfig) -> int:
+def demo(cfg: DictConfig) -> None:
+    from fastckpt.config import check
+    from fastckpt.errors import ConfigError
+    try:
+        check(cfg)  # the whole config, before a minute of work is spent on it
+    except ConfigError as e:
+        print(f"fastckpt demo: {e}", file=sys.stderr)
+        sys.exit(2)
     cfg = OmegaConf.to_container(cfg, resolve=True)
     d = cfg.pop("demo")
     d["torch_dir"] = os.path.join(os.path.dirname(cfg["root"]), "torch_save")
@@ -86,7 +131,17 @@ def main(cfg: DictConfig) -> int:
         ratio = statistics.median(ref["stalls"]) / max(statistics.median(second["stalls"]), 1e-9)
         print(f"stall per checkpoint: fastckpt is {ratio:.1f}x shorter than torch.save + fsync")
     print(f"resumed model bit-identical to the uninterrupted run: {'YES' if exact else 'NO'}")
-    return 0 if exact else 1
+    if not exact:
+        sys.exit(1)  # Hydra drops the task's return value: the exit status says it
+
+
+def main() -> int:
+    bad = unknown_override(sys.argv[1:])
+    if bad:
+        print(f"fastckpt demo: {bad}", file=sys.stderr)
+        return 2
+    demo()
+    return 0
 
 
 if __name__ == "__main__":
