@@ -90,6 +90,11 @@ class Checkpointer:
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False}
         _open_checkpointers.add(self)
 
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._inflight)} in flight"
+        return (f"Checkpointer(root={self.root!r}, store={self.store_kind!r}, strategy={self.strategy!r}, "
+                f"concurrency={self.concurrency}, writers={self.writers}, format={self.format!r}, {state})")
+
     # -- saving ----------------------------------------------------------
     def save(self, state, step: int, meta: dict | None = None, path=None,
              held: bool = False, watch=None) -> Pending:
@@ -405,7 +410,9 @@ class Checkpointer:
                 return Loaded(state, info, errors)
             errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
         what = f"step {step}" if step is not None else "any checkpoint"
-        raise NoCheckpointError(f"no valid checkpoint for {what} under {self.root}"
+        steps = sorted({c.step for c in self.store.committed()})
+        there = f" (steps committed there: {', '.join(map(str, steps))})" if step is not None and steps else ""
+        raise NoCheckpointError(f"no valid checkpoint for {what} under {self.root}{there}"
                                 + (": " + "; ".join(errors) if errors else ""))
 
     # -- closing ---------------------------------------------------------

@@ -84,11 +84,12 @@ def _export(args) -> int:
             print(f"wrote {args.out} ({_size(os.path.getsize(args.out))}, format {args.to}, byte-identical)")
             return 0
     elif os.path.isfile(args.src):
-        state = load_file(args.src)
+        state = load_file(args.src, weights_only=not args.trust_pickle)
     else:
         if not os.path.isdir(args.src):
             raise FileNotFoundError(f"{args.src} does not exist")
-        loaded = Checkpointer(args.src).load_with_record(step=args.step, rank=args.rank)
+        loaded = Checkpointer(args.src).load_with_record(step=args.step, rank=args.rank,
+                                                         weights_only=not args.trust_pickle)
         state = loaded.state
         what = f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}" if loaded.skipped else "")
     bars: list = []
@@ -149,6 +150,9 @@ def _tune(args) -> int:
     from .tune import choose, profile, state_bytes
     if args.like:
         from .single_file import load
+        if not os.path.isfile(args.like):
+            raise ConfigError(f"--like takes one checkpoint file; {args.like} "
+                              f"{'is a folder (pass one of its files)' if os.path.isdir(args.like) else 'does not exist'}")
         state = load(args.like)
     else:
         state = {"w": torch.randn(int(args.state_gb * (1 << 30)) // 4)}
@@ -200,14 +204,25 @@ def _goodput(args) -> int:
         print(f"peak {name}: {r['goodput']:.3f} it/s at interval {r['interval']}")
     if args.png:
         gp.plot(rows, args.png, f"goodput vs interval, {len(failures)} failures in {duration / 3600:.1f} h")
+        print(f"wrote the plot to {os.path.abspath(args.png)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"failures": len(failures), "duration_s": duration, "rows": rows}, f, indent=1)
+        print(f"wrote the figures to {os.path.abspath(args.json)}")
     return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("fastckpt")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastckpt", description="Inspect and convert fastckpt checkpoints.")
+    p.add_argument("--version", action="version", version=f"fastckpt {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ls", help="list the checkpoints in a folder any plugin wrote (a Checkpointer root, "
                                   "Lightning's checkpoint folder, a DeepSpeed save folder or tag), a file, or a pool")
@@ -224,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--step", type=int, default=None, help="default: the newest valid")
     s.add_argument("--rank", type=int, default=0)
     s.add_argument("--to", choices=("torch", "safetensors"), required=True)
+    s.add_argument("--trust-pickle", action="store_true",
+                   help="a file that pickles more than tensors and plain data: load it anyway, which runs "
+                        "code from it (only for files you trust)")
     s.set_defaults(fn=_export)
     s = sub.add_parser("repack", help="reclaim a pool's space: stale versions, dropped models, gaps")
     s.add_argument("pool")
@@ -263,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except Exception as e:  # noqa: BLE001 - a CLI prints the sentence, not a traceback
-        from .errors import FastckptError
+        from .errors import FastckptError, UnsafeCheckpointError
+        if isinstance(e, UnsafeCheckpointError):  # the library's advice is for Python callers
+            print(f"fastckpt {args.cmd}: {str(e).split(' If you trust')[0]} If you trust this file: "
+                  f"fastckpt export ... --trust-pickle", file=sys.stderr)
+            return 1
         if isinstance(e, (FastckptError, OSError)):
             print(f"fastckpt {args.cmd}: {e}", file=sys.stderr)
             return 1

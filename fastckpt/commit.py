@@ -43,6 +43,10 @@ class CommitInfo:
     files: tuple[FileEntry, ...] = ()
     meta: dict = field(default_factory=dict, compare=False)
 
+    def __repr__(self) -> str:  # the record's spans and CRCs are for verify, not for reading
+        return (f"CommitInfo(step={self.step}, path={self.path!r}, bytes={self.bytes}, counter={self.counter}, "
+                f"world_size={self.world_size}, format={self.format!r}, files={len(self.files)})")
+
     def file_for(self, rank: int) -> str:
         for f in self.files:
             if f.rank == rank:

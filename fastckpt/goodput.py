@@ -46,16 +46,23 @@ class System:
 
 
 def read_trace(path: str) -> list[float]:
+    """Failure times (s) from a CSV whose first column is `time_s` (a header line naming it
+    is optional; `#` lines are comments)."""
     times = []
     try:
         with open(path, newline="") as f:
-            for row in csv.reader(line for line in f if line.strip() and not line.lstrip().startswith("#")):
-                cell = row[0].strip()
-                if cell == "time_s":
+            rows = csv.reader(line for line in f if line.strip() and not line.lstrip().startswith("#"))
+            for n, row in enumerate(rows, 1):
+                cell = row[0].strip() if row else ""
+                if n == 1 and cell == "time_s":
                     continue
-                times.append(float(cell))
-    except (OSError, ValueError, IndexError) as e:
-        raise ConfigError(f"cannot read the failure trace {path!r}: {e}") from None
+                try:
+                    times.append(float(cell))
+                except ValueError:
+                    raise ConfigError(f"failure trace {path!r}, row {n}: {cell!r} is not a time in seconds "
+                                      "(the first column is time_s; a header, if any, must name it)") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the failure trace {path!r}: {e.strerror}") from None
     if any(t < 0 for t in times):
         raise ConfigError(f"failure trace {path!r}: negative time")
     return sorted(times)

@@ -102,6 +102,10 @@ class FastCheckpointIO(CheckpointIO):
             kwargs.update(store="path")
         return kwargs
 
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
+        return f"FastCheckpointIO({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
     def __getstate__(self) -> dict:
         """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
         settings: the copy is a fresh plugin; saves in flight stay with the original."""

@@ -177,3 +177,36 @@ def test_one_checkpoint_asked_about_that_never_committed_fails_verify(tmp_path, 
     assert "never committed" in capsys.readouterr().out
     assert main(["verify", str(root)]) == 0  # in a root it is skipped, as load skips it
     assert "skip " in capsys.readouterr().out
+
+
+def test_the_command_line_says_what_it_means(tmp_path, capsys):
+    """Issue 19 item 6: each message names the thing and what to do about it."""
+    import collections
+
+    from fastckpt import goodput
+    root = str(tmp_path / "ck")
+    with Checkpointer(root) as ck:
+        ck.save({"w": torch.ones(4)}, step=20)
+    assert main(["export", str(tmp_path / "typo"), str(tmp_path / "o.pt"), "--to", "torch"]) == 1
+    assert "typo does not exist" in capsys.readouterr().err
+    assert main(["export", root, str(tmp_path / "o.pt"), "--to", "torch", "--step", "10"]) == 1
+    assert "steps committed there: 20" in capsys.readouterr().err
+    assert main(["tune", str(tmp_path), "--step-s", "0.1", "--like", root]) == 1
+    assert "--like takes one checkpoint file" in capsys.readouterr().err
+    pickled = str(tmp_path / "pickled.pt")
+    torch.save({"w": torch.ones(2), "counts": collections.Counter("aab")}, pickled)
+    assert main(["export", pickled, str(tmp_path / "o.pt"), "--to", "torch"]) == 1
+    err = capsys.readouterr().err
+    assert "--trust-pickle" in err and "weights_only=False" not in err
+    assert main(["export", pickled, str(tmp_path / "o.pt"), "--to", "torch", "--trust-pickle"]) == 0
+    capsys.readouterr()
+    (tmp_path / "trace.csv").write_text("time,node\n10,3\n")
+    with pytest.raises(ConfigError, match="row 1: 'time' is not a time in seconds"):
+        goodput.read_trace(str(tmp_path / "trace.csv"))
+    with pytest.raises(SystemExit) as code:
+        main(["--version"])
+    assert code.value.code == 0 and capsys.readouterr().out.startswith("fastckpt ")
+    info = Checkpointer(root).latest()
+    assert len(repr(info)) < 200 and "step=20" in repr(info)
+    assert "strategy='c'" in repr(Checkpointer(root))
+    assert repr(FastCheckpointIO(concurrency=3)) == "FastCheckpointIO(concurrency=3)"

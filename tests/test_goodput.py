@@ -47,8 +47,10 @@ def test_trace_files_are_read_strictly(tmp_path):
     write_trace(str(p), [5.0, 1.5], "two failures")
     assert read_trace(str(p)) == [1.5, 5.0]
     (tmp_path / "bad.csv").write_text("time_s\n3\nsoon\n")
-    with pytest.raises(ConfigError, match="cannot read the failure trace"):
+    with pytest.raises(ConfigError, match="row 3: 'soon' is not a time in seconds"):
         read_trace(str(tmp_path / "bad.csv"))
+    with pytest.raises(ConfigError, match="cannot read the failure trace"):
+        read_trace(str(tmp_path / "missing.csv"))
     with pytest.raises(ConfigError, match="concurrency >= 1"):
         System.from_dict({"name": "x", "step_s": 1, "stall_s": 0, "write_s": 1, "concurrency": 0})
     with pytest.raises(ConfigError, match="bad system"):
@@ -65,8 +67,10 @@ def test_cli_replays_and_plots(tmp_path, capsys):
                str(tmp_path / "trace.csv"), "--intervals", "1", "10", "100", "--png", str(tmp_path / "g.png"),
                "--json", str(tmp_path / "g.json")])
     assert rc == 0 and (tmp_path / "g.png").stat().st_size > 1000
+    said = capsys.readouterr().out
+    assert "peak fastckpt" in said
+    assert f"wrote the plot to {tmp_path / 'g.png'}" in said and f"wrote the figures to {tmp_path / 'g.json'}" in said
     rows = json.loads((tmp_path / "g.json").read_text())["rows"]
     best = {n: max(r["goodput"] for r in rows if r["system"] == n) for n in ("fastckpt", "torch.save")}
     assert best["fastckpt"] > best["torch.save"]
-    assert "peak fastckpt" in capsys.readouterr().out
     assert read_trace(str(tmp_path / "trace.csv"))
