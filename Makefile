@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean
+.PHONY: setup demo test test-gpu test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -67,8 +67,13 @@ bench-pmem: $(STAMP)
 bench-offload: $(STAMP)
 	$(VPY) benchmarks/offload.py $(ARGS)
 
+# the built extension and its install stamp go together: the next command rebuilds both
+# (the venv and its packages stay; `make distclean` removes it too)
 clean:
-	rm -rf build *.egg-info fastckpt/*.so .pytest_cache
+	rm -rf build *.egg-info fastckpt/*.so .pytest_cache $(STAMP)
+
+distclean: clean
+	rm -rf $(VENV)
 
 reliability: $(STAMP)
 	$(VPY) benchmarks/reliability.py $(ARGS)
