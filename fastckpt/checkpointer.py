@@ -375,21 +375,23 @@ class Checkpointer:
 
     def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
              verify: bool | None = None, weights_only: bool = True, into=None,
-             mmap: bool | None = None):
+             mmap: bool | None = None, key=None):
         """Returns the state of the newest checkpoint that verifies (or of `step`), falling back
         past corrupt ones with a warning that names them.
 
         With into=<a state of the same structure>, shapes and dtypes are checked and the
-        values copied into its tensors in place (a StateMismatchError lists every difference).
+        values copied into its tensors in place (a StateMismatchError lists every difference);
+        key= picks one part of the saved state for that (into=model.state_dict(), key="model").
         """
         loaded = self.load_with_record(step, map_location, rank, verify, weights_only, mmap)
         if loaded.skipped:
             warnings.warn(f"fastckpt: loaded step {loaded.info.step}; passed over: {'; '.join(loaded.skipped)}",
                           stacklevel=2)
+        from .into import copy_into, part_of
+        where = f"checkpoint step {loaded.info.step} in {loaded.info.path}"
         if into is not None:
-            from .into import copy_into
-            return copy_into(into, loaded.state, f"checkpoint step {loaded.info.step} in {loaded.info.path}")
-        return loaded.state
+            return copy_into(into, loaded.state, where, key)
+        return loaded.state if key is None else part_of(loaded.state, key, where)
 
     def load_with_record(self, step: int | None = None, map_location="cpu", rank: int | None = None,
                          verify: bool | None = None, weights_only: bool = True,

@@ -33,13 +33,29 @@ def _walk(template, loaded, path: str, problems: list[str], pairs: list) -> None
             _walk(a, b, f"{path}[{i}]", problems, pairs)
 
 
-def copy_into(template, loaded, source: str = "checkpoint"):
-    """Copies loaded tensors into template's tensors; raises StateMismatchError listing every difference."""
+def part_of(loaded, key, source: str = "checkpoint"):
+    """loaded[key], or a StateMismatchError naming the parts there are."""
+    if not isinstance(loaded, dict) or key not in loaded:
+        have = sorted(map(str, loaded)) if isinstance(loaded, dict) else type(loaded).__name__
+        raise StateMismatchError(f"{source} has no part {key!r} (it has: {have})")
+    return loaded[key]
+
+
+def copy_into(template, loaded, source: str = "checkpoint", key=None):
+    """Copies loaded tensors (or loaded[key]) into template's tensors; raises StateMismatchError
+    listing every difference."""
+    if key is not None:
+        loaded, source = part_of(loaded, key, source), f"{source}[{key!r}]"
     problems: list[str] = []
     pairs: list = []
     _walk(template, loaded, "state", problems, pairs)
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        if isinstance(loaded, dict) and isinstance(template, dict) and not template.keys() & loaded.keys():
+            parts = sorted(k for k, v in loaded.items() if isinstance(v, dict))
+            hint = f" — load one part of it with key=, e.g. key={parts[0]!r}" if parts else ""
+            raise StateMismatchError(f"{source} has none of the keys it is loaded into: it holds "
+                                     f"{sorted(map(str, loaded))}{hint}")
         raise StateMismatchError(
             f"{source} does not match the structure it is loaded into ({shown}). Is it from a "
             "different model? Load it into the model it was saved from, or load without into= "

@@ -85,8 +85,10 @@ class ActivationOffload:
         if threshold_mb < 0 or max_inflight_mb <= 0 or prefetch < 0 or writers < 1:
             raise ConfigError("threshold_mb >= 0, max_inflight_mb > 0, prefetch >= 0 and writers >= 1 are required")
         base = directory or tempfile.gettempdir()
-        if not os.path.isdir(base):
-            raise FileNotFoundError(f"offload directory {base!r} does not exist")
+        try:
+            os.makedirs(base, exist_ok=True)  # as a Checkpointer makes its root
+        except OSError as e:
+            raise ConfigError(f"cannot use offload directory {base!r}: {e.strerror}") from None
         self.base, self.threshold = base, int(threshold_mb * (1 << 20))
         self.max_inflight, self.prefetch = int(max_inflight_mb * (1 << 20)), prefetch
         self.io = io or TensorIO(mode="aware", aware="wr")
