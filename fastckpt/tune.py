@@ -85,13 +85,18 @@ def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1,
     """T_w for every (N, p), measured with real checkpoints under `directory` (removed after);
     the median of `repeats` trials."""
     out = []
+    made = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
-    for n in ns:
-        for p in ps:
-            trials = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
-                      for _ in range(repeats)]
-            out.append(Measurement(n, p, statistics.median(t for t, _ in trials),
-                                   statistics.median(c for _, c in trials)))
+    try:
+        for n in ns:
+            for p in ps:
+                trials = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
+                          for _ in range(repeats)]
+                out.append(Measurement(n, p, statistics.median(t for t, _ in trials),
+                                       statistics.median(c for _, c in trials)))
+    finally:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)  # nothing of the trials is left behind
     return out
 
 

@@ -21,6 +21,7 @@ import time
 from typing import Any, Optional, Union
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from fastckpt.auto_interval import AutoInterval
@@ -43,6 +44,7 @@ class TunedModelCheckpoint(ModelCheckpoint):
         self._t0: Optional[float] = None
         self._saved_in_step = False
         self.tune_seconds = 0.0
+        self._told = 0  # plans already told to the user
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
@@ -51,6 +53,7 @@ class TunedModelCheckpoint(ModelCheckpoint):
             io = trainer.strategy.checkpoint_io
             in_flight = isinstance(io, FastCheckpointIO) and io.in_flight() > 0
             self.auto.step_time(now - self._t0, checkpointing=self._saved_in_step or in_flight)
+            self._tell()
             if self.auto.plan is not None:
                 self._every_n_train_steps = self.auto.interval  # follows a re-tune
         self._t0 = now
@@ -62,6 +65,14 @@ class TunedModelCheckpoint(ModelCheckpoint):
             self._tune(trainer)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._saved_in_step = self._last_global_step_saved == trainer.global_step
+
+    def _tell(self) -> None:
+        """Each new plan, where Lightning shows its own messages (the `fastckpt` logger is not)."""
+        for event in self.auto.history[self._told:]:
+            rank_zero_info(f"fastckpt {event['event']}: concurrency={event['concurrency']} "
+                           f"writers={event['writers']}, a checkpoint every {event['interval']} steps "
+                           f"(step {event['step_s'] * 1e3:.0f} ms)")
+        self._told = len(self.auto.history)
 
     def _tune(self, trainer) -> None:
         t0 = time.perf_counter()
@@ -75,4 +86,5 @@ class TunedModelCheckpoint(ModelCheckpoint):
             io.reconfigure(concurrency=plan.concurrency, writers=plan.writers)
         self._every_n_train_steps = plan.interval
         self.tune_seconds = time.perf_counter() - t0
+        self._tell()
         self._t0 = None  # the profiling pause is not a training step
