@@ -3,6 +3,7 @@ clean`, and every Python block of the README runs as written (tests/readme_block
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -73,3 +74,25 @@ def test_activation_offload_makes_its_folder(tmp_path):
     from fastckpt.offload import ActivationOffload
     ActivationOffload(str(tmp_path / "ssd" / "tmp"))
     assert (tmp_path / "ssd" / "tmp").is_dir()
+
+
+DEMO_SMALL = ["demo.steps=40", "demo.every=5", "demo.kill_at=23", "demo.d_model=32", "demo.layers=1",
+              "demo.vocab=64", "demo.seq=16", "demo.heads=2"]
+
+
+@pytest.mark.parametrize("store", ["file", "pmem"])
+def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_path, store):
+    """The main job, small: bit-exact resume (and an exit status that says so), figures as medians
+    with quartiles over the same steps, and the torch.save reference files gone — also with the
+    pool elsewhere (they went next to it: /dev/shm/torch_save)."""
+    import sys
+    run_dir = tmp_path / "run"
+    extra = [f"store=pmem", f"root={tmp_path / 'pools' / 'demo.pool'}"] if store == "pmem" else []
+    (tmp_path / "pools").mkdir()
+    r = subprocess.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "resumed model bit-identical to the uninterrupted run: YES" in r.stdout
+    assert "quartiles" in r.stdout and re.search(r"^steps \d+-40, median", r.stdout, re.M), r.stdout
+    assert "torch.save reference files were removed" in r.stdout
+    assert not (run_dir / "torch_save").exists() and os.listdir(tmp_path / "pools") == (["demo.pool"] if extra else [])

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import statistics
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from queue import Empty
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from fastckpt.demo.train import run
 
@@ -29,6 +32,15 @@ def launch(d: dict, ckpt: dict | None, mode: str, kill_at: int | None = None) ->
     proc = ctx.Process(target=run, args=(d, ckpt, mode, queue))
     proc.start()
     out = {"resumed": None}
+    bar = tqdm(total=d["steps"], desc=f"{mode}{' (to be killed)' if kill_at else ''}", unit="step",
+               disable=None, leave=False)  # quiet when not a terminal
+    try:
+        return _follow(proc, queue, out, bar, mode, kill_at)
+    finally:
+        bar.close()
+
+
+def _follow(proc, queue, out: dict, bar, mode: str, kill_at: int | None) -> dict:
     while True:
         try:
             msg = queue.get(timeout=5)
@@ -40,7 +52,10 @@ def launch(d: dict, ckpt: dict | None, mode: str, kill_at: int | None = None) ->
             out["resumed"] = msg[1]
         elif msg[0] == "start":
             out["params"] = msg[2]
-        elif msg[0] == "step" and kill_at is not None and msg[1] >= kill_at:
+            bar.update(msg[1] - 1)
+        elif msg[0] == "step":
+            bar.update(1)
+        if msg[0] == "step" and kill_at is not None and msg[1] >= kill_at:
             os.kill(proc.pid, signal.SIGKILL)
             proc.join()
             out["killed_at"] = msg[1]
@@ -51,10 +66,29 @@ def launch(d: dict, ckpt: dict | None, mode: str, kill_at: int | None = None) ->
             return out
 
 
-def describe(name: str, r: dict) -> str:
-    med = statistics.median(r["stalls"]) * 1e3 if r["stalls"] else float("nan")
-    return (f"{name:<28} {r['steps'] / r['seconds']:8.2f} steps/s   stall/ckpt median {med:8.2f} ms "
-            f"(n={len(r['stalls'])})   final loss {r['loss']:.4f}   weights {r['digest']}")
+def spread(values: list[float], unit: float = 1e3) -> str:
+    """median (quartiles, n) of values, in ms by default."""
+    if not values:
+        return "n=0"
+    if len(values) < 4:
+        return f"{statistics.median(values) * unit:.2f} (n={len(values)})"
+    q1, med, q3 = statistics.quantiles(values, n=4)
+    return f"{med * unit:.2f} (quartiles {q1 * unit:.2f}-{q3 * unit:.2f}, n={len(values)})"
+
+
+def over(r: dict, first: int) -> tuple[list[float], list[float]]:
+    """(stalls, step times) of the steps from `first` on: every run's figures over the same steps."""
+    return ([s for step, s in r["stalls"] if step >= first], [t for step, t in r["step_times"] if step >= first])
+
+
+def describe(name: str, r: dict, first: int) -> str:
+    stalls, times = over(r, first)
+    return (f"{name:<26} step {spread(times)} ms   stall per checkpoint {spread(stalls)} ms   "
+            f"final loss {r['loss']:.4f}   weights {r['digest']}")
+
+
+def size_of(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(here, f)) for here, _, files in os.walk(path) for f in files)
 
 
 def unknown_override(args: list[str]) -> str | None:
@@ -106,7 +140,9 @@ def demo(cfg: DictConfig) -> None:
         sys.exit(2)
     cfg = OmegaConf.to_container(cfg, resolve=True)
     d = cfg.pop("demo")
-    d["torch_dir"] = os.path.join(os.path.dirname(cfg["root"]), "torch_save")
+    out_dir = HydraConfig.get().runtime.output_dir
+    d["torch_dir"] = os.path.join(out_dir, "torch_save")  # the reference's files: removed at the end
+    d["keep"] = cfg["keep"]
     every = "by tune=auto" if (cfg.get("tune") or {}).get("enabled") else f"every {d['every']}"
     print(f"fastckpt demo: {d['steps']} steps, checkpoint {every}, kill -9 at step "
           f"{d['kill_at']}; strategy={cfg['strategy']['name']} root={cfg['root']}", flush=True)
@@ -116,8 +152,10 @@ def demo(cfg: DictConfig) -> None:
     print(f"run 1 (fastckpt): killed with SIGKILL at step {first['killed_at']}")
     second = launch(d, cfg, "fastckpt")
     print(f"run 2 (fastckpt): resumed from step {second['resumed']}, trained to step {d['steps']}")
-    print(describe("torch.save + fsync", ref))
-    print(describe("fastckpt (after resume)", second))
+    first_step = (second["resumed"] or 0) + 1  # both runs' figures over the steps the resumed run trained
+    print(f"steps {first_step}-{d['steps']}, median (quartiles, n):")
+    print(describe("torch.save + fsync", ref, first_step))
+    print(describe("fastckpt (after resume)", second, first_step))
     if second.get("offload"):
         o = second["offload"]
         print(f"activation offload: {o['offloaded']} activations ({o['bytes'] / 2**20:.0f} MiB) went to files "
@@ -127,9 +165,16 @@ def demo(cfg: DictConfig) -> None:
             print(f"tune=auto, {t['event']}: concurrency={t['concurrency']} writers={t['writers']} "
                   f"interval={t['interval']} steps (step {t['step_s'] * 1e3:.0f} ms)")
     exact = second["digest"] == ref["digest"]
-    if ref["stalls"] and second["stalls"]:
-        ratio = statistics.median(ref["stalls"]) / max(statistics.median(second["stalls"]), 1e-9)
-        print(f"stall per checkpoint: fastckpt is {ratio:.1f}x shorter than torch.save + fsync")
+    ref_stalls, fast_stalls = over(ref, first_step)[0], over(second, first_step)[0]
+    if ref_stalls and fast_stalls:
+        a, b = statistics.median(ref_stalls), statistics.median(fast_stalls)
+        print(f"stall per checkpoint, median over the same steps: torch.save + fsync {a * 1e3:.2f} ms, "
+              f"fastckpt {b * 1e3:.2f} ms ({a / max(b, 1e-9):.1f}x)")
+    shutil.rmtree(d["torch_dir"], ignore_errors=True)
+    where = cfg["root"]
+    kept = f"{size_of(where) / 2**20:.1f} MiB" if os.path.isdir(where) else f"{os.path.getsize(where) / 2**20:.1f} MiB"
+    print(f"fastckpt's checkpoints: {where} ({kept}, the newest {cfg['keep']} kept); the torch.save reference "
+          f"files were removed; this run's folder: {out_dir}")
     print(f"resumed model bit-identical to the uninterrupted run: {'YES' if exact else 'NO'}")
     if not exact:
         sys.exit(1)  # Hydra drops the task's return value: the exit status says it

@@ -70,6 +70,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     params = sum(p.numel() for p in model.parameters())
     queue.put(("start", start, params))
     stalls, t_begin, pending_stall, saved_at, t_step = [], time.perf_counter(), 0.0, None, None
+    step_times, t_prev = [], time.perf_counter()  # (step, seconds): figures over the same steps in every run
     for step in range(start, d["steps"] + 1):
         if tuner is not None:  # tune=auto: the interval (and N, writers) by measurement
             now = time.perf_counter()
@@ -89,7 +90,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             ck.gate()  # the snapshot must be copied before the optimizer overwrites the weights
             pending_stall += time.perf_counter() - t0
             if pending_stall:
-                stalls.append(pending_stall) if step > start and saved_at == step - 1 else None
+                stalls.append((step - 1, pending_stall)) if step > start and saved_at == step - 1 else None
             pending_stall = 0.0
         opt.step()
         sched.step()
@@ -110,16 +111,29 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
                 torch.save(state, path)
                 with open(path, "rb+") as f:
                     os.fsync(f.fileno())
-                stalls.append(time.perf_counter() - t0)
+                prune(d["torch_dir"], d["keep"])  # as many files as fastckpt keeps
+                stalls.append((step, time.perf_counter() - t0))
+        now = time.perf_counter()
+        step_times.append((step, now - t_prev))
+        t_prev = now
         queue.put(("step", step, loss.item()))
     if ck is not None:
         ck.wait()
         ck.close()
     elapsed = time.perf_counter() - t_begin
     queue.put(("done", {"steps": d["steps"] - start + 1, "seconds": elapsed, "stalls": stalls,
+                        "step_times": step_times,
                         "digest": digest(model), "loss": loss.item(),
                         "tuned": tuner.history if tuner is not None else None,
                         "offload": offload_report(offload)}))
+
+
+def prune(directory: str, keep: int) -> None:
+    """The reference's own retention: the newest `keep` torch.save files stay."""
+    files = sorted((f for f in os.listdir(directory) if f.startswith("step-")),
+                   key=lambda f: int(f[5:].split(".")[0]))
+    for f in files[:-keep] if keep > 0 else files:
+        os.remove(os.path.join(directory, f))
 
 
 def retuned(ck, ckpt: dict, tuner, model, opt):
