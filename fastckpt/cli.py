@@ -88,8 +88,11 @@ def _export(args) -> int:
     else:
         if not os.path.isdir(args.src):
             raise FileNotFoundError(f"{args.src} does not exist")
-        loaded = Checkpointer(args.src).load_with_record(step=args.step, rank=args.rank,
-                                                         weights_only=not args.trust_pickle)
+        ck = Checkpointer(args.src)
+        newest = ck.latest() if args.step is None else None
+        if newest is not None and newest.bytes >= (256 << 20) and sys.stderr.isatty():
+            print(f"reading step {newest.step} ({_size(newest.bytes)}), every byte checked ...", file=sys.stderr)
+        loaded = ck.load_with_record(step=args.step, rank=args.rank, weights_only=not args.trust_pickle)
         state = loaded.state
         what = f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}" if loaded.skipped else "")
     bars: list = []
@@ -160,7 +163,11 @@ def _tune(args) -> int:
     where = args.dir if os.path.isdir(args.dir) else os.path.dirname(os.path.abspath(args.dir))
     storage = int(args.storage_gb * (1 << 30)) if args.storage_gb else shutil.disk_usage(where).free
     host = int(args.host_gb * (1 << 30)) if args.host_gb else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    ms = profile(state, args.dir, ns=args.ns, ps=args.ps, repeats=args.repeats)
+    from tqdm import tqdm
+    with tqdm(total=len(args.ns) * len(args.ps) * args.repeats, desc=f"tune: trial checkpoints of "
+              f"{_size(m)}", unit="trial", disable=None, leave=False) as bar:
+        ms = profile(state, args.dir, ns=args.ns, ps=args.ps, repeats=args.repeats,
+                     progress=lambda done, total: bar.update(done - bar.n))
     for x in ms:
         print(f"N={x.concurrency} p={x.writers}: T_w {x.write_s:.3f} s, {x.per_checkpoint_s:.3f} s per checkpoint")
     plan = choose(ms, m, args.step_s, args.overhead, host_bytes=host, storage_bytes=storage)

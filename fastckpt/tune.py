@@ -80,18 +80,21 @@ def state_bytes(state) -> int:
     return 0
 
 
-def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1,
+def profile(state, directory: str, ns=(1, 2, 4), ps=(1, 2, 4), repeats: int = 1, progress=None,
             **checkpointer_kwargs) -> list[Measurement]:
     """T_w for every (N, p), measured with real checkpoints under `directory` (removed after);
-    the median of `repeats` trials."""
+    the median of `repeats` trials. progress(done, total): called after each trial."""
     out = []
     made = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     try:
         for n in ns:
             for p in ps:
-                trials = [_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs)
-                          for _ in range(repeats)]
+                trials = []
+                for _ in range(repeats):
+                    trials.append(_trial(state, os.path.join(directory, f"tune-n{n}-p{p}"), n, p, checkpointer_kwargs))
+                    if progress is not None:
+                        progress(len(out) * repeats + len(trials), len(ns) * len(ps) * repeats)
                 out.append(Measurement(n, p, statistics.median(t for t, _ in trials),
                                        statistics.median(c for _, c in trials)))
     finally:

@@ -166,3 +166,11 @@ def test_feedback_when_every_step_has_a_checkpoint_in_flight(tmp_path):
     for _ in range(200):
         auto.step_time(0.3, checkpointing=True)
     assert auto.step_s == pytest.approx(0.1) and auto.interval > 2  # the cost feedback still acted
+
+
+def test_profile_reports_progress_after_each_trial(tmp_path):
+    """`fastckpt tune` was silent for a minute: its bar follows these calls."""
+    seen = []
+    profile({"w": torch.randn(1 << 16)}, str(tmp_path / "t"), ns=(1, 2), ps=(1,), repeats=2,
+            progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
