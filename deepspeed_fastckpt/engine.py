@@ -13,8 +13,8 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
   update waits for that group's copies (group_gate); every other tensor is copied
   before save returns;
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
-  restricted unpickler, which accepts the DeepSpeed types listed in safe_types and
-  never runs code from the file;
+  restricted unpickler, which accepts the DeepSpeed types listed in
+  fastckpt.store.deepspeed_types and never runs code from the file;
 - errors of a background write are raised by the next `create`, by `wait()` and by `close()`
   (with `"on_error": "warn"` they are logged and warned about instead, and training goes on);
 - with `"pool": ...` in the entry the files are models of a persistent-memory pool named by
@@ -43,7 +43,7 @@ from fastckpt.store.tag_records import file_size, is_pool_pointer, mark_open, re
 from fastckpt.write.gate import StepGate
 
 from .group_gate import GroupGate
-from .safe_types import deepspeed_safe_globals
+from fastckpt.store.deepspeed_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
 from .load_tag import Choice, choose
 from .tags import TagCommitter

@@ -121,14 +121,11 @@ def verify_survey(found) -> Report:
 
 def _loadable_as(kind: str):
     """DeepSpeed's files name a few of its plain-data types, which its engine allows when it
-    loads them (deepspeed_fastckpt.safe_types): judged the same way here when it is installed."""
+    loads them (store.deepspeed_types): judged the same way here when DeepSpeed is installed."""
     if kind in ("deepspeed", "tag"):
-        try:
-            import torch
-            from deepspeed_fastckpt.safe_types import deepspeed_safe_globals
-            return torch.serialization.safe_globals(deepspeed_safe_globals())
-        except ImportError:
-            pass
+        import torch
+        from .store.deepspeed_types import deepspeed_safe_globals
+        return torch.serialization.safe_globals(deepspeed_safe_globals())
     return contextlib.nullcontext()
 
 

@@ -1,5 +1,10 @@
 """DeepSpeed types its checkpoints hold besides tensors and plain containers.
 
+Kept in the core beside tag_records (DeepSpeed's folder layout) because two users need it:
+the DeepSpeed engine when it loads, and `fastckpt verify` judging a DeepSpeed folder the same
+way. Names are resolved with importlib only when DeepSpeed is installed; nothing is imported
+from it otherwise.
+
 fastckpt loads with a restricted unpickler (what torch.load(weights_only=True) accepts);
 DeepSpeed's own files also carry a few of its own plain-data types (enums, small records,
 loss-scaler state). These are allowed while the DeepSpeed engine loads — nothing that can
