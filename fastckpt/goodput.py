@@ -4,8 +4,10 @@ trace is replayed against a checkpointing system's measured costs.
 A system is {name, step_s t, stall_s s (training blocked per checkpoint), write_s T_w (issue to
 durable), concurrency N (checkpoints in flight at most), load_s l (reading one back),
 restart_s (anything else a restart costs)}. replay() runs iterations of t; every f-th ends
-with a checkpoint that blocks s and is durable T_w later; an (N+1)-th would wait for the
-oldest. A failure at time τ stops everything: training resumes after l + restart from the
+with a checkpoint that blocks s and is durable T_w later; an (N+1)-th waits, at the end of
+its iteration (the iteration's compute overlaps the writes in flight), for the oldest to be
+durable — so in steady state f iterations take max(f·t, T_w/N) + s: PCcheck's model
+(an iteration takes max(T_w/N, f·t) per checkpoint) plus the system's own stall. A failure at time τ stops everything: training resumes after l + restart from the
 newest checkpoint durable by τ (PCcheck eq. 4 bounds what is lost: f·t + t·min(N·f, T_w/t)).
 Goodput = iterations kept at the end / the trace's duration; ideal = 1 / t.
 
@@ -102,10 +104,11 @@ def replay(system: System, interval: int, failures: list[float], duration_s: flo
     while True:
         ckpt = (step + 1) % interval == 0
         cost = s.step_s
-        if ckpt:
-            land(now)
-            if len(inflight) >= s.concurrency:  # the oldest must be durable before another starts
-                cost += max(0.0, inflight[0][1] - now)
+        if ckpt:  # at the end of the compute, the oldest of N in flight must be durable first
+            computed = now + s.step_s
+            still = [at for _, at in inflight if at > computed]
+            if len(still) >= s.concurrency:
+                cost += still[len(still) - s.concurrency] - computed
             cost += s.stall_s
         end = now + cost
         if fails and fails[0] < min(end, duration_s):  # a failure: back to the newest durable step

@@ -17,6 +17,22 @@ def test_without_failures_goodput_is_the_step_rate_with_its_stalls():
     assert r["failures"] == 0 and r["lost_iterations"] == 0 and r["ideal"] == 1.0
 
 
+def test_the_wait_for_the_oldest_checkpoint_starts_at_the_end_of_the_iteration():
+    """PCcheck: a checkpoint interval takes max(T_w/N, f·t). With N=1, t=1 s, T_w=1.5 s, f=1 the
+    compute of each iteration overlaps the write in flight: 1.5 s per iteration after the
+    first, 200 iterations in 300 s (charging the wait from the iteration's start gave 120)."""
+    r = replay(System("x", step_s=1.0, stall_s=0.0, write_s=1.5, concurrency=1), 1, [], 300.0)
+    assert r["iterations"] == 1 + int((300.0 - 1.0) / 1.5) == 200
+    # N=2 halves the write's share: max(1.5/2, 1) = 1 s per iteration, nothing waits
+    assert replay(System("x", step_s=1.0, stall_s=0.0, write_s=1.5, concurrency=2), 1, [], 300.0)["iterations"] == 300
+    # f=2, T_w=3: max(3/1, 2·1) = 3 s per 2 iterations after the first pair (ends at 2 s)
+    r = replay(System("x", step_s=1.0, stall_s=0.0, write_s=3.0, concurrency=1), 2, [], 302.0)
+    assert r["iterations"] == 2 + 2 * 100
+    # a stall adds to each interval: max(f·t, T_w/N) + s = 1.5 + 0.5 = 2 s per iteration after the first
+    r = replay(System("x", step_s=1.0, stall_s=0.5, write_s=1.5, concurrency=1), 1, [], 301.5)
+    assert r["iterations"] == 1 + 150
+
+
 def test_a_failure_rolls_back_to_the_newest_durable_checkpoint():
     s = System("x", step_s=1.0, stall_s=0.0, write_s=2.5, concurrency=2, load_s=3.0)
     r = replay(s, 5, [12.2], 30.0)
