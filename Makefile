@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu test-many bench bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu test-many bench bench-gpu bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench-lightning: $(STAMP)
 
 bench-deepspeed: $(STAMP)
 	$(VPY) benchmarks/deepspeed_overhead.py $(ARGS)
+
+# every checkpointer of the plain loop, Lightning and DeepSpeed in one run on one GPU (after
+# `source .whl/gpu-env.sh` there, with that machine's python3); on CPU it runs with a small model
+bench-gpu:
+	$(PYGPU) benchmarks/gpu_overhead.py $(ARGS)
 
 bench-pmem: $(STAMP)
 	$(VPY) benchmarks/pmem_store.py $(ARGS)

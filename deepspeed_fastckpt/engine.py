@@ -72,10 +72,18 @@ class FastckptEngine(CheckpointEngine):
         self._by_path: dict[str, fastckpt.Pending] = {}
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
         self.group_gate = GroupGate(self._ck)
-        self.gate = StepGate(self.group_gate, scoped=True)
+        self.gate = StepGate(self._before_update, scoped=True)
         self.gate.install()
         self._closed = False
         _open_engines.add(self)
+
+    def _before_update(self, optimizer) -> None:
+        """Before each optimizer.step DeepSpeed makes: the per-group gate; at the second step
+        (optimizer state exists by then) staging is faulted in for the first save, in the
+        background."""
+        self.group_gate(optimizer)
+        if self.gate.steps_seen == 2:
+            self._ck.reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     def configure(self, ds_optimizer, module_params: frozenset) -> None:
         """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the

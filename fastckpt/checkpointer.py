@@ -28,7 +28,7 @@ from .errors import CheckpointWriteError, CorruptCheckpointError, NoCheckpointEr
 from .format import plan_file
 from .pending import Pending
 from .store import open_store
-from .write import Deadline, WriteStalled, staging_chunks, stages, start_write
+from .write import Deadline, WriteStalled, reads_through_stream, staging_chunks, stages, start_write
 from .write.staging import Staging
 
 log = logging.getLogger("fastckpt")
@@ -87,7 +87,7 @@ class Checkpointer:
         self._started = False
         self._counter: int | None = None
         self._closed = False
-        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False}
+        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0}
         _open_checkpointers.add(self)
 
     def __repr__(self) -> str:
@@ -124,11 +124,14 @@ class Checkpointer:
                 return failed
             self._started = True
         got = self._acquire_slot()
+        strategy = self.strategy
         try:
             plan = plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
             if got:
                 chunk = self._engine.pool.chunk_bytes
-                got = self._staging.ensure(staging_chunks(plan, self.store.sink_kind, self.strategy, chunk))
+                need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
+                strategy = self._while_staging_grows(plan, need)
+                got = self._staging.ensure(need)
                 self.stats["pinned"] = self._staging.pinned
         except BaseException:
             if got:
@@ -149,7 +152,7 @@ class Checkpointer:
         ckpt_id, file_path = None, None
         try:
             ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan, meta=meta)
-            write = start_write(self._engine, plan, self.store.sink(file_path, self.direct_io), self.strategy,
+            write = start_write(self._engine, plan, self.store.sink(file_path, self.direct_io), strategy,
                                 self._deadline, held)
         except OSError as e:
             where = path if path is not None else f"under {self.root}"
@@ -168,6 +171,20 @@ class Checkpointer:
             pending.observed = True
             self.report_failure(error)
         return pending
+
+    def _while_staging_grows(self, plan, need: int) -> str:
+        """The strategy of this write: 'c' on a stream-read device (CUDA) whose save finds staging
+        short (the first one, unless reserve() ran long enough before) copies into spare device
+        memory first, as 'g' does, so the gate waits for a device-to-device copy rather than for
+        staging being faulted in and pinned; 'g' falls back to 'c' itself when the device is short."""
+        if self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
+            return self.strategy
+        if not self._staging.short(need):
+            return self.strategy
+        self.stats["spare_first"] += 1
+        log.info("fastckpt: staging is still growing (%d of %d chunks free); this checkpoint is copied into "
+                 "spare device memory first", self._engine.pool.free_count, need)
+        return "g"
 
     def _start_writing(self) -> None:
         self.store.prepare()

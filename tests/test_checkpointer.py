@@ -74,7 +74,7 @@ def test_reserve_faults_staging_in_ahead_of_the_first_save(tmp_path):
     state = {"w": torch.randn(3 << 20)}  # 12 MiB: three 4 MiB chunks
     with fastckpt.Checkpointer(tmp_path, chunk_mb=4, concurrency=2) as ck:
         ck.reserve(state["w"].nbytes)
-        ck._staging._reserving.join()  # it runs in the background; here we wait to look
+        ck._staging.wait_grown()  # it runs in the background; here we wait to look
         pool = ck._engine.pool
         assert pool.capacity == 3
         ck.save(state, step=1).wait()

@@ -17,6 +17,7 @@ import copy
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -64,6 +65,40 @@ def test_stream_writes_keep_full_state_matrix(tmp_path, host_as_stream):
     with fastckpt.Checkpointer(tmp_path, strategy="g", chunk_mb=1, format="safetensors", stall_timeout_s=5) as ck:
         ck.save(state, step=1).wait()
         assert_same(state, ck.load())
+
+
+def test_a_save_that_finds_staging_short_goes_through_spare_memory(tmp_path, host_as_stream):
+    """The first save of a run (nothing reserved) neither grows staging on the training
+    thread nor makes the gate wait for it: a stream-read 'c' write copies into spare device
+    memory first ('g') while staging grows in the background; once staging is there, 'c'
+    copies straight into it again."""
+    grown_on = []
+    with fastckpt.Checkpointer(tmp_path, strategy="c", chunk_mb=1, stall_timeout_s=10) as ck:
+        ck._engine_now()  # the engine and its staging exist before the first save: watch them grow
+        staging = ck._staging
+        grow = staging.grow
+        staging.grow = lambda n: (grown_on.append(threading.current_thread().name), grow(n))[1]
+        state = _state()
+        expect = copy.deepcopy(state)
+        p = ck.save(state, step=1)
+        assert p.write.mode == "device-copy" and ck.stats["spare_first"] == 1
+        ck.gate()
+        state["model"]["w0"].mul_(-3)
+        assert p.wait().step == 1
+        assert_same(expect, ck.load())
+        staging.wait_grown()
+        p = ck.save(state, step=2)
+        assert p.write.mode == "pinned-staging" and ck.stats["spare_first"] == 1
+        p.wait()
+    assert grown_on and set(grown_on) == {"fastckpt-reserve"}, grown_on
+
+
+def test_policy_skip_grows_staging_at_once(tmp_path):
+    state = {"w": torch.randn(3 << 18)}  # 3 MiB: three 1 MiB chunks
+    with fastckpt.Checkpointer(tmp_path, chunk_mb=1, policy="skip") as ck:
+        p = ck.save(state, step=1)
+        assert ck._engine.pool.capacity == 3 and not p.skipped
+        p.wait()
 
 
 def _stuck_next_checkpoint(root: str, step: int, counter: int) -> str:

@@ -92,7 +92,9 @@ class Harness:
         plan = self.plan(state)
         need = chunks_of(plan, CHUNK) if self.cls.stages(strategy, True) else 0
         grow = need if self.staging_cap is None else min(need, self.staging_cap)
-        Staging(self.engine, 1, None, "wait").ensure(grow)
+        staging = Staging(self.engine, 1, None, "wait")
+        staging.ensure(grow)
+        staging.wait_grown()  # it grows in the background; the protocol is tested on a grown pool
         # cuda: its own side streams; host: copies that complete delay_s after they are issued
         extra = {"stream": HostStream(delay_s=delay_s)} if self.impl.startswith("stream") else {}
         return self.cls(self.engine, plan, sink or self.sink(), strategy, self.deadline, held, **extra)

@@ -13,7 +13,7 @@
 """
 from .deadline import Deadline, WriteStalled
 from .protocol import STRATEGIES, FileSink, MappedSink, SnapshotWrite, WriteResult
-from .select import implementation, staging_chunks, stages, start_write
+from .select import implementation, reads_through_stream, staging_chunks, stages, start_write
 
 __all__ = ["Deadline", "WriteStalled", "STRATEGIES", "FileSink", "MappedSink", "SnapshotWrite", "WriteResult",
-           "implementation", "staging_chunks", "stages", "start_write"]
+           "implementation", "reads_through_stream", "staging_chunks", "stages", "start_write"]

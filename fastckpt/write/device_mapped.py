@@ -12,7 +12,6 @@ long-term pins), records bounce through a pinned buffer and a native copy; the l
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 
@@ -126,17 +125,10 @@ class DeviceMappedWrite(DeviceWrite):
         the version's room can be claimed again."""
         with self._cv:
             self._cv.notify_all()
-        mark = self.source.stream.mark()
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                if mark.query():
-                    return True
-            except Exception:  # noqa: BLE001 - a copy failed: the stream is past it all the same
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.001)
+        try:
+            return self.source.stream.mark().wait(timeout)
+        except Exception:  # noqa: BLE001 - a copy failed: the stream is past it all the same
+            return True
 
     @property
     def bytes_written(self) -> int:

@@ -181,7 +181,7 @@ class DeviceWrite(SnapshotWrite):
         return done
 
     def _wait_mark(self, mark, what) -> None:
-        self.deadline.sleep_until(what, mark.query)
+        self.deadline.wait(what, mark.wait)
 
     def _finish_worker(self, released: threading.Event) -> None:
         """Held time (no deadline) until everything is released, then the worker's end (under it)."""

@@ -35,6 +35,11 @@ def implementation(plan: FilePlan, sink_kind: str) -> type[SnapshotWrite]:
     return implementation_for(device_type(plan), sink_kind)
 
 
+def reads_through_stream(plan: FilePlan) -> bool:
+    """Whether the plan's tensors are read through a side stream (on CUDA: copies the host does not make)."""
+    return device_type(plan) in STREAMS
+
+
 def stages(device: str, sink_kind: str, strategy: str, gds: bool = True) -> bool:
     """Whether writes of tensors on `device` with this strategy draw staging chunks."""
     return implementation_for(device, sink_kind).stages(strategy, gds)

@@ -9,6 +9,13 @@ it. `HostStream` is the same protocol over host memory, one worker thread in ord
 it the device writes run — and their conformance tests run — on a machine without CUDA.
 A failed copy makes every later mark raise instead of completing.
 
+Waiting on a mark never polls under the GIL: a CUDA mark is awaited by one waiter thread
+per CudaStreams, blocked in `cudaEventSynchronize` (blocking-sync events, the GIL released,
+no core spinning) and then setting a threading.Event; `Mark.wait(seconds)` blocks on that
+Event, which also releases the GIL. A background write thus takes the GIL once per chunk
+it hands over, not hundreds of times a second — each take can hold the training thread up
+to Python's switch interval (5 ms).
+
 `STREAMS` maps a device type to the stream for a plan on it; select.py routes a plan to the
 device writes when its device type has an entry (CUDA does).
 """
@@ -25,13 +32,55 @@ from ..format.plan import FilePlan
 
 
 class Mark:
-    """Completes once the copies issued before it have; query() raises a copy's error."""
+    """Completes once the copies issued before it have; query() and wait() raise a copy's error."""
 
-    def __init__(self, ready: Callable[[], bool]):
-        self._ready = ready
+    def __init__(self, done: threading.Event, error: Callable[[], BaseException | None]):
+        self._done, self._error = done, error
 
     def query(self) -> bool:
-        return self._ready()
+        return self.wait(0.0)
+
+    def wait(self, seconds: float) -> bool:
+        """Blocks (without the GIL) at most `seconds`; True once complete."""
+        if not self._done.wait(seconds):
+            return False
+        err = self._error()
+        if err is not None:
+            raise err
+        return True
+
+
+class _CudaMarkWaiter:
+    """One thread that synchronizes on marks' events in the order they were made (they complete
+    in stream order) and sets each mark's Event; the first error is every later mark's."""
+
+    def __init__(self):
+        self._q: "queue.Queue" = queue.Queue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fastckpt-cuda-marks", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            events, done = item
+            if self.error is None:
+                try:
+                    for ev in events:
+                        ev.synchronize()  # releases the GIL; blocking-sync events sleep
+                except BaseException as e:  # noqa: BLE001 - raised by this mark and every later one
+                    self.error = e
+            done.set()
+
+    def add(self, events) -> Mark:
+        done = threading.Event()
+        self._q.put((events, done))
+        return Mark(done, lambda: self.error)
+
+    def close(self) -> None:
+        self._q.put(None)  # marks already queued still complete
 
 
 class CudaStreams:
@@ -43,6 +92,7 @@ class CudaStreams:
             s = torch.cuda.Stream(dev)
             s.wait_stream(torch.cuda.current_stream(dev))  # the values as of save()
             self._streams[dev] = s
+        self._waiter: _CudaMarkWaiter | None = None
 
     @classmethod
     def for_plan(cls, plan: FilePlan) -> "CudaStreams":
@@ -70,10 +120,12 @@ class CudaStreams:
     def mark(self) -> Mark:
         events = []
         for s in self._streams.values():
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event(blocking=True)
             ev.record(s)
             events.append(ev)
-        return Mark(lambda: all(ev.query() for ev in events))
+        if self._waiter is None:
+            self._waiter = _CudaMarkWaiter()
+        return self._waiter.add(events)
 
     def spare(self, device: torch.device, nbytes: int) -> torch.Tensor | None:
         """nbytes of spare memory on `device` (allocated for this stream), or None when short."""
@@ -85,6 +137,9 @@ class CudaStreams:
 
     def close(self) -> None:
         self._streams = {}
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
 
 
 class HostStream:
@@ -121,19 +176,12 @@ class HostStream:
         self._q.put((dst, src))
 
     def mark(self) -> Mark:
-        if self._closed:  # everything issued runs before the worker ends
-            return Mark(lambda: not self._thread.is_alive())
         done = threading.Event()
-        self._q.put(done)
-
-        def ready() -> bool:
-            if not done.is_set():
-                return False
-            if self._error is not None:
-                raise self._error
-            return True
-
-        return Mark(ready)
+        if self._closed:  # everything issued runs before the worker ends
+            threading.Thread(target=lambda: (self._thread.join(), done.set()), daemon=True).start()
+        else:
+            self._q.put(done)
+        return Mark(done, lambda: self._error)
 
     def spare(self, device: torch.device, nbytes: int) -> torch.Tensor | None:
         return torch.empty(nbytes, dtype=torch.uint8)
