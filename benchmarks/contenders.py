@@ -29,6 +29,7 @@ from contextlib import nullcontext
 import torch
 
 from fastckpt.demo.train import TinyLM
+from fastckpt.tune import state_bytes
 
 PLAIN = ("none", "torch_save", "dcp", "dcp_stager", "fast_c", "fast_g", "fast_d")
 LIGHTNING = ("l_torch", "l_async", "l_fast", "l_layerwise")
@@ -67,16 +68,6 @@ def tokens(a, step: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]
     g = torch.Generator().manual_seed(step)
     seq = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g).to(dev, non_blocking=True)
     return seq[:, :-1], seq[:, 1:]
-
-
-def state_bytes(state) -> int:
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    return 0
 
 
 def is_save_step(a, i: int, k: int) -> bool:

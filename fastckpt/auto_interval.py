@@ -102,6 +102,8 @@ class AutoInterval:
     def tune(self, state, directory: str, **checkpointer_kwargs) -> TunePlan:
         """Profiles here with `state`, then chooses for the step time seen so far."""
         self._state_bytes = state_bytes(state)
+        if self.host_bytes is not None:  # T_w measured with the staging the plan may run with
+            checkpointer_kwargs.setdefault("staging_mb", max(1, self.host_bytes >> 20))
         self._measurements = profile(state, directory, self.ns, self.ps, self.repeats, **checkpointer_kwargs)
         return self._choose("tuned")
 

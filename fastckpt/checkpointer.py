@@ -225,12 +225,12 @@ class Checkpointer:
 
     def _drain(self, pending: Pending, write, error, ckpt_id: str, file_path: str, meta) -> None:
         """Commit thread of one checkpoint: finish the file, then commit in counter order."""
-        result, info = None, None
+        result, info, stuck = None, None, False
         if write is not None:
             try:
                 result = self.store.finish_write(write, file_path)
             except BaseException as e:  # surfaced through Pending, never swallowed
-                write.abort(e)
+                stuck = not write.abort(e)
                 error = _as_write_error(e, pending.step)
         if pending.prev is not None:  # bounded: the previous commit has its own deadlines
             prev = pending.prev
@@ -267,7 +267,7 @@ class Checkpointer:
         if error is not None:
             self.stats["failed"] += 1
             try:
-                self.store.abort(ckpt_id, file_path, self.rank)
+                self.store.abort(ckpt_id, file_path, self.rank, stuck=stuck)
             except BaseException as e:  # noqa: BLE001 - a read-only or dead disk cannot be cleaned; the commit thread must end
                 log.warning("fastckpt: could not remove the failed checkpoint of step %s: %s", pending.step, e)
         pending._finish(info if error is None else None, error)

@@ -166,14 +166,16 @@ def _tune(args) -> int:
     from tqdm import tqdm
     with tqdm(total=len(args.ns) * len(args.ps) * args.repeats, desc=f"tune: trial checkpoints of "
               f"{_size(m)}", unit="trial", disable=None, leave=False) as bar:
+        staging = {"staging_mb": max(1, host >> 20)} if args.host_gb else {}  # T_w measured as the plan will run
         ms = profile(state, args.dir, ns=args.ns, ps=args.ps, repeats=args.repeats,
-                     progress=lambda done, total: bar.update(done - bar.n))
+                     progress=lambda done, total: bar.update(done - bar.n), **staging)
     for x in ms:
         print(f"N={x.concurrency} p={x.writers}: T_w {x.write_s:.3f} s, {x.per_checkpoint_s:.3f} s per checkpoint")
-    plan = choose(ms, m, args.step_s, args.overhead, host_bytes=host, storage_bytes=storage)
+    plan = choose(ms, m, args.step_s, args.overhead, host_bytes=host, storage_bytes=storage, keep=args.keep)
     for n, why in plan.excluded.items():
         print(f"N={n} not allowed: {why}")
-    print(f"chosen: concurrency={plan.concurrency} writers={plan.writers} interval={plan.interval} steps "
+    chunked = f" staging_mb={plan.staging_mb} (less than N checkpoints: chunked)" if plan.staging_mb else ""
+    print(f"chosen: concurrency={plan.concurrency} writers={plan.writers} interval={plan.interval} steps{chunked} "
           f"(T_w {plan.write_s:.3f} s, state {m / 2**30:.2f} GiB, step {args.step_s} s, overhead {args.overhead:.0%})")
     if args.out:
         with open(args.out, "w") as f:
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--like", default=None, help="profile with this checkpoint file's state instead")
     s.add_argument("--host-gb", type=float, default=None, help="host memory limit M (default: half of free RAM)")
     s.add_argument("--storage-gb", type=float, default=None, help="storage limit S (default: free space of dir)")
+    s.add_argument("--keep", type=int, default=2, help="committed checkpoints the store keeps (Checkpointer keep=)")
     s.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4])
     s.add_argument("--ps", type=int, nargs="+", default=[1, 2, 4])
     s.add_argument("--repeats", type=int, default=3, help="trials per (N, p); the median counts")

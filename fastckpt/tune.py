@@ -8,11 +8,14 @@
 profile() takes, for each N (concurrent checkpoints) and p (writers each), N checkpoints
 issued back to back on a fresh Checkpointer and times T_w(N, p): from the first save until
 the last is committed (so T_w / N is the time one checkpoint costs when N share the disk).
-choose() keeps the N that fit — N + 1 checkpoints on storage (S / m - 1 at most, the last
-valid one kept while N are written) and N staging copies in host memory (M / m at most) —
-takes N* = argmin T_w / N with its best p, and the interval f* = ceil(T_w / (N* · q · t))
-steps, so that writing costs at most the fraction q of the step time t. It is an error when
-no measured N fits the limits.
+choose() keeps the N that fit — on storage, N in flight plus the `keep` committed ones the
+store retains (N + keep ≤ S / m; PCcheck's N + 1 is keep = 1, our default keep = 2 stores
+N + 2); in host memory, the chunk pipeline's floor, one staging chunk per writer of each
+checkpoint in flight (N · p · chunk ≤ M): with M below N · m the checkpoints stream through
+M of staging in chunks (PCcheck §3.3), the plan says so (staging_mb) and profile() should be
+given the same staging_mb, so that T_w is measured with it — then takes N* = argmin T_w / N
+with its best p, and the interval f* = ceil(T_w / (N* · q · t)) steps, so that writing costs
+at most the fraction q of the step time t. It is an error when no measured N fits the limits.
 
 PCcheck prices a checkpoint at T_w / N because its GPU trains while idle CPU cores write.
 Where training itself keeps the CPU busy (CPU training, or few cores), the checkpoint's CPU
@@ -20,6 +23,13 @@ work (copies, CRCs, syscalls) is taken from training: profile() also measures th
 and choose(busy=...) prices a checkpoint at max(T_w, busy · CPU) / N. AutoInterval measures
 busy while training, and then the real cost per checkpoint (feedback), which choose() takes
 as cost_s.
+
+T_w is profiled as a burst of N saves with nothing else running, not under training's load.
+That is deliberate: a checkpoint's cost under load is measured where it matters, off the
+step times of the run itself (AutoInterval's feedback), and the interval follows the larger
+of the two. On the 2-core VM (idle T_w 0.63 s for N = 2-4) the plans priced a checkpoint at
+142-243 ms of training and the overhead held within q + 1 point, median of 5 runs
+(benchmarks/RESULTS.md, tuned_interval).
 """
 from __future__ import annotations
 
@@ -63,6 +73,7 @@ class TunePlan:
     busy: float = 0.0  # the fraction of all cores training kept busy when the plan was made
     measurements: list = field(default_factory=list)
     excluded: dict = field(default_factory=dict)  # N -> why it was not allowed
+    staging_mb: int | None = None  # set when host memory holds less than N checkpoints: chunked staging
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,8 +137,11 @@ def _trial(state, root: str, n: int, p: int, kwargs: dict) -> tuple[float, float
 
 def choose(measurements: list[Measurement], state_bytes: int, step_s: float, overhead: float,
            host_bytes: int | None = None, storage_bytes: int | None = None, busy: float = 0.0,
-           cost_s: float | None = None) -> TunePlan:
+           cost_s: float | None = None, keep: int = 2, chunk_bytes: int = 64 << 20) -> TunePlan:
     """N*, its best p, and f* from measurements under the memory and storage limits.
+
+    keep: committed checkpoints the store retains (Checkpointer(keep=)); chunk_bytes: the
+    staging chunk (Checkpointer(chunk_mb=)).
 
     busy: the fraction of all cores training keeps busy (0: the CPU is idle while the GPU
     trains — PCcheck's setting, where a checkpoint costs T_w / N). cost_s: a per-checkpoint
@@ -141,11 +155,13 @@ def choose(measurements: list[Measurement], state_bytes: int, step_s: float, ove
     excluded = {}
     allowed = []
     for m in measurements:
-        if storage_bytes is not None and m.concurrency > storage_bytes // state_bytes - 1:
-            excluded[m.concurrency] = (f"storage: {m.concurrency + 1} checkpoints of {state_bytes} bytes "
-                                       f"exceed {storage_bytes}")
-        elif host_bytes is not None and m.concurrency * state_bytes > host_bytes:
-            excluded[m.concurrency] = f"host memory: {m.concurrency} staging copies exceed {host_bytes} bytes"
+        n, p = m.concurrency, m.writers
+        if storage_bytes is not None and (n + keep) * state_bytes > storage_bytes:
+            excluded[n] = (f"storage: {n} in flight + {keep} kept = {n + keep} checkpoints of {state_bytes} "
+                           f"bytes exceed {storage_bytes}")
+        elif host_bytes is not None and n * p * min(chunk_bytes, state_bytes) > host_bytes:
+            excluded[n] = (f"host memory: {n} checkpoints x {p} writers need {n * p} staging chunks of "
+                           f"{min(chunk_bytes, state_bytes)} bytes at least; {host_bytes} bytes given")
         else:
             allowed.append(m)
     if not allowed:
@@ -153,5 +169,7 @@ def choose(measurements: list[Measurement], state_bytes: int, step_s: float, ove
     best = min(allowed, key=lambda m: (m.cost_s(busy), m.per_checkpoint_s, m.concurrency, m.writers))
     cost = max(best.cost_s(busy), cost_s or 0.0)
     interval = max(1, math.ceil(cost / (overhead * step_s) - 1e-9))
+    chunked = host_bytes is not None and best.concurrency * state_bytes > host_bytes
     return TunePlan(best.concurrency, best.writers, interval, best.write_s, state_bytes, step_s, overhead,
-                    cost, busy, [asdict(m) for m in measurements], {str(k): v for k, v in excluded.items()})
+                    cost, busy, [asdict(m) for m in measurements], {str(k): v for k, v in excluded.items()},
+                    host_bytes >> 20 if chunked else None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import filecmp
 import os
 import random
+import subprocess
 import sys
 
 import pytest
@@ -124,6 +125,47 @@ def test_models_share_a_pool_and_repack_reclaims_dropped_and_stale_space(shm):
         with pool_ck(pool_path, model=m) as ck:
             assert_same(state_for(3), ck.load())
     assert cli_main(["ls", pool_path]) == 0
+    assert cli_main(["verify", pool_path]) == 0
+
+
+_CLAIMER = """
+import sys, time
+from fastckpt.pmem.pool import Pool
+pool = Pool(sys.argv[1], create=False)
+i = pool.ensure_model("m")
+pool.claim(i, 2, set(), 4096, 4 << 20)  # a version's room taken; its bytes never come
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_repack_reclaims_a_version_whose_writer_was_killed_and_leaves_a_live_one(shm):
+    """A slot claimed and never sealed (the writer killed with kill -9) used to keep its room
+    until its model was dropped. Its writer's lock died with it: repack reclaims the room,
+    while a claim whose writer still lives (here, in this very process) is left alone."""
+    pool_path = os.path.join(shm, "p")
+    with pool_ck(pool_path, model="m", concurrency=1) as ck:
+        ck.save(state_for(1), step=1).wait()
+    child = subprocess.Popen([sys.executable, "-c", _CLAIMER, pool_path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "claimed"
+        pool = Pool(pool_path, create=False)
+        free = pool.free_bytes()
+        assert pool.repack()["torn"] == 0  # its writer lives: nothing reclaimed
+        assert pool.free_bytes() == free
+    finally:
+        child.kill()  # SIGKILL
+        child.wait()
+    r = pool.repack()
+    assert r["torn"] == 1 and pool.free_bytes() >= free + (4 << 20)
+    i = pool.ensure_model("live")
+    s, _ = pool.claim(i, 2, set(), 4096, 1 << 20)  # a writer of this process, another open of the pool
+    other = Pool(pool_path, create=False)
+    assert other.repack()["torn"] == 0
+    other.close()
+    pool.close()
+    with pool_ck(pool_path, model="m") as ck:
+        assert_same(state_for(1), ck.load())  # the current version was never touched
     assert cli_main(["verify", pool_path]) == 0
 
 

@@ -24,12 +24,23 @@ def test_chooses_the_lowest_time_per_checkpoint_and_the_interval_from_it():
 
 def test_storage_and_host_memory_limits_exclude_concurrency():
     ms = [Measurement(1, 4, 2.0), Measurement(2, 4, 3.0), Measurement(4, 4, 4.0)]
-    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=3 * GIB)
-    assert plan.concurrency == 2 and "storage" in plan.excluded["4"]  # N <= S/m - 1 = 2
+    # the store keeps `keep` committed checkpoints besides the N in flight: N + keep <= S/m
+    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=4 * GIB)
+    assert plan.concurrency == 2 and "2 kept = 6 checkpoints" in plan.excluded["4"]  # keep=2: N <= 2
+    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=4 * GIB, keep=1)
+    assert plan.concurrency == 2  # N=4 needs 5 (PCcheck's N + 1) > 4
+    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=5 * GIB, keep=1)
+    assert plan.concurrency == 4
+    # host memory below N checkpoints: the checkpoints stream through it in chunks (PCcheck)
     plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, host_bytes=int(1.5 * GIB))
-    assert plan.concurrency == 1 and "host memory" in plan.excluded["2"]
+    assert plan.concurrency == 4 and plan.staging_mb == 1536 and not plan.excluded
+    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, host_bytes=8 * GIB)
+    assert plan.concurrency == 4 and plan.staging_mb is None  # room for N whole copies
+    # ... down to the pipeline's floor: one chunk per writer of each checkpoint in flight
+    plan = choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, host_bytes=600 << 20, chunk_bytes=64 << 20)
+    assert plan.concurrency == 2 and "16 staging chunks" in plan.excluded["4"]  # 4 x 4 x 64 MiB > 600 MiB
     with pytest.raises(ConfigError, match="no measured concurrency fits"):
-        choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=GIB)
+        choose(ms, state_bytes=GIB, step_s=1.0, overhead=0.1, storage_bytes=2 * GIB)
     with pytest.raises(ConfigError, match="overhead is a fraction"):
         choose(ms, state_bytes=GIB, step_s=1.0, overhead=5)
 
@@ -47,7 +58,7 @@ def test_profile_times_real_checkpoints(tmp_path):
 def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
     from fastckpt.cli import main
     rc = main(["tune", str(tmp_path / "t"), "--step-s", "0.1", "--state-gb", "0.004", "--ns", "1", "2",
-               "--ps", "1", "--repeats", "1", "--storage-gb", "0.01", "--out", str(tmp_path / "plan.json")])
+               "--ps", "1", "--repeats", "1", "--storage-gb", "0.02", "--out", str(tmp_path / "plan.json")])
     assert rc == 0
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["concurrency"] in (1, 2) and plan["interval"] >= 1 and len(plan["measurements"]) == 2

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .. import _native
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
+from . import claims
 from . import layout as L
 
 PERSIST = ("auto", "fence", "msync")
@@ -85,6 +86,7 @@ class Pool:
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"cannot create pool {self.path!r}: directory {parent!r} does not exist")
         self._lock = threading.RLock()
+        self._claimed: dict[tuple[int, int], int] = {}  # (model, slot) -> fd holding its writer's lock
         self._lock_fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
             with self._flock():  # whoever creates the pool does it whole before anyone maps it
@@ -128,6 +130,9 @@ class Pool:
             yield
 
     def close(self) -> None:
+        for fd in self._claimed.values():
+            claims.let_go(fd)
+        self._claimed.clear()
         if self._lock_fd >= 0:
             self.view.release()
             self.native = None
@@ -285,9 +290,22 @@ class Pool:
             else:
                 desc = L.Slot(meta_off=desc.meta_off, meta_cap=desc.meta_cap, data_off=desc.data_off,
                               data_cap=desc.data_cap)
+            self.unclaim(i, s)  # an earlier write of ours into this slot gave up
+            fd = claims.hold(self.path, off)
+            if fd is None:
+                raise CheckpointWriteError(f"slot {s} of model {self._entry_name(i)!r} in pool {self.path} is "
+                                           "being written by another process")
+            self._claimed[(i, s)] = fd  # held until sealed or given up: a repack leaves the slot alone
             self.native.store8(off, 0)  # invalid from here on: its old bytes are about to go
             self.native.write(off, desc.encode())  # counter 0: claimed, not sealed
             return s, desc
+
+    def unclaim(self, i: int, s: int) -> None:
+        """The writer of slot s is done with it (sealed, or given up: then the claim is torn and
+        repack may reclaim its room)."""
+        fd = self._claimed.pop((i, s), None)
+        if fd is not None:
+            claims.let_go(fd)
 
     def seal(self, i: int, s: int, desc: L.Slot) -> None:
         """Persists the descriptor (its CRC covers desc.counter), then stores the counter word
@@ -296,6 +314,7 @@ class Pool:
         raw = desc.encode()
         self.native.write(off + 8, raw[8:])  # everything but the counter word (still 0)
         self.native.store8(off, desc.counter)
+        self.unclaim(i, s)
 
     def flip(self, i: int, s: int, counter: int, moved: bool = False) -> None:
         """Makes (counter, slot) the model's current version; never moves backwards
@@ -310,20 +329,29 @@ class Pool:
     def repack(self, drop: tuple[str, ...] = ()) -> dict:
         """Reclaims space, online-safe (writers in other processes wait on the lock, and no
         model's current version is ever without a sealed copy): drops the named models,
-        releases every sealed version older than its model's current one, then moves current
+        releases every sealed version older than its model's current one and every torn one
+        (claimed, never sealed, its writer gone: claims.py), then moves current
         versions down into the lowest gap that fits (copy, persist, seal a second slot with the
         same counter, flip to it, release the old slot). Returns what it did."""
         with self.locked():
             dropped = [n for n in drop if self.drop(n)]
-            released = moved = 0
+            released = torn = moved = 0
             before = self.free_bytes()
-            for name, i in self.models().items():
-                act = self.active(i)
-                for s in range(L.SLOTS):
-                    desc, sealed = self.slot(i, s)
-                    if sealed and act is not None and desc.counter < act[0]:
-                        self._blank(i, s)
-                        released += 1
+            probe = os.open(self.path, os.O_RDWR)
+            try:
+                for name, i in self.models().items():
+                    act = self.active(i)
+                    for s in range(L.SLOTS):
+                        desc, sealed = self.slot(i, s)
+                        if sealed and act is not None and desc.counter < act[0]:
+                            self._blank(i, s)
+                            released += 1
+                        elif (not sealed and desc.extents() and (act is None or act[1] != s)
+                              and claims.abandoned(probe, L.slot_off(i, s))):
+                            self._blank(i, s)
+                            torn += 1
+            finally:
+                os.close(probe)
             current = []
             for name, i in self.models().items():
                 act = self.active(i)
@@ -333,7 +361,7 @@ class Pool:
                         current.append((min(desc.meta_off, desc.data_off), i, act[1], desc))
             for _, i, s, desc in sorted(current):
                 moved += self._move_down(i, s, desc)
-            return {"dropped": dropped, "released": released, "moved": moved,
+            return {"dropped": dropped, "released": released, "torn": torn, "moved": moved,
                     "free_before": before, "free_after": self.free_bytes()}
 
     def _blank(self, i: int, s: int) -> None:

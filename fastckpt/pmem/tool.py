@@ -137,6 +137,6 @@ def repack_pool(path: str, drop: tuple[str, ...], drop_under: tuple[str, ...] = 
         r = pool.repack(drop + under)
     finally:
         pool.close()
-    print(f"repacked {path}: dropped {len(r['dropped'])} model(s), released {r['released']} stale version(s), "
-          f"moved {r['moved']}; free {_size(r['free_before'])} -> {_size(r['free_after'])}")
+    print(f"repacked {path}: dropped {len(r['dropped'])} model(s), released {r['released']} stale version(s) "
+          f"and {r['torn']} torn one(s) (claimed, their writer gone), moved {r['moved']}; free {_size(r['free_before'])} -> {_size(r['free_after'])}")
     return 0

@@ -65,7 +65,7 @@ class FileStore(Store):
         self.write_commit(info)
         self.move_latest(info)
 
-    def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
+    def abort(self, ckpt_id: str, file_path: str, rank: int, stuck: bool = False) -> None:
         if rank == 0 and ckpt_id is not None:
             self.remove(ckpt_id)
 

@@ -119,7 +119,7 @@ class PathStore(Store):
                 if os.path.basename(old) not in keep:
                     _unlink_quietly(old)
 
-    def abort(self, ckpt_id: str, file_path: str, rank: int) -> None:
+    def abort(self, ckpt_id: str, file_path: str, rank: int, stuck: bool = False) -> None:
         if file_path is not None:
             _unlink_quietly(file_path)
 
