@@ -19,7 +19,7 @@ from fastckpt.offload.settings import OffloadConfig
 
 
 class TensorOffload(Callback):
-    """TensorOffload(directory, threshold_mb=1.0, mode="aware", aware="wr", tool=None, dict_path=None,
+    """TensorOffload(directory, threshold_mb=1.0, mode="aware", aware="w", tool=None, dict_path=None,
     learned_path=None, refresh_every=None, max_inflight_mb=256, prefetch=2, writers=2): the settings
     of fastckpt.offload.settings.OffloadConfig (unknown ones are a ConfigError).
     TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""

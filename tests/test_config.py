@@ -59,7 +59,7 @@ def test_same_fields_everywhere():
 
 @pytest.mark.parametrize("group,expect", [("off", None), ("aware_w", ("aware", "w", None)),
                                           ("aware_r", ("aware", "r", None)), ("aware_wr", ("aware", "wr", None)),
-                                          ("specific", ("tool", "wr", "posix"))])
+                                          ("specific", ("tool", "w", "posix"))])
 def test_offload_group_builds_the_activation_offload(tmp_path, group, expect):
     from fastckpt.config import offload_of
     cfg = make([f"root={tmp_path}", f"offload={group}", f"+offload.directory={tmp_path}"] if group != "off"

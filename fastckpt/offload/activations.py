@@ -91,7 +91,7 @@ class ActivationOffload:
             raise ConfigError(f"cannot use offload directory {base!r}: {e.strerror}") from None
         self.base, self.threshold = base, int(threshold_mb * (1 << 20))
         self.max_inflight, self.prefetch = int(max_inflight_mb * (1 << 20)), prefetch
-        self.io = io or TensorIO(mode="aware", aware="wr")
+        self.io = io or TensorIO()
         self._writers = writers
         self.release_memory = release_memory
         self._pool: ThreadPoolExecutor | None = None

@@ -23,7 +23,7 @@ class OffloadConfig:
     directory: Optional[str] = None    # on the SSD; None: the system temporary directory
     threshold_mb: float = 1.0          # saved activations smaller than this stay in memory
     mode: str = "aware"                # tool | dict | aware  (SpecificTool / SpecificDic / AwareDic)
-    aware: str = "wr"                  # w | r | wr: which learned dictionary decides
+    aware: str = "w"                   # w | r | wr: which learned dictionary decides (adaptive.py: why w)
     tool: Optional[str] = None         # mode=tool: posix | direct | numpy | torch | kvikio
     dict_path: Optional[str] = None    # mode=dict: JSON {size in MB: tool}
     learned_path: Optional[str] = None  # where learned dictionaries are loaded from / saved to
