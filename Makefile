@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/pmem_store.py
 	$(VPY) benchmarks/offload.py
 	$(VPY) benchmarks/tuned_interval.py
+	$(VPY) benchmarks/layerwise_ddp.py
 	$(VPY) benchmarks/goodput.py
 	$(VPY) benchmarks/reliability.py --many
 	$(VPY) benchmarks/report.py

@@ -21,6 +21,9 @@ SECTIONS = [
      "AsyncCheckpointIO on a transformer LM"),
     ("deepspeed_overhead", "Stall and overhead vs interval: DeepSpeed", "the fastckpt engine vs DeepSpeed's default "
      "engine and its decoupled/fast engines"),
+    ("gpu_overhead", "Training overhead on one GPU: every peer in one run", "fastckpt c/g/d vs torch.save, DCP "
+     "async_save, Lightning's IO and DeepSpeed's engine, against the device→pinned copy and the disk"),
+    ("layerwise_ddp", "Layer-wise vs plain c under DDP", "LightCheck's pipelining with the all-reduce, 2 ranks"),
     ("pmem_store", "Persistent-memory store", "pool saves and loads vs the file store"),
     ("offload", "Tensor offload (Fastensor)", "per-tool bandwidth, adaptive choice hit rate, largest batch under a "
      "memory cap"),
