@@ -20,8 +20,6 @@ namespace {
 py::dict features() {
   py::dict d;
   d["o_direct"] = has_o_direct();
-  d["fallocate"] = true;
-  d["io_uring"] = false;
   d["libpmem2"] = has_libpmem2();
   d["pmem_flush"] = std::string(detail::flush_name());
   d["crc32"] = crc32_backend_name();

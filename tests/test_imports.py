@@ -94,3 +94,12 @@ def test_backend_and_plugins_keep_their_boundaries():
                         [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
                     for m in mods:
                         assert m.split(".")[0] not in banned, f"{os.path.join(d, n)} imports {m}"
+
+
+def test_native_features_say_only_what_this_build_has():
+    """features() used to report io_uring False and fallocate True as constants (nothing uses
+    io_uring; fallocate is not optional): every key now reflects the build or the machine."""
+    from fastckpt import _native
+    feats = dict(_native.features())
+    assert set(feats) == {"o_direct", "libpmem2", "pmem_flush", "crc32", "hardware_threads"}
+    assert feats["hardware_threads"] == os.cpu_count() or feats["hardware_threads"] > 0
