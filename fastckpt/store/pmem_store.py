@@ -169,10 +169,11 @@ class PoolStore(Store):
         pass  # the active words are the commit; there is no separate record
 
     def abort(self, ckpt_id: str, file_path: str, rank: int, stuck: bool = False) -> None:
-        """stuck: the write may still store into its slot, which then stays claimed (never torn)."""
+        """stuck: the write may still store into its slot, which then stays claimed and busy
+        (no later save of this process and no repack reuses it)."""
         with self._lock:
             claim = self._claims.pop(ckpt_id, None) if ckpt_id is not None else None
-            if claim is not None:
+            if claim is not None and not stuck:
                 self._busy[claim[0]].discard(claim[1])  # never sealed, or sealed but never current
         if claim is not None and self.pool is not None and not stuck:
             self.pool.unclaim(claim[0], claim[1])  # torn if never sealed: repack may reclaim it
