@@ -12,6 +12,8 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
   rewrites only after that update) are copied in the background, and each group's
   update waits for that group's copies (group_gate); every other tensor is copied
   before save returns;
+- a save_dir removed while its tags are in flight (Lightning's ModelCheckpoint, through
+  deepspeed_fastckpt.lightning_removal) is deleted once they land, and not committed;
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
   restricted unpickler, which accepts the DeepSpeed types listed in
   fastckpt.store.deepspeed_types and never runs code from the file;
@@ -95,6 +97,8 @@ class FastckptEngine(CheckpointEngine):
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
         self._committer.raise_errors()
+        if self._committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
+            self._committer.wait_for(info.save_dir)
         self._files = []
         mark_open(info.save_dir, info.tag)
 
@@ -197,6 +201,13 @@ def wait_for_saves_into(save_dir: str) -> None:
     """Until every save of this process into save_dir has committed or failed (any open engine's)."""
     for engine in list(_open_engines):
         engine._committer.wait_for(save_dir)
+
+
+def withdraw_saves_into(save_dir: str) -> bool:
+    """save_dir is being removed: True if a save of this process into it is still in flight,
+    and then it is deleted (and not committed) once those land; False if the caller deletes it."""
+    withdrawn = [engine._committer.withdraw(save_dir) for engine in list(_open_engines)]
+    return any(withdrawn)
 
 
 @atexit.register

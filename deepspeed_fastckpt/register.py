@@ -18,7 +18,9 @@ Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config 
   (deepspeed_fastckpt.interval).
 DeepSpeed's offline readers (ds_to_universal, zero_to_fp32) run in-process wait for the
 saves into their directory first (deepspeed_fastckpt.offline_readers).
-This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize.
+This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize;
+its removal of a checkpoint still in flight waits for the save to land, in the background
+(deepspeed_fastckpt.lightning_removal).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import warnings
 
 from fastckpt.errors import CorruptCheckpointError
 
-from . import interval, offline_readers, offload
+from . import interval, lightning_removal, offline_readers, offload
 from .engine import FastckptEngine
 from .settings import entry_of, offload_node
 
@@ -58,6 +60,7 @@ def _wrap_configure(original):
         if entry is None or entry is False:
             return original(self, *args, **kwargs)
         engine = FastckptEngine(self._config, settings=entry)  # validates before anything is built
+        lightning_removal.install()
         original(self, *args, **kwargs)  # DeepSpeed's bookkeeping (which ranks write what)
         old, self.checkpoint_engine = self.checkpoint_engine, engine
         if old is not None and old.is_decoupled():

@@ -2,12 +2,16 @@
 order, waits for this rank's files, agrees with the other ranks (fastckpt's background gloo
 group over DeepSpeed's process group), and rank 0 then writes the tag's commit record and
 `fastckpt-latest` (the on-disk format and its readers: fastckpt.store.tag_records).
+A save_dir withdrawn while tags of it are in flight (its owner removed it: Lightning's
+ModelCheckpoint dropping a checkpoint it no longer keeps) is deleted once they land, and
+they are not committed.
 """
 from __future__ import annotations
 
 import json
 import os
 import queue
+import shutil
 import threading
 from typing import Callable, Optional
 
@@ -31,6 +35,7 @@ class TagCommitter:
         self._errors: list[BaseException] = []
         self._in_flight = 0
         self._dirs: dict[str, int] = {}  # save_dir -> tags of it in flight
+        self._withdrawn: set[str] = set()  # save_dirs to delete once their tags land
         self._cv = threading.Condition()
         self._seq: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name="fastckpt-deepspeed-commit", daemon=True)
@@ -53,6 +58,21 @@ class TagCommitter:
         key = os.path.abspath(save_dir)
         with self._cv:
             self._cv.wait_for(lambda: self._dirs.get(key, 0) == 0)
+
+    def withdraw(self, save_dir: str) -> bool:
+        """save_dir is removed by its owner: False if no tag of it is in flight here (the
+        caller deletes it now); otherwise its tags in flight are not committed, their failures
+        are no error, and the committer deletes save_dir once the last of them lands."""
+        key = os.path.abspath(save_dir)
+        with self._cv:
+            if not self._dirs.get(key):
+                return False
+            self._withdrawn.add(key)
+            return True
+
+    def is_withdrawn(self, save_dir: str) -> bool:
+        with self._cv:
+            return os.path.abspath(save_dir) in self._withdrawn
 
     def wait(self) -> None:
         """Until every submitted tag is committed (or failed); raises the first failure."""
@@ -87,13 +107,28 @@ class TagCommitter:
                 with self._cv:
                     self._errors.append(e)
             finally:
-                with self._cv:
-                    self._in_flight -= 1
-                    key = os.path.abspath(item[0])
-                    self._dirs[key] -= 1
-                    if not self._dirs[key]:
-                        del self._dirs[key]
-                    self._cv.notify_all()
+                self._land(os.path.abspath(item[0]))
+
+    def _land(self, key: str) -> None:
+        """One tag of save_dir `key` is done; the last of a withdrawn save_dir deletes it
+        before anyone waiting for that save_dir is woken."""
+        with self._cv:
+            remove = self._dirs[key] == 1 and key in self._withdrawn
+            if not remove:
+                self._done(key)
+        if remove:
+            shutil.rmtree(key, ignore_errors=True)
+            with self._cv:
+                self._done(key)
+
+    def _done(self, key: str) -> None:
+        """Under the lock: one tag of `key` fewer in flight."""
+        self._in_flight -= 1
+        self._dirs[key] -= 1
+        if not self._dirs[key]:
+            del self._dirs[key]
+            self._withdrawn.discard(key)
+        self._cv.notify_all()
 
     def _commit(self, save_dir: str, tag: str, files: list) -> None:
         mine, error = [], None
@@ -108,6 +143,8 @@ class TagCommitter:
                 error = error or e
         ok = self._agree.all_ok(error is None, background=True)
         everyone = self._agree.gather(mine, background=True)
+        if self.is_withdrawn(save_dir):
+            return
         if error is not None:
             raise CheckpointWriteError(f"checkpoint tag {tag!r} in {save_dir} failed on this rank "
                                        f"({error}); the previous committed tag is intact") from error

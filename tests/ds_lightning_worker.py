@@ -2,8 +2,8 @@
 
     python ds_lightning_worker.py fit    CKPT_DIR OUT --steps N --every K --top-k T
     python ds_lightning_worker.py resume CKPT_DIR OUT --steps N --from NAME
-Rank 0 writes OUT: the checkpoint engine's class, the files ModelCheckpoint left and the
-parameters at the end. Lightning's DeepSpeedStrategy refuses any accelerator but CUDA in
+Rank 0 writes OUT: the checkpoint engine's class, the files ModelCheckpoint left (when fit
+returns and after destroy) and the parameters at the end. Lightning's DeepSpeedStrategy refuses any accelerator but CUDA in
 setup_environment; CPUDeepSpeedStrategy changes only that (CPU devices carry the rank as
 their index, which the strategy checks), so everything else is the real strategy.
 """
@@ -73,6 +73,7 @@ def main() -> None:
     engine = trainer.strategy.deepspeed_engine
     out = {"engine": type(engine.checkpoint_engine).__name__, "global_step": trainer.global_step,
            "params": {n: p.detach().clone() for n, p in engine.module.named_parameters()}}
+    out["files_before_destroy"] = sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else []
     engine.destroy()  # every tag in flight committed
     out["files"] = sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else []
     if trainer.global_rank == 0:

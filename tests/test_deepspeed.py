@@ -225,6 +225,24 @@ def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_p
     assert kept["files"] == ["epoch=2-step=12.ckpt"]
 
 
+def test_lightning_top_k_removes_a_checkpoint_still_in_flight_once_it_lands(tmp_path, fault_shim):
+    """save_top_k=1 with a save every step and every write slowed (20 ms, the LD_PRELOAD shim):
+    ModelCheckpoint removes step k's directory right after issuing step k+1's save, while k's
+    tag is still landing. The removal must not fail the tag or Lightning's delete: the directory
+    is still there when fit returns (its save in flight), gone after destroy, and the newest
+    checkpoint is committed and resumes."""
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "c"), "FASTCKPT_FAULT_SLOW_US": "20000"}
+    lit = dict(script="ds_lightning_worker.py")
+    kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "6", "--every", "1", "--top-k", "1", **lit, **slow)
+    assert "epoch=1-step=5.ckpt" in kept["files_before_destroy"]  # removed while in flight: deferred
+    assert kept["files"] == ["epoch=1-step=6.ckpt"]
+    assert os.path.isfile(tmp_path / "c" / "epoch=1-step=6.ckpt" / "checkpoint" / "fastckpt-tag.json")
+    resumed = run("resume", tmp_path / "c", tmp_path / "d.pt", "--steps", "6", "--from", "epoch=1-step=6.ckpt", **lit)
+    assert resumed["global_step"] == 6
+    for name, value in kept["params"].items():
+        assert torch.equal(value, resumed["params"][name]), name
+
+
 @pytest.mark.parametrize("stage,how", [(1, "entry"), (3, "entry"), (2, "helper")])
 def test_activation_offload_trains_bit_equal_to_the_run_without_it(tmp_path, stage, how):
     """The engine's saved activations go to files in forward and come back for backward:
