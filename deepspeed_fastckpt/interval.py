@@ -24,47 +24,27 @@ import torch
 from fastckpt.auto_interval import AutoInterval
 from fastckpt.errors import ConfigError
 
+from .engine import FastckptEngine
+from .settings import interval_of
+
 ATTR = "_fastckpt_interval"
-TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
-             "feedback_intervals")
 
 
 class _Interval:
-    def __init__(self, interval: Any, tune: Optional[dict]):
-        tune = dict(tune or {})
-        unknown = sorted(set(tune) - set(TUNE_KEYS))
-        if unknown:
-            raise ConfigError(f'unknown key(s) {unknown} in "tune" of the "fastckpt" entry; valid: {list(TUNE_KEYS)}')
-        if interval == "auto":
-            self.auto: Optional[AutoInterval] = AutoInterval(**tune)
-            self.every = None
-        elif isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1:
-            self.auto, self.every = None, interval
-        else:
-            raise ConfigError(f'"interval" in the "fastckpt" entry is "auto" or a positive integer, got {interval!r}')
+    def __init__(self, interval: Any, tune: dict):
+        """interval and tune as settings.interval_of checked them."""
+        self.auto: Optional[AutoInterval] = AutoInterval(**tune) if interval == "auto" else None
+        self.every: Optional[int] = None if interval == "auto" else interval
         self.window = tune.get("window", 20)
         self.last_step_at: Optional[float] = None
         self.saved_in_step = False  # checkpoint_due said yes since the last step boundary
 
 
-def _from_entry(entry: dict) -> Optional[_Interval]:
-    if "interval" in entry:
-        return _Interval(entry["interval"], entry.get("tune"))
-    if "tune" in entry:
-        raise ConfigError('"tune" in the "fastckpt" entry needs "interval": "auto"')
-    return None
-
-
-def validate(entry: dict) -> None:
-    """The entry's "interval" / "tune" keys, checked (ConfigError)."""
-    _from_entry(entry)
-
-
 def attach(engine, entry: dict) -> None:
     """From the entry's "interval" (and "tune") keys, if there."""
-    iv = _from_entry(entry)
-    if iv is not None:
-        engine.__dict__[ATTR] = iv
+    checked = interval_of(entry)
+    if checked is not None:
+        engine.__dict__[ATTR] = _Interval(*checked)
 
 
 def on_step(engine, now: float) -> None:
@@ -98,7 +78,6 @@ def checkpoint_due(engine, save_dir: str) -> bool:
 
 
 def _tune(engine, iv: _Interval, save_dir: str) -> None:
-    from .engine import FastckptEngine
     state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     iv.auto.log_path = os.path.join(save_dir, f"fastckpt-tune-rank{rank}.json")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from fastckpt.auto_interval import AutoInterval
 from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.offload.settings import OffloadConfig
@@ -22,6 +23,8 @@ CONFIG_KEY = "fastckpt"
 DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed", "model")
 VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + (
     "pool", "offload", "interval", "tune")
+TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
+             "feedback_intervals")
 
 
 def entry_of(config_params) -> Optional[dict]:
@@ -44,8 +47,7 @@ def checkpointer_kwargs(entry: Any) -> dict:
                           f"valid: {sorted(VALID)}")
     kwargs = dict(entry)
     OffloadConfig.from_node(kwargs.pop("offload", None))  # its errors now, before anything is built
-    from .interval import validate
-    validate(kwargs)
+    interval_of(kwargs)
     kwargs.pop("interval", None)
     kwargs.pop("tune", None)
     pool = kwargs.get("pool")
@@ -57,3 +59,21 @@ def checkpointer_kwargs(entry: Any) -> dict:
 def offload_node(entry: Any) -> Any:
     """The entry's "offload" settings, or None."""
     return entry.get("offload") if isinstance(entry, dict) else None
+
+
+def interval_of(entry: Any) -> Optional[tuple[Any, dict]]:
+    """The entry's "interval" ("auto" or steps) and "tune" (AutoInterval's settings), checked;
+    None without "interval"."""
+    if not isinstance(entry, dict) or "interval" not in entry:
+        if isinstance(entry, dict) and "tune" in entry:
+            raise ConfigError(f'"tune" in the "{CONFIG_KEY}" entry needs "interval": "auto"')
+        return None
+    interval, tune = entry["interval"], dict(entry.get("tune") or {})
+    unknown = sorted(set(tune) - set(TUNE_KEYS))
+    if unknown:
+        raise ConfigError(f'unknown key(s) {unknown} in "tune" of the "{CONFIG_KEY}" entry; valid: {list(TUNE_KEYS)}')
+    if interval == "auto":
+        AutoInterval(**tune)  # its own checks of the values
+    elif not (isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1):
+        raise ConfigError(f'"interval" in the "{CONFIG_KEY}" entry is "auto" or a positive integer, got {interval!r}')
+    return interval, tune

@@ -1,10 +1,9 @@
 """One spelling of every setting: a dataclass, the Hydra YAML in configs/, plugin kwargs.
 
-instantiate(cfg) builds a Checkpointer from a Hydra/OmegaConf config (groups
-`strategy` and `store`, optional top-level overrides like `concurrency=4`) or
-from a plain dict; unknown keys are a ConfigError naming the valid ones.
-offload_of(cfg) builds the activation offload of the `offload` group (None when off);
-tuner_of(cfg) the AutoInterval of the `tune` group (tune=auto; None when off).
+CheckpointerConfig holds every Checkpointer setting and its default and checks values;
+flatten(cfg) turns the Hydra layout (groups `strategy` and `store`, optional top-level
+overrides like `concurrency=4`) into its flat kwargs; unknown keys are a ConfigError naming
+the valid ones. What a config builds is fastckpt.from_config's.
 """
 from __future__ import annotations
 
@@ -124,45 +123,3 @@ def flatten(cfg) -> dict[str, Any]:
             continue  # unset top-level override: the group's value stands
         flat[k] = v
     return flat
-
-
-def instantiate(cfg):
-    """A Checkpointer from a Hydra config, a dict, or a CheckpointerConfig."""
-    from .checkpointer import Checkpointer
-    if isinstance(cfg, CheckpointerConfig):
-        c = cfg.validate()
-    else:
-        c = CheckpointerConfig.from_dict(flatten(cfg))
-    return Checkpointer(**dataclasses.asdict(c))
-
-
-def check(cfg) -> CheckpointerConfig:
-    """The whole config checked before any work (Checkpointer settings, the offload and tune
-    groups), nothing built: a ConfigError of one line names the first problem."""
-    from .offload.settings import OffloadConfig
-    c = CheckpointerConfig.from_dict(flatten(cfg))
-    offload = OffloadConfig.from_node(cfg.get("offload") if hasattr(cfg, "get") else None)
-    if offload.enabled:
-        offload.io()
-    tuner_of(cfg)
-    return c
-
-
-def offload_of(cfg):
-    """The ActivationOffload the config's `offload` group asks for, or None (absent or off)."""
-    from .offload.settings import offload_from
-    node = cfg.get("offload") if hasattr(cfg, "get") else None
-    return offload_from(node)
-
-
-def tuner_of(cfg):
-    """The AutoInterval the config's `tune` group asks for (tune=auto), or None."""
-    from .auto_interval import AutoInterval
-    node = to_plain(cfg.get("tune") if hasattr(cfg, "get") else None)
-    if not node or not node.get("enabled", True):
-        return None
-    settings = {k: v for k, v in node.items() if k not in ("name", "enabled")}
-    try:
-        return AutoInterval(**settings)
-    except TypeError as e:
-        raise ConfigError(f"unknown tune setting: {e}") from None

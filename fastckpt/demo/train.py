@@ -53,7 +53,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
     ck, start, offload, tuner = None, 1, None, None
     if mode == "fastckpt":
-        from fastckpt.config import instantiate, offload_of, tuner_of
+        from fastckpt.from_config import instantiate, offload_of, tuner_of
         ck = instantiate(ckpt)
         offload = offload_of(ckpt)
         tuner = tuner_of(ckpt)
@@ -138,7 +138,7 @@ def prune(directory: str, keep: int) -> None:
 
 def retuned(ck, ckpt: dict, tuner, model, opt):
     """Profiles N x writers beside the checkpoints with the real state; a Checkpointer with N*, p*."""
-    from fastckpt.config import instantiate
+    from fastckpt.from_config import instantiate
     plan = tuner.tune({"model": model.state_dict(), "optimizer": opt.state_dict()},
                       os.path.join(ckpt["root"], ".fastckpt-tune"))
     ck.close()

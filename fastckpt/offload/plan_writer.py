@@ -18,7 +18,7 @@ from .. import _native
 from ..errors import ConfigError
 from ..format.plan import ALIGN, FilePlan
 from .adaptive import TensorIO
-from .tools import _kvikio, crc_of
+from .tools import crc_of, kvikio_or_why
 
 REGION_TOOLS = ("posix", "direct", "kvikio")
 _auto: TensorIO | None = None  # one learner per process, so every save teaches the next
@@ -47,7 +47,7 @@ def _bytes_of(storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
 def _write_region(tool: str, path: str, off: int, b: torch.Tensor, host: torch.Tensor) -> None:
     """b's bytes at off: kvikio from b (on the GPU), posix / direct from host (b's host copy)."""
     if tool == "kvikio":
-        kvikio = _kvikio()[0]
+        kvikio = kvikio_or_why()[0]
         with kvikio.CuFile(path, "r+") as f:
             f.write(b, file_offset=off)
         return

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..config import to_plain
 from ..errors import ConfigError
 from .activations import ActivationOffload
 from .adaptive import TensorIO
@@ -39,7 +40,6 @@ class OffloadConfig:
             return cls(enabled=False)
         if node is True:
             return cls()
-        from ..config import to_plain
         node = to_plain(node)
         if not isinstance(node, dict):
             raise ConfigError(f"offload settings must be a mapping, got {node!r}")

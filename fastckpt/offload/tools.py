@@ -105,7 +105,8 @@ def read_tensor(path: str, device=None, verify: bool = True, header: dict | None
     return t.to(device) if device is not None else t
 
 
-def _kvikio():
+def kvikio_or_why():
+    """(the kvikio module, None) where GDS I/O can run here, else (None, why not)."""
     from ..write.gds import kvikio_mode
     if not torch.cuda.is_available():
         return None, "no CUDA device"
@@ -116,7 +117,7 @@ def _kvikio():
 
 
 def _write_kvikio(t: torch.Tensor, path: str) -> None:
-    kvikio, why = _kvikio()
+    kvikio, why = kvikio_or_why()
     if kvikio is None:
         raise OSError(f"tool 'kvikio' is unavailable here: {why}")
     src = t.detach().contiguous()
@@ -129,7 +130,7 @@ def _write_kvikio(t: torch.Tensor, path: str) -> None:
 
 
 def _read_kvikio(path: str, h: dict, device, verify: bool) -> torch.Tensor:
-    kvikio, why = _kvikio()
+    kvikio, why = kvikio_or_why()
     if kvikio is None:  # the bytes are raw: any host can still read them
         b = torch.empty(h["nbytes"], dtype=torch.uint8)
         if h["nbytes"]:
@@ -152,7 +153,7 @@ def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]
     probe = torch.arange(1024, dtype=torch.int32)
     for tool in TOOLS:
         if tool == "kvikio":
-            out[tool] = (_kvikio()[1] if cuda else "for CUDA tensors only")
+            out[tool] = (kvikio_or_why()[1] if cuda else "for CUDA tensors only")
             continue
         path = os.path.join(directory, f".fastckpt-probe-{tool}-{os.getpid()}")
         try:
