@@ -28,8 +28,8 @@ class Engine {
     job->start();
     return job;
   }
-  // A job that stores straight into a mapped pool (file offset f -> pool offset f + shift).
-  std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<PmemPool> target, uint64_t shift,
+  // A job that stores straight into a mapped sink (file offset f -> sink offset f + shift).
+  std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<const MappedSink> target, uint64_t shift,
                                           std::vector<Piece> pieces, uint64_t data_begin,
                                           uint64_t data_end, uint32_t n_records, bool held) {
     const std::string path = target->path();  // before target is moved from

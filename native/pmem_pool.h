@@ -30,6 +30,7 @@
 #endif
 
 #include "file_io.h"
+#include "mapped_sink.h"
 
 #ifdef FASTCKPT_HAVE_LIBPMEM2
 #include <libpmem2.h>
@@ -145,7 +146,7 @@ inline uint64_t devdax_size(const struct stat& st, const std::string& path) {
 
 }  // namespace detail
 
-class PmemPool {
+class PmemPool final : public MappedSink {
  public:
   // force: -1 chooses (Fence on real PMEM, Msync elsewhere); 0 forces Fence; 1 forces Msync.
   // create: the file is made (or grown) to `size` bytes with its blocks reserved, so a full
@@ -202,13 +203,13 @@ class PmemPool {
   PmemPool& operator=(const PmemPool&) = delete;
 
   uint8_t* base() const { return base_; }
-  uint64_t size() const { return size_; }
+  uint64_t size() const override { return size_; }
   Persist mode() const { return mode_; }
   // True where persisting a copy is a store fence, which must run on the copying thread.
-  bool fence_on_copy_thread() const { return mode_ == Persist::Fence || (mode_ == Persist::Lib && lib_fence_); }
+  bool fence_on_copy_thread() const override { return mode_ == Persist::Fence || (mode_ == Persist::Lib && lib_fence_); }
   bool map_sync() const { return map_sync_; }
   bool device_dax() const { return devdax_; }
-  const std::string& path() const { return path_; }
+  const std::string& path() const override { return path_; }
   std::string persist_name() const {
     if (mode_ == Persist::Lib) return "libpmem2 (" + lib_granularity_ + " granularity)";
     return mode_ == Persist::Fence ? std::string("fence (") + detail::flush_name() + " + sfence)"
@@ -216,7 +217,7 @@ class PmemPool {
   }
 
   // Copies src into the pool at off; persistent once persist_copied(off, n) returns.
-  void copy_in(uint64_t off, const void* src, uint64_t n) const {
+  void copy_in(uint64_t off, const void* src, uint64_t n) const override {
     check(off, n);
 #ifdef FASTCKPT_HAVE_LIBPMEM2
     if (mode_ == Persist::Lib && lib_fence_) {
@@ -231,7 +232,7 @@ class PmemPool {
   }
   // Persists bytes stored by copy_in (Fence: its stores are already written back; a fence
   // orders them). Other stores into the pool use persist().
-  void persist_copied(uint64_t off, uint64_t n) const {
+  void persist_copied(uint64_t off, uint64_t n) const override {
 #ifdef FASTCKPT_HAVE_LIBPMEM2
     if (mode_ == Persist::Lib) {
       if (lib_fence_)

@@ -12,10 +12,10 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
       chunk_bytes_(mode == Mode::Direct || mode == Mode::Mapped ? split_bytes : w.pool->chunk_bytes()),
       mode_(mode), n_records_(n_records), target_(std::move(target)) {
   if (mode == Mode::Mapped) {
-    if (!target_.pool) throw std::invalid_argument("a mapped job needs a pool");
+    if (!target_.sink) throw std::invalid_argument("a mapped job needs a sink");
     const uint64_t lo = data_begin + target_.shift, n = data_end - data_begin;
-    if (lo > target_.pool->size() || n > target_.pool->size() - lo)
-      throw std::invalid_argument("the data extent falls outside the pool");
+    if (lo > target_.sink->size() || n > target_.sink->size() - lo)
+      throw std::invalid_argument("the data extent falls outside the mapped sink");
     file_ready_ = true;  // nothing to open
   }
   if (chunk_bytes_ == 0 || chunk_bytes_ % kAlign != 0)
@@ -346,7 +346,7 @@ void WriteJob::write_span(size_t i) {
   count_written();
 }
 
-// Mapped mode: one span stored straight into the pool on a copy thread. The caller's
+// Mapped mode: one span stored straight into the mapped sink on a copy thread. The caller's
 // tensor is free once the copy is done; persisting is the fence on this same thread
 // (non-temporal stores are ordered per thread), or an msync left to a writer thread.
 void WriteJob::map_span(size_t i) {
@@ -361,9 +361,9 @@ void WriteJob::map_span(size_t i) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
       span_crc_[i] = crc32_update(0, src, sp.len);
-      target_.pool->copy_in(sp.file_off + target_.shift, src, sp.len);
-      if (target_.pool->fence_on_copy_thread()) {
-        target_.pool->persist_copied(sp.file_off + target_.shift, sp.len);
+      target_.sink->copy_in(sp.file_off + target_.shift, src, sp.len);
+      if (target_.sink->fence_on_copy_thread()) {
+        target_.sink->persist_copied(sp.file_off + target_.shift, sp.len);
         bytes_written_ += sp.len;
       } else {
         count_copied(i);
@@ -372,7 +372,7 @@ void WriteJob::map_span(size_t i) {
         w_.writers->submit([self, i] {
           try {
             const Span& s = self->spans_[i];
-            self->target_.pool->persist_copied(s.file_off + self->target_.shift, s.len);
+            self->target_.sink->persist_copied(s.file_off + self->target_.shift, s.len);
             self->bytes_written_ += s.len;
           } catch (const std::exception& e) {
             self->fail(e);

@@ -24,7 +24,7 @@
 
 #include "crc.h"
 #include "file_io.h"
-#include "pmem_pool.h"
+#include "mapped_sink.h"
 #include "staging_pool.h"
 #include "thread_pool.h"
 
@@ -42,12 +42,12 @@ enum class Mode : int {
   Stage = 0,     // copy threads fill staging chunks, writers drain them
   Direct = 1,    // writers write straight from the source memory
   External = 2,  // the caller fills staging chunks (e.g. a CUDA stream) and pushes them
-  Mapped = 3,    // copy threads store straight into a mapped pool; no staging, no file
+  Mapped = 3,    // copy threads store straight into a mapped sink; no staging, no file
 };
 
-// Where a mapped job's bytes go: file offset f lands at pool offset f + shift (mod 2^64).
+// Where a mapped job's bytes go: file offset f lands at sink offset f + shift (mod 2^64).
 struct MappedTarget {
-  std::shared_ptr<PmemPool> pool;
+  std::shared_ptr<const MappedSink> sink;
   uint64_t shift = 0;
 };
 

@@ -1,0 +1,59 @@
+// test_staging_pool.cc — the bounded pool of aligned host chunks: sizes, acquire with a
+// deadline, release, and free_all refusing while a chunk is out.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "staging_pool.h"
+
+using namespace fastckpt;
+
+TEST_CASE("chunk sizes must be positive multiples of 4096") {
+  CHECK_THROWS_AS(StagingPool(0), std::invalid_argument);
+  CHECK_THROWS_AS(StagingPool(4097), std::invalid_argument);
+  CHECK_NOTHROW(StagingPool(8192));
+}
+
+TEST_CASE("grown chunks are aligned, zeroed and all free") {
+  StagingPool pool(8192);
+  CHECK(pool.capacity() == 0);
+  auto addrs = pool.grow(3);
+  REQUIRE(addrs.size() == 3);
+  for (uintptr_t a : addrs) CHECK(a % kAlign == 0);
+  CHECK(pool.capacity() == 3);
+  CHECK(pool.free_count() == 3);
+  CHECK(pool.addresses() == addrs);
+  for (int slot = 0; slot < 3; ++slot)
+    for (size_t i = 0; i < pool.chunk_bytes(); i += 512) CHECK(pool.data(slot)[i] == 0);
+}
+
+TEST_CASE("acquire gives up at its deadline when every chunk is out, and a release wakes it") {
+  StagingPool pool(4096);
+  pool.grow(1);
+  int slot = pool.acquire(0.0);
+  REQUIRE(slot == 0);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(pool.acquire(0.05) == -1);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(45));
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pool.release(slot);
+  });
+  CHECK(pool.acquire(5.0) == 0);  // woken by the release, long before its deadline
+  releaser.join();
+  pool.release(0);
+}
+
+TEST_CASE("free_all refuses while a chunk is in use, and frees once none is") {
+  StagingPool pool(4096);
+  pool.grow(2);
+  int slot = pool.acquire(0.0);
+  CHECK_THROWS_AS(pool.free_all(), std::runtime_error);
+  CHECK(pool.capacity() == 2);
+  pool.release(slot);
+  pool.free_all();
+  CHECK(pool.capacity() == 0);
+  CHECK(pool.acquire(0.0) == -1);
+}

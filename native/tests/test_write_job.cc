@@ -1,0 +1,157 @@
+// test_write_job.cc — one file written through the engine's copy/write pipeline: bytes and CRCs
+// land where the layout says in every mode, held records copy only once released, a bounded
+// staging pool is reused, and failures (a bad path, an abort, a bad layout) surface as errors.
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "scratch.h"
+
+using namespace fastckpt;
+using fastckpt_test::pattern;
+using fastckpt_test::read_all;
+using fastckpt_test::Scratch;
+
+namespace {
+
+constexpr uint64_t kBegin = 4096;  // data starts after a one-page header
+
+struct Layout {
+  std::vector<uint8_t> a = pattern(20000, 1), b = pattern(5000, 2);
+  uint64_t data_end = kBegin + 20000 + 5000;
+  uint64_t file_size = data_end + 64;
+  std::vector<Piece> pieces() const {
+    return {{reinterpret_cast<uintptr_t>(a.data()), a.size(), kBegin, 0},
+            {reinterpret_cast<uintptr_t>(b.data()), b.size(), kBegin + a.size(), 1}};
+  }
+};
+
+void finish(WriteJob& job, const Layout& l) {
+  REQUIRE(job.wait_copied(10.0));
+  REQUIRE(job.wait_written(10.0));
+  job.finalize({{0, "HEADER"}, {l.data_end, std::string(64, 'T')}}, l.file_size);
+}
+
+void check_file(const std::string& path, const Layout& l, const WriteJob& job) {
+  auto got = read_all(path);
+  REQUIRE(got.size() == l.file_size);
+  CHECK(std::string(got.begin(), got.begin() + 6) == "HEADER");
+  CHECK(std::equal(l.a.begin(), l.a.end(), got.begin() + kBegin));
+  CHECK(std::equal(l.b.begin(), l.b.end(), got.begin() + kBegin + l.a.size()));
+  CHECK(got.back() == 'T');
+  auto crcs = job.record_crcs();
+  REQUIRE(crcs.size() == 2);
+  CHECK(crcs[0] == crc32_update(0, l.a.data(), l.a.size()));
+  CHECK(crcs[1] == crc32_update(0, l.b.data(), l.b.size()));
+  CHECK(job.bytes_written() == l.a.size() + l.b.size());
+}
+
+}  // namespace
+
+TEST_CASE("staged and direct jobs put every byte and CRC where the layout says") {
+  Scratch tmp;
+  Layout l;
+  Engine engine(8192, 2, 2);
+  engine.pool().grow(2);
+  for (Mode mode : {Mode::Stage, Mode::Direct}) {
+    for (bool direct_io : {false, true}) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(direct_io);
+      const std::string path = tmp.path("f" + std::to_string(static_cast<int>(mode)) + std::to_string(direct_io));
+      auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, mode, direct_io, 2);
+      finish(*job, l);
+      check_file(path, l, *job);
+    }
+  }
+  CHECK(engine.pool().free_count() == 2);  // every staging chunk given back
+  CHECK(engine.progress() > 0);
+}
+
+TEST_CASE("a staging pool of one chunk is reused for a file of many chunks") {
+  Scratch tmp;
+  auto big = pattern(10 * 4096 + 123, 3);
+  Engine engine(4096, 2, 2);
+  engine.pool().grow(1);
+  const uint64_t end = kBegin + big.size();
+  auto job = engine.submit(tmp.path("big"), {{reinterpret_cast<uintptr_t>(big.data()), big.size(), kBegin, 0}},
+                           kBegin, end, end, Mode::Stage, false, 1);
+  REQUIRE(job->n_chunks() == 11);
+  REQUIRE(job->wait_written(10.0));
+  job->finalize({}, end);
+  auto got = read_all(tmp.path("big"));
+  CHECK(std::equal(big.begin(), big.end(), got.begin() + kBegin));
+  CHECK(job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
+}
+
+TEST_CASE("a held job copies a record only once it is released") {
+  Scratch tmp;
+  Layout l;
+  Engine engine(8192, 2, 2);
+  engine.pool().grow(4);
+  for (Mode mode : {Mode::Stage, Mode::Direct}) {
+    CAPTURE(static_cast<int>(mode));
+    const std::string path = tmp.path("held" + std::to_string(static_cast<int>(mode)));
+    auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, mode, false, 2, true);
+    CHECK_FALSE(job->wait_records_copied({0}, 0.05));
+    CHECK_FALSE(job->wait_copied(0.0));
+    job->release({1});
+    CHECK(job->wait_records_copied({1}, 10.0));
+    CHECK_FALSE(job->wait_records_copied({0}, 0.05));
+    job->release_all();
+    finish(*job, l);
+    check_file(path, l, *job);
+  }
+}
+
+TEST_CASE("a file that cannot be created fails the job with the path in the error") {
+  Scratch tmp;
+  Layout l;
+  Engine engine(8192, 1, 1);
+  engine.pool().grow(2);
+  const std::string path = tmp.path("missing-dir/f");
+  auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false, 2);
+  bool threw = false;
+  try {
+    job->wait_written(10.0);
+  } catch (const IoError& e) {
+    threw = true;
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+    CHECK(e.err() == ENOENT);
+  }
+  CHECK(threw);
+}
+
+TEST_CASE("an aborted job reports the abort to every waiter and leaves no task running") {
+  Scratch tmp;
+  Layout l;
+  Engine engine(8192, 1, 1);
+  engine.pool().grow(2);
+  auto job = engine.submit(tmp.path("aborted"), l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false,
+                           2, true);
+  CHECK(job->abort("stopped by the test", 10.0));
+  CHECK_THROWS_WITH_AS(job->wait_copied(1.0), doctest::Contains("stopped by the test"), std::runtime_error);
+  CHECK_THROWS_AS(job->wait_written(1.0), std::runtime_error);
+  CHECK(engine.pool().free_count() == 2);
+}
+
+TEST_CASE("a layout that overlaps, overflows or starts unaligned is refused") {
+  Scratch tmp;
+  Layout l;
+  Engine engine(8192, 1, 1);
+  auto overlapping = l.pieces();
+  overlapping[1].file_off -= 1;
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), overlapping, kBegin, l.data_end, l.file_size, Mode::Stage, false, 2),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end - 1, l.file_size, Mode::Stage, false, 2),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.data_end - 1, Mode::Stage, false, 2),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false, 1),
+                  std::invalid_argument);  // record 1 of 1
+  std::vector<Piece> unaligned{{reinterpret_cast<uintptr_t>(l.a.data()), 100, 100, 0}};
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), unaligned, 100, 200, 200, Mode::Stage, false, 1),
+                  std::invalid_argument);
+}
