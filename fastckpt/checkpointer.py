@@ -23,7 +23,7 @@ from typing import Any
 from .commit import CommitInfo, FileEntry
 from .config import DEFAULTS, CheckpointerConfig
 from .distributed import Agreement, make_agreement
-from .engine import new_engine
+from .native_engine import new_engine
 from .errors import CheckpointWriteError, CorruptCheckpointError, NoCheckpointError, TornSnapshotError
 from .format import plan_file
 from .pending import Pending

@@ -1,4 +1,5 @@
-"""Creation of native engines (staging pool + copy/writer threads) and their sizing."""
+"""Creation of the native engines (fastckpt._native.Engine: staging pool + copy/writer
+threads), their sizing, and the machine facts that sizing uses (hardware threads, memory)."""
 from __future__ import annotations
 
 import os
