@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import sys
 
+from .engine import withdraw_saves_into
+
 _MARK = "__fastckpt_defers__"
 _MODULES = ("lightning.pytorch.strategies.deepspeed", "pytorch_lightning.strategies.deepspeed")
 
@@ -22,7 +24,6 @@ _MODULES = ("lightning.pytorch.strategies.deepspeed", "pytorch_lightning.strateg
 def _deferring(original):
     @functools.wraps(original)
     def remove_checkpoint(self, filepath) -> None:
-        from .engine import withdraw_saves_into
         if self.is_global_zero and withdraw_saves_into(str(filepath)):
             return
         original(self, filepath)
