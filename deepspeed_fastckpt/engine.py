@@ -27,7 +27,6 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import weakref
@@ -36,12 +35,10 @@ from typing import Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-import fastckpt
-from fastckpt.checkpointer import Checkpointer
-from fastckpt.errors import CorruptCheckpointError
 from fastckpt.distributed import make_agreement
-from fastckpt.fsutil import write_atomic
-from fastckpt.store.tag_records import file_size, is_pool_pointer, mark_open, read_record
+from fastckpt.errors import CorruptCheckpointError
+from fastckpt.named import NamedCheckpoints
+from fastckpt.store.tag_records import mark_open, read_record
 from fastckpt.write.gate import StepGate
 
 from .group_gate import GroupGate
@@ -64,16 +61,13 @@ class FastckptEngine(CheckpointEngine):
         kwargs = checkpointer_kwargs(settings if settings is not None else entry_of(config_params))
         self.verify = kwargs.get("verify", True)
         self.pool = kwargs.pop("pool", None)
-        where = dict(root=self.pool, store="pmem", model=None) if self.pool else dict(store="path")
-        self._ck_kwargs = dict(distributed=False, **where, **kwargs)
-        self._ck = Checkpointer(**self._ck_kwargs)
+        self.named = NamedCheckpoints(kwargs, pool=self.pool, distributed=False, pool_pointers=True)
         self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
-                                       on_durable=self._write_pointer if self.pool else None,
-                                       report=lambda e: self._ck.report_failure(e))
+                                       on_durable=self.named.leave_pointer if self.pool else None,
+                                       report=lambda e: self.named.checkpointer.report_failure(e))
         self._files: list = []
-        self._by_path: dict[str, fastckpt.Pending] = {}
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
-        self.group_gate = GroupGate(self._ck)
+        self.group_gate = GroupGate(self.named.checkpointer)
         self.gate = StepGate(self._before_update, scoped=True)
         self.gate.install()
         self._closed = False
@@ -85,7 +79,7 @@ class FastckptEngine(CheckpointEngine):
         background."""
         self.group_gate(optimizer)
         if self.gate.steps_seen == 2:
-            self._ck.reserve(self.gate.owned_bytes(), self.gate.owned_device())
+            self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     def configure(self, ds_optimizer, module_params: frozenset) -> None:
         """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the
@@ -105,8 +99,7 @@ class FastckptEngine(CheckpointEngine):
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
         view = self.gate.snapshot_view(state_dict, also_owned=self.update_only)
-        pending = self._ck.save(view.state, step=self.gate.steps_seen, path=path, watch=view.watch)
-        self._by_path[path] = pending
+        pending = self.named.save(view.state, path, step=self.gate.steps_seen, watch=view.watch)
         self._files.append((path, pending))
         if self.gate.steps_seen == 0:  # before any optimizer step nothing gates the copy: finish it now
             pending.wait()
@@ -117,48 +110,34 @@ class FastckptEngine(CheckpointEngine):
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []
         self._committer.submit(info.save_dir, info.tag, files)
-        self._by_path = {p: q for p, q in self._by_path.items() if not q.done()}
+        self.named.forget_landed()
         return True
 
     def in_flight(self) -> int:
         """Files saved and not yet durable on this rank."""
-        return len(self._ck.in_flight())
+        return len(self.named.in_flight())
 
     def wait(self) -> None:
         """Until every tag saved so far is committed on every rank; raises the first error."""
-        self._ck.wait()
+        self.named.wait()
         self._committer.wait()
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): every tag in flight commits first."""
-        new = dict(self._ck_kwargs)
-        new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
         self.wait()
-        old, self._ck = self._ck, Checkpointer(**new)
-        self._ck_kwargs = new
-        self.group_gate.retarget(self._ck)
-        old.close()
+        self.named.reconfigure(concurrency=concurrency, writers=writers)
+        self.group_gate.retarget(self.named.checkpointer)
 
     # -- loading ---------------------------------------------------------
     def load(self, path: str, map_location=None):
-        pending = self._by_path.get(os.path.abspath(path))
-        if pending is not None:
-            pending.wait()
+        if self.pool and callable(map_location):  # DeepSpeed's map_location callables keep storages on the CPU
+            map_location = None
         with torch.serialization.safe_globals(deepspeed_safe_globals()):
-            if self.pool and is_pool_pointer(path):  # DeepSpeed's map_location callables keep storages on the CPU
-                where = None if callable(map_location) else map_location
-                return self._ck.store.load_named(path, 0, where, self.verify)
-            return fastckpt.load(path, map_location=map_location, verify=self.verify, mmap=False)
+            return self.named.load(path, map_location, self.verify, mmap=False)
 
     def size_of(self, path: str) -> Optional[int]:
         """Bytes of what was saved at path: the file, or the pool's current version of it."""
-        return self._ck.store.named_size(path) if self.pool else file_size(path)
-
-    def _write_pointer(self, path: str) -> None:
-        """At a pool-backed path, once its version is current: where the bytes are."""
-        write_atomic(path, json.dumps({"fastckpt_pool": self.pool, "model": self._ck.store.name_of(path),
-                                       "note": "the data is in the pool; `fastckpt export POOL OUT "
-                                               "--model MODEL --to torch` writes the file"}).encode())
+        return self.named.size(path)
 
     def tag_to_load(self, load_dir: str, tag=None, latest_file: str = "latest") -> Choice:
         """The tag every rank loads from load_dir (load_tag.choose), once every save of this
@@ -191,7 +170,7 @@ class FastckptEngine(CheckpointEngine):
         _open_engines.discard(self)
         self.gate.remove()
         try:
-            self._ck.close()
+            self.named.close()
         finally:
             self._committer.close()
 

@@ -17,11 +17,12 @@ from typing import Any, Optional
 from fastckpt.auto_interval import AutoInterval
 from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
+from fastckpt.named import DECIDED_BY_CALLER
+from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs
 from fastckpt.offload.settings import OffloadConfig
 
 CONFIG_KEY = "fastckpt"
-DECIDED_BY_DEEPSPEED = ("root", "store", "keep", "distributed", "model")
-VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_DEEPSPEED) + (
+VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_CALLER) + (
     "pool", "offload", "interval", "tune")
 TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
              "feedback_intervals")
@@ -50,9 +51,8 @@ def checkpointer_kwargs(entry: Any) -> dict:
     interval_of(kwargs)
     kwargs.pop("interval", None)
     kwargs.pop("tune", None)
-    pool = kwargs.get("pool")
     values = {k: v for k, v in kwargs.items() if k != "pool"}
-    CheckpointerConfig(**values, **({"store": "pmem", "root": pool} if pool else {})).validate()
+    CheckpointerConfig(**named_checkpointer_kwargs(values, kwargs.get("pool"))).validate()
     return kwargs
 
 

@@ -11,36 +11,28 @@ Outside a training run a save is durable when it returns. `load_checkpoint` of a
 in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
 whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
 one is committed. With `pool=...` the paths name models of a persistent-memory pool instead
-of files (fastckpt's pmem store): saved, loaded and removed by path the same way. `teardown` waits for
-everything and raises the first write error; one nobody saw is raised by the next save.
+of files (fastckpt's pmem store): saved, loaded and removed by path the same way (all of it
+fastckpt.named.NamedCheckpoints). `teardown` waits for everything and raises the first write
+error; one nobody saw is raised by the next save.
 """
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
-import fastckpt
-from fastckpt import commit
-from fastckpt.checkpointer import Checkpointer
 from fastckpt.config import DEFAULTS as D
-from fastckpt.config import CheckpointerConfig
+from fastckpt.config import flatten
 from fastckpt.errors import ConfigError
-from fastckpt.format import load_file
+from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
 from fastckpt.write.layerwise import HeldSnapshots
 from fastckpt.write.gate import StepGate
-from fastckpt.store import path_store
 
-
-IGNORED_KEYS = ("root", "store", "keep", "distributed", "model")  # Lightning decides paths and retention
 CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
                      "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
 
@@ -78,11 +70,8 @@ class FastCheckpointIO(CheckpointIO):
                  stall_timeout_s: float = D.stall_timeout_s):
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.pool = os.fspath(pool) if pool is not None else None
-        CheckpointerConfig(**self._checkpointer_kwargs()).validate()
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
-        self._ck: Optional[Checkpointer] = None
-        self._by_path: dict[str, fastckpt.Pending] = {}
-        self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
+        self.named = self._named(self._settings)
         self._reaper: Optional[ThreadPoolExecutor] = None
         self.stats = {"saves": 0}
         self._active = False  # between the first save or optimizer step of a run and its teardown
@@ -91,16 +80,10 @@ class FastCheckpointIO(CheckpointIO):
         self.gate.install()
         self.held = HeldSnapshots(self.gate)
 
-    def _checkpointer_kwargs(self, settings: Optional[dict] = None) -> dict:
-        """What the Checkpointer is opened with, derived from the plugin's settings (or the
-        given ones): one source for both, so reconfigure() cannot leave them apart."""
-        s = self._settings if settings is None else settings
-        kwargs = {k: s[k] for k in CHECKPOINTER_KEYS}
-        if s["pool"] is not None:
-            kwargs.update(root=os.fspath(s["pool"]), store="pmem", model=None)
-        else:
-            kwargs.update(store="path")
-        return kwargs
+    def _named(self, settings: dict) -> NamedCheckpoints:
+        """The checkpoints by path these settings open (checked now, opened at the first save)."""
+        return NamedCheckpoints({k: settings[k] for k in CHECKPOINTER_KEYS}, pool=settings["pool"],
+                                distributed=None if settings["per_rank"] else False, free=self._reap)
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
@@ -117,8 +100,7 @@ class FastCheckpointIO(CheckpointIO):
     @classmethod
     def from_config(cls, cfg) -> "FastCheckpointIO":
         """From a Hydra/OmegaConf config or dict with fastckpt's field names (root/store/keep ignored)."""
-        from fastckpt.config import flatten
-        flat = {k: v for k, v in flatten(cfg).items() if k not in IGNORED_KEYS}
+        flat = {k: v for k, v in flatten(cfg).items() if k not in DECIDED_BY_CALLER}
         extra = {k: flat.pop(k) for k in ("per_rank", "layerwise") if k in flat}
         flat.pop("commit_timeout_s", None)
         try:
@@ -133,18 +115,11 @@ class FastCheckpointIO(CheckpointIO):
             raise TypeError("FastCheckpointIO.save_checkpoint does not take storage_options; "
                             "set its options in the constructor")
         self.gate.install()  # again after a teardown: this plugin is in use in a new run
-        path = os.fspath(path)
-        key = _key(path)
-        self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
-        self._remove_deferred()
         running = self.gate.steps_seen > 0
         view = self.gate.snapshot_view(checkpoint)
-        if self.pool is None:
-            _make_parent(path)
         held = self.layerwise and running and not view.copy_now
-        pending = self._checkpointer().save(view.state, step=int(checkpoint.get("global_step", 0) or 0),
-                                            path=path, held=held, watch=view.watch)
-        self._by_path[key] = pending
+        pending = self.named.save(view.state, os.fspath(path), step=int(checkpoint.get("global_step", 0) or 0),
+                                  held=held, watch=view.watch)
         self.stats["saves"] += 1
         self._active = self._active or running
         if held and not pending.skipped:
@@ -161,58 +136,27 @@ class FastCheckpointIO(CheckpointIO):
             # (AsyncCheckpointIO wrapping this plugin: its teardown waits for its own thread and
             # never reaches ours): durable when it returns, its commit thread gone
             pending.release_all()
-            self._checkpointer().wait()
+            self.named.wait()
             pending.wait()
-            self._remove_deferred()  # removals that waited for a newer checkpoint: it is here
+            self.named.remove_deferred()  # removals that waited for a newer checkpoint: it is here
         elif view.copy_now:  # until the run has shown only the optimizer writes these tensors
             pending.release_all()
             pending.wait_copied()
-
-    def _checkpointer(self) -> Checkpointer:
-        if self._ck is None:
-            self._ck = Checkpointer(distributed=None if self.per_rank else False, **self._checkpointer_kwargs())
-        return self._ck
 
     def _gate(self) -> None:
         """Before an optimizer update: every snapshot in flight has copied what the update overwrites."""
         self._active = True
         self.held.clear()
-        if self._ck is not None:
-            self._ck.gate()
+        self.named.gate()
         if self.gate.steps_seen == 2:  # optimizer state exists now: fault staging in early
-            self._checkpointer().reserve(self.gate.owned_bytes(), self.gate.owned_device())
+            self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     # -- loading ---------------------------------------------------------
     @override
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.gate.install()  # a resume starts a run
-        path = os.fspath(path)
-        self._settle(_key(path))
-        weights_only = True if weights_only is None else weights_only
-        if self.pool is not None:
-            rank = torch.distributed.get_rank() if self.per_rank and torch.distributed.is_initialized() else 0
-            return self._checkpointer().store.load_named(path, rank, map_location, self.verify, weights_only)
-        if path_store.is_remote(path):
-            tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
-            try:
-                local, crc = path_store.download(path, tmp)
-                if crc is None:
-                    warnings.warn(f"fastckpt: {path} has no fastckpt commit record ({path}{path_store.MARKER_SUFFIX}): "
-                                  "it was not uploaded by fastckpt (or its upload was cut short after the data); "
-                                  "loaded as Lightning would, checked only by its own CRCs", stacklevel=2)
-                return load_file(local, map_location, self.verify, weights_only, expect_crc=crc, mmap=False)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        local = path_store.local_path(path)
-        if os.path.isdir(local):  # per-rank checkpoint directory
-            info = commit.read(local)
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            return load_file(info.file_for(rank), map_location, self.verify, weights_only,
-                             expect_crc=info.entry_for(rank).crc32 if self.verify else None)
-        if not os.path.exists(local):
-            raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's own words
-        return fastckpt.load(local, map_location=map_location, verify=self.verify, weights_only=weights_only)
+        return self.named.load(os.fspath(path), map_location, self.verify, True if weights_only is None else weights_only)
 
     # -- removing --------------------------------------------------------
     @override
@@ -221,35 +165,7 @@ class FastCheckpointIO(CheckpointIO):
         still being written, as soon as both hold (at a later save or at teardown). Never
         blocks: ModelCheckpoint removes the previous file right after issuing the next save,
         so waiting here would make every save wait for the one before it."""
-        path = os.fspath(path)
-        key = _key(path)
-        pending = self._by_path.get(key)
-        if pending is None:  # not written by this plugin (another IO, an earlier run): as Lightning does
-            self._deferred.pop(key, None)
-            self._remove_now(path)
-            return
-        self._deferred[key] = (path, pending.counter)
-        self._remove_deferred()
-
-    def _remove_now(self, path: str) -> None:
-        if self.pool is not None:
-            self._checkpointer().store.drop_named(path)
-        if self.pool is None or os.path.lexists(path_store.local_path(path)) or path_store.is_remote(path):
-            path_store.remove(path, later=self._reap)
-
-    def _committed_newer(self, base: int, exclude: str) -> bool:
-        return any(k != exclude and k not in self._deferred and p.counter > base and p.done()
-                   and p.error is None and not p.skipped for k, p in self._by_path.items())
-
-    def _remove_deferred(self) -> None:
-        for key, (path, base) in list(self._deferred.items()):
-            mine = self._by_path.get(key)
-            if mine is not None and not mine.done():
-                continue  # still in flight: deleting now would let its rename bring it back
-            if self._committed_newer(base, exclude=key):
-                del self._deferred[key]
-                self._remove_now(path)
-                self._by_path.pop(key, None)
+        self.named.remove(os.fspath(path))
 
     def _reap(self, free) -> None:
         """Frees a removed file's blocks off the training thread during a run (joined at
@@ -262,33 +178,20 @@ class FastCheckpointIO(CheckpointIO):
             self._reaper = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
         self._reaper.submit(free)
 
-    def _settle(self, key: str) -> None:
-        """Waits for the checkpoint in flight at this path, if any; raises its error."""
-        pending = self._by_path.get(key)
-        if pending is not None and not pending.done():
-            pending.release_all()
-            pending.wait()
-
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
         next save opens the Checkpointer with them."""
-        new = dict(self._settings)
-        new.update({k: v for k, v in (("concurrency", concurrency), ("writers", writers)) if v is not None})
-        CheckpointerConfig(**self._checkpointer_kwargs(new)).validate()  # before anything changes
-        ck, self._ck = self._ck, None
-        if ck is not None:
-            ck.close()
-        self._settings = new
+        self.named.reconfigure(concurrency=concurrency, writers=writers)
+        self._settings.update(concurrency=self.named.settings["concurrency"], writers=self.named.settings["writers"])
 
     def in_flight(self) -> int:
         """Checkpoints saved and not yet landed."""
-        return len(self._ck.in_flight()) if self._ck is not None else 0
+        return len(self.named.in_flight())
 
     def wait(self) -> None:
         """Blocks until every checkpoint in flight has landed; a failed one is raised or warned
         about as on_error says."""
-        if self._ck is not None:
-            self._ck.wait()
+        self.named.wait()
 
     # -- teardown --------------------------------------------------------
     @override
@@ -299,25 +202,9 @@ class FastCheckpointIO(CheckpointIO):
         self.gate.steps_seen = 0
         self.gate.trust.reset()
         self._active = False
-        ck, self._ck = self._ck, None
         try:
-            if ck is not None:
-                ck.close()
+            self.named.close()
         finally:
-            self._remove_deferred()
-            self._by_path = {k: p for k, p in self._by_path.items() if k in self._deferred}
             reaper, self._reaper = self._reaper, None
             if reaper is not None:
                 reaper.shutdown(wait=True)
-
-
-
-def _key(path: str) -> str:
-    return path if path_store.is_remote(path) else path_store.local_path(path)
-
-
-def _make_parent(path: str) -> None:
-    if path_store.is_remote(path):
-        path_store.filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(path_store.local_path(path)), exist_ok=True)

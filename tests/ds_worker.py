@@ -149,7 +149,7 @@ def main() -> None:
                 out["saved_at"].append(eng.global_steps)
         iv = eng.__dict__[deepspeed_fastckpt.interval.ATTR]
         out["interval"], out["plan"] = iv.every, iv.auto.plan.to_dict()
-        out["concurrency"] = eng.checkpoint_engine._ck.concurrency
+        out["concurrency"] = eng.checkpoint_engine.named.checkpointer.concurrency
         eng.destroy()
     elif a.mode == "resume-nothing":  # a directory with no checkpoint in it
         with warnings.catch_warnings(record=True) as seen:

@@ -129,7 +129,7 @@ def test_saves_are_asynchronous_and_teardown_waits(tmp_path):
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer, *a):
             # right after ModelCheckpoint issued the save: still being written?
-            seen.extend(p.done() for p in io._by_path.values())
+            seen.extend(p.done() for p in io.named.tracked().values())
 
     torch.manual_seed(0)
     t = trainer(io, [ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1), Probe()],
@@ -165,13 +165,13 @@ def test_remove_never_blocks_nor_deletes_the_only_valid_checkpoint(tmp_path):
     io.gate.steps_seen = 1  # as inside fit
     a, b, c = (str(tmp_path / f"{n}.ckpt") for n in "abc")
     io.save_checkpoint({"w": torch.arange(10.0), "global_step": 1}, a)
-    io._by_path[a].release_all()
-    io._by_path[a].wait()
+    io.named.pending(a).release_all()
+    io.named.pending(a).wait()
     io.save_checkpoint({"w": torch.arange(10.0) + 1, "global_step": 2}, b)  # held: in flight
     io.remove_checkpoint(a)  # b is not committed yet: a is the only valid checkpoint
     assert os.path.exists(a)
     io.remove_checkpoint(b)  # in flight: returns at once, deleted only after it has landed
-    assert not io._by_path[b].done()
+    assert not io.named.pending(b).done()
     io.save_checkpoint({"w": torch.arange(10.0) + 2, "global_step": 3}, c)
     got = io.load_checkpoint(b)  # loading an in-flight path waits for it
     assert torch.equal(got["w"], torch.arange(10.0) + 1)
@@ -267,7 +267,7 @@ def test_from_hydra_config():
     with initialize_config_dir(config_dir=os.path.abspath(cfg_dir), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=d", "concurrency=3"])
     io = FastCheckpointIO.from_config(cfg)
-    opened_with = io._checkpointer_kwargs()
+    opened_with = io.named.settings  # what its Checkpointer opens with
     assert opened_with["strategy"] == "d" and opened_with["concurrency"] == 3
 
 
@@ -316,7 +316,7 @@ def test_after_teardown_no_optimizer_step_reaches_the_plugin(tmp_path):
     for _ in range(3):  # someone else's training, after the run
         other(torch.randn(8, 256)).sum().backward()
         opt.step()
-    assert io._ck is None and io.gate.steps_seen == 0
+    assert not io.named.opened and io.gate.steps_seen == 0
     assert not [th.name for th in threading.enumerate() if th.name.startswith("fastckpt-reserve")]
     path = tmp_path / "after.ckpt"
     t.save_checkpoint(path)  # outside fit: durable when it returns
@@ -342,7 +342,7 @@ def test_the_plugin_pickles_as_its_settings_for_ddp_spawn(tmp_path):
     import pickle
     io = FastCheckpointIO(concurrency=3, chunk_mb=8)
     copy = pickle.loads(pickle.dumps(io))
-    assert copy._settings == io._settings and copy is not io and copy._ck is None
+    assert copy._settings == io._settings and copy is not io and not copy.named.opened
     torch.manual_seed(0)
     cb = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1)
     t = trainer(FastCheckpointIO(), [cb], max_steps=4, strategy="ddp_spawn", devices=2)

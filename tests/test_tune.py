@@ -108,7 +108,7 @@ def test_lightning_every_n_train_steps_auto(tmp_path, caplog):
     assert told and "a checkpoint every" in told[0]  # where Lightning shows its own messages
     plan = json.loads((tmp_path / "ck" / "fastckpt-tune.json").read_text())
     assert plan["concurrency"] in (1, 2) and plan["writers"] in (1, 2) and plan["interval"] == cb.auto.interval
-    opened_with = io._checkpointer_kwargs()
+    opened_with = io.named.settings  # what its next Checkpointer opens with
     assert (opened_with["concurrency"], opened_with["writers"]) == (plan["concurrency"], plan["writers"])
     steps = sorted(int(f.split("step=")[1].split(".")[0]) for f in os.listdir(tmp_path / "ck") if "step=" in f)
     intervals = {h["interval"] for h in plan["history"]}  # the feedback may have re-chosen it mid-run
