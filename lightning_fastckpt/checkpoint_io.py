@@ -71,7 +71,8 @@ class FastCheckpointIO(CheckpointIO):
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.pool = os.fspath(pool) if pool is not None else None
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
-        self.named = self._named(self._settings)
+        self.named = NamedCheckpoints({k: self._settings[k] for k in CHECKPOINTER_KEYS}, pool=self.pool,
+                                      distributed=None if per_rank else False, free=self._reap)
         self._reaper: Optional[ThreadPoolExecutor] = None
         self.stats = {"saves": 0}
         self._active = False  # between the first save or optimizer step of a run and its teardown
@@ -79,11 +80,6 @@ class FastCheckpointIO(CheckpointIO):
         self.gate = StepGate(self._gate)
         self.gate.install()
         self.held = HeldSnapshots(self.gate)
-
-    def _named(self, settings: dict) -> NamedCheckpoints:
-        """The checkpoints by path these settings open (checked now, opened at the first save)."""
-        return NamedCheckpoints({k: settings[k] for k in CHECKPOINTER_KEYS}, pool=settings["pool"],
-                                distributed=None if settings["per_rank"] else False, free=self._reap)
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
