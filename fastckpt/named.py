@@ -69,6 +69,8 @@ class NamedCheckpoints:
         self.free = free
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, Pending] = {}
+        self._order: dict[str, int] = {}  # path -> when it was last saved (counters restart on reconfigure)
+        self._saves = 0
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
 
     @property
@@ -93,7 +95,8 @@ class NamedCheckpoints:
         if self.pool is None:
             _make_parent(path)
         pending = self.checkpointer.save(state, step=step, path=path, held=held, watch=watch)
-        self._by_path[key] = pending
+        self._saves += 1
+        self._by_path[key], self._order[key] = pending, self._saves
         return pending
 
     def pending(self, path: str) -> Optional[Pending]:
@@ -113,7 +116,11 @@ class NamedCheckpoints:
 
     def forget_landed(self) -> None:
         """Stops tracking saves that have landed (a long run keeps only what is in flight)."""
-        self._by_path = {k: p for k, p in self._by_path.items() if not p.done() or k in self._deferred}
+        self._keep_tracking(lambda k, p: not p.done() or k in self._deferred)
+
+    def _keep_tracking(self, keep: Callable[[str, Pending], bool]) -> None:
+        self._by_path = {k: p for k, p in self._by_path.items() if keep(k, p)}
+        self._order = {k: n for k, n in self._order.items() if k in self._by_path}
 
     def leave_pointer(self, path: str) -> None:
         """At a pool-backed path whose version is current: a small file naming the pool and model."""
@@ -157,7 +164,7 @@ class NamedCheckpoints:
             self._deferred.pop(key, None)
             self._remove_now(path)
             return
-        self._deferred[key] = (path, pending.counter)
+        self._deferred[key] = (path, self._order[key])
         self.remove_deferred()
 
     def remove_deferred(self) -> None:
@@ -170,9 +177,10 @@ class NamedCheckpoints:
                 del self._deferred[key]
                 self._remove_now(path)
                 self._by_path.pop(key, None)
+                self._order.pop(key, None)
 
     def _committed_newer(self, base: int, exclude: str) -> bool:
-        return any(k != exclude and k not in self._deferred and p.counter > base and p.done()
+        return any(k != exclude and k not in self._deferred and self._order[k] > base and p.done()
                    and p.error is None and not p.skipped for k, p in self._by_path.items())
 
     def _remove_now(self, path: str) -> None:
@@ -219,7 +227,7 @@ class NamedCheckpoints:
                 ck.close()
         finally:
             self.remove_deferred()
-            self._by_path = {k: p for k, p in self._by_path.items() if k in self._deferred}
+            self._keep_tracking(lambda k, p: k in self._deferred)
 
 
 def _load_url(url: str, map_location, verify: bool, weights_only: bool):
