@@ -36,15 +36,14 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from fastckpt.distributed import make_agreement
-from fastckpt.errors import CorruptCheckpointError
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store.tag_records import mark_open, read_record
+from fastckpt.store.tag_records import mark_open
 from fastckpt.write.gate import StepGate
 
 from .group_gate import GroupGate
 from fastckpt.store.deepspeed_types import deepspeed_safe_globals
 from .settings import checkpointer_kwargs, entry_of
-from .load_tag import Choice, choose
+from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
 ENGINE_NAME = "FastckptEngine"
@@ -142,22 +141,10 @@ class FastckptEngine(CheckpointEngine):
     def tag_to_load(self, load_dir: str, tag=None, latest_file: str = "latest") -> Choice:
         """The tag every rank loads from load_dir (load_tag.choose), once every save of this
         process into load_dir has landed — this engine's and any other engine's still open.
-        Rank 0 decides and broadcasts; each rank then checks the record against the files it
-        can see, and all agree (a committed tag is loaded by every rank, or by none)."""
+        The ranks agree on it (load_tag.agreed_choice)."""
         self.wait()
         wait_for_saves_into(load_dir)
-        agree = self._committer.agreement
-        choice = agree.broadcast(choose(load_dir, tag, self.size_of, latest_file) if agree.rank == 0 else None)
-        why = ""
-        if choice.status == "committed":
-            try:
-                read_record(load_dir, choice.tag, self.size_of)
-            except CorruptCheckpointError as e:
-                why = str(e)
-        if not agree.all_ok(not why):
-            raise CorruptCheckpointError(why or f"tag {choice.tag!r} in {load_dir} does not check out on another "
-                                         "rank; nothing was loaded")
-        return choice
+        return agreed_choice(self._committer.agreement, load_dir, tag, self.size_of, latest_file)
 
     # -- closing ---------------------------------------------------------
     def cleanup(self) -> None:

@@ -16,13 +16,16 @@ An explicit tag loads when committed or foreign; otherwise a CorruptCheckpointEr
 why. Without a tag: the tag `latest` names when it is committed or foreign; else (no
 `latest`, or it names a torn, damaged, empty or missing tag) the newest committed tag, and a
 warning says what `latest` named; with no committed tag either, nothing (and a warning).
+With several ranks, rank 0 chooses and every rank checks and agrees (agreed_choice).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from fastckpt.store.tag_records import SizeOf, newest_committed, read_latest, tag_status
+from fastckpt.distributed import Agreement
+from fastckpt.errors import CorruptCheckpointError
+from fastckpt.store.tag_records import SizeOf, newest_committed, read_latest, read_record, tag_status
 
 
 @dataclass
@@ -52,3 +55,21 @@ def choose(save_dir: str, tag: Optional[str], size_of: SizeOf, latest_file: str 
         return Choice(newest, "committed", f"{note}loading the newest committed tag {newest!r}" if note else "")
     return Choice(None, status, warning=f"no checkpoint to load under {save_dir}: {why}, and no tag there was "
                                         "committed by fastckpt; nothing was loaded")
+
+
+def agreed_choice(agree: Agreement, save_dir: str, tag: Optional[str], size_of: SizeOf,
+                  latest_file: str = "latest") -> Choice:
+    """The choice every rank loads: rank 0 chooses and broadcasts; each rank then checks the
+    record against the files it can see, and all agree (a committed tag is loaded by every
+    rank, or by none: CorruptCheckpointError)."""
+    choice = agree.broadcast(choose(save_dir, tag, size_of, latest_file) if agree.rank == 0 else None)
+    why = ""
+    if choice.status == "committed":
+        try:
+            read_record(save_dir, choice.tag, size_of)
+        except CorruptCheckpointError as e:
+            why = str(e)
+    if not agree.all_ok(not why):
+        raise CorruptCheckpointError(why or f"tag {choice.tag!r} in {save_dir} does not check out on another "
+                                     "rank; nothing was loaded")
+    return choice
