@@ -12,8 +12,10 @@ $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	# the local CPU build of torch first, so nothing below can pull a CUDA torch
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q pybind11 setuptools wheel
-	# DeepSpeed after torch, without building its CUDA ops (it then uses its CPU accelerator here)
-	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation "deepspeed==0.19.8"
+	# DeepSpeed after torch, without building its CUDA ops (it then uses its CPU accelerator here);
+	# its CPU shared-memory op prebuilt, so no process compiles it at start-up (a process killed
+	# mid-build leaves torch's lock file behind and every later DeepSpeed start waits on it forever)
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(VPY) -m pip install -q --no-cache-dir --no-build-isolation "deepspeed==0.19.8"
 	$(VPY) -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $(STAMP)
 

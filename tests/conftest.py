@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -22,6 +23,16 @@ def pytest_addoption(parser):
 @pytest.fixture
 def many(request) -> bool:
     return request.config.getoption("--many")
+
+
+def pytest_configure(config):
+    """Torch extensions JIT-built during this session go to a directory of its own. torch guards a
+    build with a bare lock file; a process killed while holding it (a child killed by a deadline, a
+    kill -9 test) leaves the file behind, and every later DeepSpeed start in any run sharing the
+    directory waits on it forever. The ops DeepSpeed needs on the CPU are prebuilt at install (see
+    the Makefile), so normally nothing is built here at all."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="fastckpt-torch-ext-")
 
 
 def pytest_collection_modifyitems(config, items):
