@@ -29,7 +29,7 @@ from contextlib import nullcontext
 import torch
 
 from fastckpt.demo.train import TinyLM
-from fastckpt.tune import state_bytes
+from fastckpt.tune.profile import state_bytes
 
 PLAIN = ("none", "torch_save", "dcp", "dcp_stager", "fast_c", "fast_g", "fast_d")
 LIGHTNING = ("l_torch", "l_async", "l_fast", "l_layerwise")

@@ -36,7 +36,7 @@ from results import keep  # noqa: E402
 import torch  # noqa: E402
 
 import fastckpt  # noqa: E402
-from fastckpt import goodput as gp  # noqa: E402
+from fastckpt.tools import goodput as gp  # noqa: E402
 
 PEERS = {"torch": ("torch.save (TorchCheckpointIO)", 1, "torch"), "async": ("Lightning AsyncCheckpointIO", 1, "torch"),
          "fast-N1": ("fastckpt N=1", 1, "fastckpt"), "fast-N4": ("fastckpt N=4", 4, "fastckpt")}

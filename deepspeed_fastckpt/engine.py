@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from fastckpt.distributed import make_agreement
+from fastckpt.commit.agreement import make_agreement
 from fastckpt.named import NamedCheckpoints
 from fastckpt.store.tag_records import mark_open
 from fastckpt.write.gate import StepGate

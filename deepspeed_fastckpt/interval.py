@@ -6,7 +6,7 @@
         if deepspeed_fastckpt.checkpoint_due(engine, save_dir):
             engine.save_checkpoint(save_dir)
 
-Owns the AutoInterval (fastckpt.auto_interval) of an engine: engine.step() feeds it the time
+Owns the AutoInterval (fastckpt.tune.auto_interval) of an engine: engine.step() feeds it the time
 between steps; after the warm-up, checkpoint_due() profiles N x p once under
 SAVE_DIR/.fastckpt-tune with this rank's module and optimizer state, reconfigures the
 FastckptEngine to N* and p*, and answers by the interval f*. An integer "interval" answers
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from fastckpt.auto_interval import AutoInterval
+from fastckpt.tune.auto_interval import AutoInterval
 from fastckpt.errors import ConfigError
 
 from .engine import FastckptEngine

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from fastckpt.distributed import Agreement
+from fastckpt.commit.agreement import Agreement
 from fastckpt.errors import CorruptCheckpointError
 from fastckpt.store.tag_records import SizeOf, newest_committed, read_latest, read_record, tag_status
 

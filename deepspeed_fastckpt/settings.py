@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from fastckpt.auto_interval import AutoInterval
+from fastckpt.tune.auto_interval import AutoInterval
 from fastckpt.config import CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER

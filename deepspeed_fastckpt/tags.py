@@ -15,7 +15,7 @@ import shutil
 import threading
 from typing import Callable, Optional
 
-from fastckpt.distributed import Agreement
+from fastckpt.commit.agreement import Agreement
 from fastckpt.errors import CheckpointWriteError
 from fastckpt.fsutil import write_atomic
 from fastckpt.store.tag_records import LATEST, TAG_RECORD, next_seq

@@ -6,9 +6,9 @@ framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors.
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,
                      NoCheckpointError, StateMismatchError, TornSnapshotError, UnsafeCheckpointError)
 from .checkpointer import Checkpointer
-from .commit import CommitInfo
+from .commit.record import CommitInfo
 from .pending import Pending
-from .single_file import load, save
+from .save_load import load, save
 
 __all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
            "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "TornSnapshotError",

@@ -20,10 +20,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .commit import CommitInfo, FileEntry
+from .commit.record import CommitInfo, FileEntry
 from .config import DEFAULTS, CheckpointerConfig
-from .distributed import Agreement, make_agreement
-from .native_engine import new_engine
+from .commit.agreement import Agreement, make_agreement
+from .write.native_engine import new_engine
 from .errors import CheckpointWriteError, CorruptCheckpointError, NoCheckpointError, TornSnapshotError
 from .format import plan_file
 from .pending import Pending
@@ -404,7 +404,7 @@ class Checkpointer:
         if loaded.skipped:
             warnings.warn(f"fastckpt: loaded step {loaded.info.step}; passed over: {'; '.join(loaded.skipped)}",
                           stacklevel=2)
-        from .into import copy_into, part_of
+        from .load_into import copy_into, part_of
         where = f"checkpoint step {loaded.info.step} in {loaded.info.path}"
         if into is not None:
             return copy_into(into, loaded.state, where, key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .auto_interval import AutoInterval
+from .tune.auto_interval import AutoInterval
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig, flatten, to_plain
 from .errors import ConfigError

@@ -20,13 +20,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import commit
+from .commit import record as commit
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig
 from .format import load_file
 from .fsutil import write_atomic
 from .pending import Pending
-from .single_file import load as load_single
+from .save_load import load as load_single
 from .store import path_store
 from .store.tag_records import file_size, is_pool_pointer
 

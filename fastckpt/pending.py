@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from .commit import CommitInfo
+from .commit.record import CommitInfo
 
 
 class Pending:

@@ -4,7 +4,7 @@ Owns reading every byte once (bounded memory: a 64 MiB bounce buffer), checking
 each record's CRC-32, the headers/directory (whole-file CRC), the commit record, the
 structure a load would build (data.pkl through the restricted unpickler, on meta storages),
 and naming what is damaged down to the chunk when the commit record has spans. What a
-folder holds (which files, against which records) is fastckpt.folders' to say.
+folder holds (which files, against which records) is fastckpt.tools.folders' to say.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from .commit import FileEntry
+from .commit.record import FileEntry
 from .errors import CorruptCheckpointError, UnsafeCheckpointError
 from .format import sniff
 from .format.reading import range_crcs
@@ -132,7 +132,7 @@ def _loadable_as(kind: str):
 def _verify_one(path: str, entry: FileEntry | None) -> str:
     from .store.tag_records import is_pool_pointer
     if is_pool_pointer(path):
-        from .pmem.tool import verify_pointer
+        from .pmem.commands import verify_pointer
         return verify_pointer(path)
     if entry is not None and os.path.getsize(path) != entry.bytes:
         raise CorruptCheckpointError(f"{path}: {os.path.getsize(path)} bytes, its commit record says {entry.bytes}")

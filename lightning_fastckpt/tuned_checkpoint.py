@@ -5,7 +5,7 @@
 
 Owns the interval of a ModelCheckpoint (Lightning's owner of "when"; FastCheckpointIO is
 "how"): the first `warmup_steps` training steps are timed without saving, then the tuner
-(fastckpt.auto_interval.AutoInterval: PCcheck's N*, p*, f*) profiles N x p with this
+(fastckpt.tune.auto_interval.AutoInterval: PCcheck's N*, p*, f*) profiles N x p with this
 trainer's real checkpoint on the checkpoint directory's disk, sets every_n_train_steps = f*,
 and gives FastCheckpointIO concurrency N* and writers p* (when the trainer uses one). The
 step time keeps being watched, each step marked when a checkpoint was saved or in flight in
@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from fastckpt.auto_interval import AutoInterval
+from fastckpt.tune.auto_interval import AutoInterval
 
 from .checkpoint_io import FastCheckpointIO
 

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fastckpt import Checkpointer
-from fastckpt.cli import main
+from fastckpt.tools.cli import main
 from fastckpt.errors import ConfigError
 from lightning_fastckpt import FastCheckpointIO
 from lit_app import TinyModule, loader, trainer
@@ -183,7 +183,7 @@ def test_the_command_line_says_what_it_means(tmp_path, capsys):
     """Issue 19 item 6: each message names the thing and what to do about it."""
     import collections
 
-    from fastckpt import goodput
+    from fastckpt.tools import goodput
     root = str(tmp_path / "ck")
     with Checkpointer(root) as ck:
         ck.save({"w": torch.ones(4)}, step=20)

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import fastckpt
-from fastckpt.cli import main as cli_main
+from fastckpt.tools.cli import main as cli_main
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)

@@ -136,7 +136,7 @@ def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, shm, stag
     assert_resumed_exactly(trained, resumed)
     out = tmp_path / "model_states.pt"  # a pool model exported is an ordinary DeepSpeed file
     model = str(tag_dir / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"))
-    assert subprocess.run([sys.executable, "-m", "fastckpt.cli", "export", pool, str(out), "--model", model,
+    assert subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "export", pool, str(out), "--model", model,
                            "--to", "torch"], env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE))).returncode == 0
     assert "module" in torch.load(out, weights_only=False)
 

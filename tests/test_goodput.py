@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fastckpt.errors import ConfigError
-from fastckpt.goodput import System, read_trace, replay, synthetic_trace, write_trace
+from fastckpt.tools.goodput import System, read_trace, replay, synthetic_trace, write_trace
 
 
 def test_without_failures_goodput_is_the_step_rate_with_its_stalls():
@@ -74,7 +74,7 @@ def test_trace_files_are_read_strictly(tmp_path):
 
 
 def test_cli_replays_and_plots(tmp_path, capsys):
-    from fastckpt.cli import main
+    from fastckpt.tools.cli import main
     systems = tmp_path / "s.json"
     systems.write_text(json.dumps([{"name": "fastckpt", "step_s": 0.15, "stall_s": 0.01, "write_s": 0.3,
                                     "concurrency": 2, "load_s": 0.2},

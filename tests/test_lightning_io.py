@@ -95,7 +95,7 @@ def test_checkpoint_dict_round_trips_every_part(tmp_path):
     assert ck["hyper_parameters"] == {"width": 64, "big": 0, "lr": 1e-2}
     assert_equal(FastCheckpointIO().load_checkpoint(tmp_path / "last.ckpt"), ck)
     # fastckpt's own tools read it too
-    out = subprocess.run([sys.executable, "-m", "fastckpt.cli", "verify", str(tmp_path / "last.ckpt")],
+    out = subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path / "last.ckpt")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 

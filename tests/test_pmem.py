@@ -17,7 +17,7 @@ import torch
 
 import fastckpt
 from fastckpt import _native
-from fastckpt.cli import main as cli_main
+from fastckpt.tools.cli import main as cli_main
 from fastckpt.errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from fastckpt.pmem import layout as L
 from fastckpt.pmem.pool import Pool

@@ -6,7 +6,7 @@ import torch
 from safetensors import safe_open
 
 import fastckpt
-from fastckpt.cli import main as cli_main
+from fastckpt.tools.cli import main as cli_main
 from conftest import assert_same, assert_sharing, state_matrix
 
 

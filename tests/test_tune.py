@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastckpt.errors import ConfigError
-from fastckpt.tune import Measurement, choose, profile
+from fastckpt.tune.profile import Measurement, choose, profile
 
 GIB = 1 << 30
 
@@ -56,7 +56,7 @@ def test_profile_times_real_checkpoints(tmp_path):
 
 
 def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
-    from fastckpt.cli import main
+    from fastckpt.tools.cli import main
     rc = main(["tune", str(tmp_path / "t"), "--step-s", "0.1", "--state-gb", "0.004", "--ns", "1", "2",
                "--ps", "1", "--repeats", "1", "--storage-gb", "0.02", "--out", str(tmp_path / "plan.json")])
     assert rc == 0
@@ -66,7 +66,7 @@ def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
 
 
 def test_auto_interval_tunes_after_warmup_and_follows_drift(tmp_path):
-    from fastckpt.auto_interval import AutoInterval
+    from fastckpt.tune.auto_interval import AutoInterval
     auto = AutoInterval(overhead=0.1, drift=0.2, warmup_steps=3, window=4, ns=(1, 2), ps=(1,),
                         log_path=str(tmp_path / "tune.json"))
     state = {"w": torch.randn(1 << 20)}
@@ -134,7 +134,7 @@ def test_profile_measures_the_cpu_of_the_checkpoints(tmp_path):
 def _tuned_on_100ms_steps(write_s: float, log_path=None):
     """An AutoInterval (q = 10 %) tuned on three 100 ms steps and one measured checkpoint of
     write_s, then fed `train(extra_s, steps)`: steps that cost extra_s more when they checkpoint."""
-    from fastckpt.auto_interval import AutoInterval
+    from fastckpt.tune.auto_interval import AutoInterval
     auto = AutoInterval(overhead=0.1, warmup_steps=3, window=50, feedback_intervals=2, log_path=log_path)
     auto._measurements, auto._state_bytes = [Measurement(1, 1, write_s, cpu_s=0.0)], GIB
     for _ in range(3):

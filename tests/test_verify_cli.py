@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 import fastckpt
-from fastckpt.cli import main
+from fastckpt.tools.cli import main
 from conftest import assert_same, state_matrix
 
 
@@ -59,7 +59,7 @@ def test_verify_root_names_the_chunk(tmp_path, capsys):
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
     capsys.readouterr()
-    r = subprocess.run([sys.executable, "-m", "fastckpt.cli", "verify", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert "first bad chunk: 2 (record archive/data/0" in r.stdout, r.stdout

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import fastckpt
-from fastckpt.native_engine import new_engine
+from fastckpt.write.native_engine import new_engine
 from fastckpt.format import plan_file
 from fastckpt.pmem import layout as L
 from fastckpt.pmem.pool import Pool

@@ -114,7 +114,7 @@ def _judge(root: str, damaged: str) -> dict:
     import warnings
 
     import fastckpt
-    from fastckpt.cli import main as cli_main
+    from fastckpt.tools.cli import main as cli_main
     with contextlib.redirect_stdout(io.StringIO()):
         flagged = cli_main(["verify", damaged]) != 0
     with warnings.catch_warnings(record=True):

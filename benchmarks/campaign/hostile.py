@@ -290,7 +290,7 @@ def _load(kind: str, path: str) -> str:
     import warnings
 
     import fastckpt
-    from fastckpt.cli import main as cli_main
+    from fastckpt.tools.cli import main as cli_main
     warnings.simplefilter("ignore")
     answers = []
     loads = ([lambda: fastckpt.load(path), lambda: fastckpt.load(path, mmap=False)] if kind == "file"

@@ -43,7 +43,7 @@ def _recover(root: str, kwargs: dict) -> dict:
     import io
 
     import fastckpt
-    from fastckpt.cli import main as cli_main
+    from fastckpt.tools.cli import main as cli_main
     t0 = time.perf_counter()
     read = {k: v for k, v in kwargs.items() if k in ("store", "model")}
     with fastckpt.Checkpointer(root, **read) as ck:

@@ -12,8 +12,8 @@ import os
 import re
 import shutil
 
-from .. import commit
-from ..commit import CommitInfo
+from ..commit import record as commit
+from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
 from .base import Store

@@ -24,8 +24,8 @@ import shutil
 import tempfile
 from typing import Any, Callable, Optional
 
-from .. import commit
-from ..commit import CommitInfo
+from ..commit import record as commit
+from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..fsutil import fsync_dir, write_atomic
 from .base import Store

@@ -22,7 +22,7 @@ import threading
 import time
 import zlib
 
-from ..commit import CommitInfo, FileEntry
+from ..commit.record import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version

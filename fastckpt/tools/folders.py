@@ -28,12 +28,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import commit
-from .commit import FileEntry
-from .errors import CorruptCheckpointError, UnsafeCheckpointError
-from .store import tag_records as tags
-from .store.file_store import DIR_RE, FileStore
-from .store.path_store import MARKER_SUFFIX
+from ..commit import record as commit
+from ..commit.record import FileEntry
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError
+from ..store import tag_records as tags
+from ..store.file_store import DIR_RE, FileStore
+from ..store.path_store import MARKER_SUFFIX
 
 CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
 TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # the path store's file in flight
@@ -185,11 +185,11 @@ def _file_entry(path: str) -> Entry:
 
 def _describe_file(path: str) -> tuple[str, Optional[int]]:
     """(format and writer, the training step it records when it is a Lightning checkpoint)."""
-    from .format import sniff
+    from ..format import sniff
     if sniff(path) == "safetensors":
         return "safetensors", None
-    from .format.torch_format import check_structure
-    from .format.zip_reader import read_index
+    from ..format.torch_format import check_structure
+    from ..format.zip_reader import read_index
     idx = read_index(path)
     writer = "by fastckpt" if idx.file_crc is not None else "by torch.save"
     try:
@@ -204,7 +204,7 @@ def _describe_file(path: str) -> tuple[str, Optional[int]]:
 
 # -- helpers --------------------------------------------------------------
 def _is_pool(path: str) -> bool:
-    from .pmem.tool import is_pool
+    from ..pmem.commands import is_pool
     return os.path.exists(path) and not os.path.isdir(path) and is_pool(path)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import _native
+from .. import _native
 
 MiB = 1 << 20
 

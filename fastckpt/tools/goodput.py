@@ -23,7 +23,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass

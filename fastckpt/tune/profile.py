@@ -1,6 +1,6 @@
 """How many checkpoints in flight and how often to take one (PCcheck §3.4), measured here.
 
-    from fastckpt.tune import profile, choose
+    from fastckpt.tune.profile import profile, choose
     ms = profile(state, "/ckpt/tune", ns=(1, 2, 4), ps=(1, 2, 4))   # real saves on the real store
     plan = choose(ms, state_bytes=m, step_s=t, overhead=0.05, host_bytes=M, storage_bytes=S)
     plan.concurrency, plan.writers, plan.interval
@@ -40,7 +40,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass
@@ -122,7 +122,7 @@ def cpu_seconds() -> float:
 
 def _trial(state, root: str, n: int, p: int, kwargs: dict) -> tuple[float, float]:
     """(wall, CPU) seconds from the first of n saves to the last commit."""
-    from .checkpointer import Checkpointer
+    from ..checkpointer import Checkpointer
     shutil.rmtree(root, ignore_errors=True)
     try:
         with Checkpointer(root, concurrency=n, writers=p, keep=n, distributed=False, **kwargs) as ck:

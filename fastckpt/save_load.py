@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Callable
 
-from .native_engine import default_engine
+from .write.native_engine import default_engine
 from .format import load_file, plan_file
 from .fsutil import fsync_dir
 from .write import Deadline, FileSink, start_write

@@ -11,8 +11,8 @@ import os
 import zlib
 from dataclasses import dataclass, field
 
-from .errors import CorruptCheckpointError
-from .fsutil import read_regular
+from ..errors import CorruptCheckpointError
+from ..fsutil import read_regular
 
 COMMIT_NAME = "COMMIT"
 VERSION = 1

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 NOTHING = 2  # exit status when there is nothing to list or verify (1 is kept for corruption)
@@ -21,7 +21,7 @@ def _nothing(cmd: str, found) -> int:
 
 def _ls(args) -> int:
     from .folders import survey
-    from .pmem.tool import ls_pool
+    from ..pmem.commands import ls_pool
     found = survey(args.root)
     if found.kind == "pool":
         return ls_pool(found.path)
@@ -56,8 +56,8 @@ def _size(n: int) -> str:
 
 def _verify(args) -> int:
     from .folders import survey
-    from .pmem.tool import verify_pool
-    from .verify import verify_survey
+    from ..pmem.commands import verify_pool
+    from ..verify import verify_survey
     found = survey(args.path)
     if found.kind == "pool":
         return verify_pool(found.path)
@@ -73,10 +73,10 @@ def _verify(args) -> int:
 def _export(args) -> int:
     from tqdm import tqdm
 
-    from .checkpointer import Checkpointer
-    from .format import load_file
-    from .single_file import save
-    from .pmem.tool import export_pool, is_pool
+    from ..checkpointer import Checkpointer
+    from ..format import load_file
+    from ..save_load import save
+    from ..pmem.commands import export_pool, is_pool
     what = ""
     if is_pool(args.src):
         state = export_pool(args.src, args.model, args.out, args.to, args.step)
@@ -115,15 +115,15 @@ def _export(args) -> int:
 
 
 def _repack(args) -> int:
-    from .pmem.tool import repack_pool
+    from ..pmem.commands import repack_pool
     return repack_pool(args.pool, tuple(args.drop), tuple(args.drop_under))
 
 
 def _info(args) -> int:
     import torch
 
-    from . import _native
-    from .write.gds import kvikio_mode
+    from .. import _native
+    from ..write.gds import kvikio_mode
     feats = dict(_native.features())
     feats["torch"] = torch.__version__
     feats["cuda"] = torch.cuda.is_available()
@@ -132,7 +132,7 @@ def _info(args) -> int:
         print(f"{k:>18}: {v}")
     if args.pool:
         from .folders import survey
-        from .pmem.pool import Pool
+        from ..pmem.pool import Pool
         found = survey(args.pool)
         if found.kind != "pool":
             raise ConfigError(f"{found.path} is not a pool ({found.note or KINDS[found.kind]}); a pool is a file, "
@@ -150,9 +150,9 @@ def _tune(args) -> int:
 
     import torch
 
-    from .tune import choose, profile, state_bytes
+    from ..tune.profile import choose, profile, state_bytes
     if args.like:
-        from .single_file import load
+        from ..save_load import load
         if not os.path.isfile(args.like):
             raise ConfigError(f"--like takes one checkpoint file; {args.like} "
                               f"{'is a folder (pass one of its files)' if os.path.isdir(args.like) else 'does not exist'}")
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except Exception as e:  # noqa: BLE001 - a CLI prints the sentence, not a traceback
-        from .errors import FastckptError, UnsafeCheckpointError
+        from ..errors import FastckptError, UnsafeCheckpointError
         if isinstance(e, UnsafeCheckpointError):  # the library's advice is for Python callers
             print(f"fastckpt {args.cmd}: {str(e).split(' If you trust')[0]} If you trust this file: "
                   f"fastckpt export ... --trust-pickle", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""interval="auto": the tuner (fastckpt.tune) driven by the training loop it serves.
+"""interval="auto": the tuner (fastckpt.tune.profile) driven by the training loop it serves.
 
     auto = AutoInterval(overhead=0.05)
     for step ...:
@@ -10,7 +10,7 @@
 Owns the plan's life: the first `warmup_steps` step times give t, and the CPU time the
 process spent in them gives `busy` (the fraction of all cores training keeps busy); tune()
 profiles N x p with the real state on the real store and chooses N*, p*, f* (pricing a
-checkpoint at max(T_w, busy x its CPU time) / N, see fastckpt.tune). From then on:
+checkpoint at max(T_w, busy x its CPU time) / N, see fastckpt.tune.profile). From then on:
 - drift: the median of the last `window` quiet step times is watched, and when it drifts from the t
   the plan was made for by more than `drift` (a fraction), the interval is chosen again from
   the same measurements with the new t;
@@ -33,9 +33,9 @@ import statistics
 from collections import deque
 from typing import Optional
 
-from .errors import ConfigError
-from .fsutil import write_atomic
-from .tune import Measurement, TunePlan, choose, cpu_seconds, profile, state_bytes
+from ..errors import ConfigError
+from ..fsutil import write_atomic
+from .profile import Measurement, TunePlan, choose, cpu_seconds, profile, state_bytes
 
 log = logging.getLogger("fastckpt")
 
