@@ -10,10 +10,11 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 - consistency: tensors that only the optimizer update writes (the optimizer's own
   parameters and state, and the module parameters outside ZeRO-3, which DeepSpeed
   rewrites only after that update) are copied in the background, and each group's
-  update waits for that group's copies (group_gate); every other tensor is copied
-  before save returns;
+  update waits for that group's copies (group_gate, under fastckpt.training_saves); every
+  other tensor is copied before save returns;
 - a save_dir removed while its tags are in flight (Lightning's ModelCheckpoint, through
-  deepspeed_fastckpt.lightning_removal) is deleted once they land, and not committed;
+  deepspeed_fastckpt.lightning_removal and open_engines) is deleted once they land, and not
+  committed; a load waits for every open engine's saves into its directory;
 - `load(path)` waits for that path if it is in flight and reads with fastckpt's
   restricted unpickler, which accepts the DeepSpeed types listed in
   fastckpt.store.deepspeed_types and never runs code from the file;
@@ -26,10 +27,7 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 """
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import weakref
 from typing import Optional
 
 import torch
@@ -37,18 +35,17 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointComm
 
 from fastckpt.commit.agreement import make_agreement
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store.tag_records import mark_open
-from fastckpt.write.gate import StepGate
-
-from .group_gate import GroupGate
 from fastckpt.store.deepspeed_types import deepspeed_safe_globals
+from fastckpt.store.tag_records import mark_open
+from fastckpt.training_saves import TrainingSaves
+
+from . import open_engines
+from .group_gate import GroupGate
 from .settings import checkpointer_kwargs, entry_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
 ENGINE_NAME = "FastckptEngine"
-log = logging.getLogger(__name__)
-_open_engines: "weakref.WeakSet[FastckptEngine]" = weakref.WeakSet()
 
 
 class FastckptEngine(CheckpointEngine):
@@ -61,24 +58,15 @@ class FastckptEngine(CheckpointEngine):
         self.verify = kwargs.get("verify", True)
         self.pool = kwargs.pop("pool", None)
         self.named = NamedCheckpoints(kwargs, pool=self.pool, distributed=False, pool_pointers=True)
-        self._committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
-                                       on_durable=self.named.leave_pointer if self.pool else None,
-                                       report=lambda e: self.named.checkpointer.report_failure(e))
+        self.committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
+                                      on_durable=self.named.leave_pointer if self.pool else None,
+                                      report=lambda e: self.named.checkpointer.report_failure(e))
         self._files: list = []
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
         self.group_gate = GroupGate(self.named.checkpointer)
-        self.gate = StepGate(self._before_update, scoped=True)
-        self.gate.install()
+        self.saves = TrainingSaves(self.named, self.group_gate, scoped=True)
         self._closed = False
-        _open_engines.add(self)
-
-    def _before_update(self, optimizer) -> None:
-        """Before each optimizer.step DeepSpeed makes: the per-group gate; at the second step
-        (optimizer state exists by then) staging is faulted in for the first save, in the
-        background."""
-        self.group_gate(optimizer)
-        if self.gate.steps_seen == 2:
-            self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
+        open_engines.opened(self)
 
     def configure(self, ds_optimizer, module_params: frozenset) -> None:
         """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the
@@ -89,26 +77,20 @@ class FastckptEngine(CheckpointEngine):
 
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
-        self._committer.raise_errors()
-        if self._committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
-            self._committer.wait_for(info.save_dir)
+        self.committer.raise_errors()
+        if self.committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
+            self.committer.wait_for(info.save_dir)
         self._files = []
         mark_open(info.save_dir, info.tag)
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
-        view = self.gate.snapshot_view(state_dict, also_owned=self.update_only)
-        pending = self.named.save(view.state, path, step=self.gate.steps_seen, watch=view.watch)
+        pending = self.saves.save(state_dict, path, step=self.saves.gate.steps_seen, also_owned=self.update_only)
         self._files.append((path, pending))
-        if self.gate.steps_seen == 0:  # before any optimizer step nothing gates the copy: finish it now
-            pending.wait()
-        elif view.copy_now:  # until the run has shown only the update writes these tensors
-            pending.release_all()
-            pending.wait_copied()
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []
-        self._committer.submit(info.save_dir, info.tag, files)
+        self.committer.submit(info.save_dir, info.tag, files)
         self.named.forget_landed()
         return True
 
@@ -119,7 +101,7 @@ class FastckptEngine(CheckpointEngine):
     def wait(self) -> None:
         """Until every tag saved so far is committed on every rank; raises the first error."""
         self.named.wait()
-        self._committer.wait()
+        self.committer.wait()
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): every tag in flight commits first."""
@@ -143,8 +125,8 @@ class FastckptEngine(CheckpointEngine):
         process into load_dir has landed — this engine's and any other engine's still open.
         The ranks agree on it (load_tag.agreed_choice)."""
         self.wait()
-        wait_for_saves_into(load_dir)
-        return agreed_choice(self._committer.agreement, load_dir, tag, self.size_of, latest_file)
+        open_engines.wait_for_saves_into(load_dir)
+        return agreed_choice(self.committer.agreement, load_dir, tag, self.size_of, latest_file)
 
     # -- closing ---------------------------------------------------------
     def cleanup(self) -> None:
@@ -154,33 +136,9 @@ class FastckptEngine(CheckpointEngine):
         if self._closed:
             return
         self._closed = True
-        _open_engines.discard(self)
-        self.gate.remove()
+        open_engines.closed(self)
+        self.saves.end_run()
         try:
             self.named.close()
         finally:
-            self._committer.close()
-
-
-
-def wait_for_saves_into(save_dir: str) -> None:
-    """Until every save of this process into save_dir has committed or failed (any open engine's)."""
-    for engine in list(_open_engines):
-        engine._committer.wait_for(save_dir)
-
-
-def withdraw_saves_into(save_dir: str) -> bool:
-    """save_dir is being removed: True if a save of this process into it is still in flight,
-    and then it is deleted (and not committed) once those land; False if the caller deletes it."""
-    withdrawn = [engine._committer.withdraw(save_dir) for engine in list(_open_engines)]
-    return any(withdrawn)
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """A script that ends without engine.destroy(): the last tags still land and commit."""
-    for engine in list(_open_engines):
-        try:
-            engine.close()
-        except Exception as e:  # noqa: BLE001 - nobody is left to raise to
-            log.error("fastckpt: a DeepSpeed checkpoint did not complete at exit: %s", e)
+            self.committer.close()

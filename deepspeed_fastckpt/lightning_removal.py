@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from .engine import withdraw_saves_into
+from .open_engines import withdraw_saves_into
 
 _MARK = "__fastckpt_defers__"
 _MODULES = ("lightning.pytorch.strategies.deepspeed", "pytorch_lightning.strategies.deepspeed")

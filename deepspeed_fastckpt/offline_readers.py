@@ -21,7 +21,7 @@ def _waiting(original, save_dir_of):
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        from .engine import wait_for_saves_into
+        from .open_engines import wait_for_saves_into
         wait_for_saves_into(save_dir_of(*args, **kwargs))
         return original(*args, **kwargs)
 

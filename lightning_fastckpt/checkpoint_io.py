@@ -2,25 +2,21 @@
 
 Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt, path)`
 is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
-reads) by the `path` store; it returns once the snapshot is issued. Consistency:
-tensors only `optimizer.step()` writes are copied in the background and the update
-waits for them (fastckpt.write.gate) — once the run has shown that nothing else writes
-them between a save and the next step (fastckpt.write.watch; until then, and after any
-such write, they are copied before save returns); every other tensor is copied at once.
-Outside a training run a save is durable when it returns. `load_checkpoint` of an
-in-flight path waits for it; `remove_checkpoint` never blocks: a path still in flight, or
-whose removal would leave no valid checkpoint, is deleted once it has landed and a newer
-one is committed. With `pool=...` the paths name models of a persistent-memory pool instead
-of files (fastckpt's pmem store): saved, loaded and removed by path the same way (all of it
-fastckpt.named.NamedCheckpoints). `teardown` waits for everything and raises the first write
-error; one nobody saw is raised by the next save.
+reads) by the `path` store; it returns once the snapshot is issued, the optimizer update
+waiting for the copies it would overwrite (fastckpt.training_saves). Outside a training
+run, or called off the training thread, a save is durable when it returns.
+`load_checkpoint` of an in-flight path waits for it; `remove_checkpoint` never blocks: a
+path still in flight, or whose removal would leave no valid checkpoint, is deleted once it
+has landed and a newer one is committed. With `pool=...` the paths name models of a
+persistent-memory pool instead of files: saved, loaded and removed by path the same way
+(all of it fastckpt.named.NamedCheckpoints). `teardown` waits for everything and raises
+the first write error; one nobody saw is raised by the next save.
 """
 from __future__ import annotations
 
 import os
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -30,8 +26,7 @@ from fastckpt.config import DEFAULTS as D
 from fastckpt.config import flatten
 from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
-from fastckpt.write.layerwise import HeldSnapshots
-from fastckpt.write.gate import StepGate
+from fastckpt.training_saves import TrainingSaves
 
 CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
                      "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
@@ -72,14 +67,9 @@ class FastCheckpointIO(CheckpointIO):
         self.pool = os.fspath(pool) if pool is not None else None
         self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
         self.named = NamedCheckpoints({k: self._settings[k] for k in CHECKPOINTER_KEYS}, pool=self.pool,
-                                      distributed=None if per_rank else False, free=self._reap)
-        self._reaper: Optional[ThreadPoolExecutor] = None
+                                      distributed=None if per_rank else False)
         self.stats = {"saves": 0}
-        self._active = False  # between the first save or optimizer step of a run and its teardown
-        self._wrapped = False  # called from another IO's thread (AsyncCheckpointIO): act synchronously
-        self.gate = StepGate(self._gate)
-        self.gate.install()
-        self.held = HeldSnapshots(self.gate)
+        self.saves = TrainingSaves(self.named, self.named.gate)
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
@@ -110,24 +100,19 @@ class FastCheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError("FastCheckpointIO.save_checkpoint does not take storage_options; "
                             "set its options in the constructor")
-        self.gate.install()  # again after a teardown: this plugin is in use in a new run
-        running = self.gate.steps_seen > 0
-        view = self.gate.snapshot_view(checkpoint)
-        held = self.layerwise and running and not view.copy_now
-        pending = self.named.save(view.state, os.fspath(path), step=int(checkpoint.get("global_step", 0) or 0),
-                                  held=held, watch=view.watch)
+        self.saves.gate.install()  # again after a teardown: this plugin is in use in a new run
+        running = self.saves.running
+        pending = self.saves.save(checkpoint, os.fspath(path), int(checkpoint.get("global_step", 0) or 0),
+                                  held=self.layerwise)
         self.stats["saves"] += 1
-        self._active = self._active or running
-        if held and not pending.skipped:
-            self.held.hold(pending, view.owned)
-        if not self._wrapped and threading.current_thread() is not threading.main_thread():
-            self._wrapped = True
+        if not self.saves.synchronous and threading.current_thread() is not threading.main_thread():
+            self.saves.synchronous = True
             warnings.warn("FastCheckpointIO is called off the training thread (wrapped by "
                           "AsyncCheckpointIO?): it already saves asynchronously, so it now makes each "
                           "save durable before returning; the wrapper only adds a copy, and its "
                           "removals of older top-k files can reach this plugin before their saves do.",
                           stacklevel=2)
-        if not running or self._wrapped:
+        if not running or self.saves.synchronous:
             # trainer.save_checkpoint() outside fit, or a caller already off the training thread
             # (AsyncCheckpointIO wrapping this plugin: its teardown waits for its own thread and
             # never reaches ours): durable when it returns, its commit thread gone
@@ -135,23 +120,12 @@ class FastCheckpointIO(CheckpointIO):
             self.named.wait()
             pending.wait()
             self.named.remove_deferred()  # removals that waited for a newer checkpoint: it is here
-        elif view.copy_now:  # until the run has shown only the optimizer writes these tensors
-            pending.release_all()
-            pending.wait_copied()
-
-    def _gate(self) -> None:
-        """Before an optimizer update: every snapshot in flight has copied what the update overwrites."""
-        self._active = True
-        self.held.clear()
-        self.named.gate()
-        if self.gate.steps_seen == 2:  # optimizer state exists now: fault staging in early
-            self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     # -- loading ---------------------------------------------------------
     @override
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
-        self.gate.install()  # a resume starts a run
+        self.saves.gate.install()  # a resume starts a run
         return self.named.load(os.fspath(path), map_location, self.verify, True if weights_only is None else weights_only)
 
     # -- removing --------------------------------------------------------
@@ -162,17 +136,6 @@ class FastCheckpointIO(CheckpointIO):
         blocks: ModelCheckpoint removes the previous file right after issuing the next save,
         so waiting here would make every save wait for the one before it."""
         self.named.remove(os.fspath(path))
-
-    def _reap(self, free) -> None:
-        """Frees a removed file's blocks off the training thread during a run (joined at
-        teardown); outside a run, or wrapped by another IO whose teardown never reaches this
-        one, at once: no thread of this plugin outlives its run."""
-        if not self._active or self._wrapped:
-            free()
-            return
-        if self._reaper is None:
-            self._reaper = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
-        self._reaper.submit(free)
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
@@ -193,14 +156,5 @@ class FastCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         """Waits for every checkpoint in flight and raises the first write error (on_error="raise")."""
-        self.held.clear()
-        self.gate.remove()  # no optimizer step of anyone reaches this plugin any more
-        self.gate.steps_seen = 0
-        self.gate.trust.reset()
-        self._active = False
-        try:
-            self.named.close()
-        finally:
-            reaper, self._reaper = self._reaper, None
-            if reaper is not None:
-                reaper.shutdown(wait=True)
+        self.saves.end_run()  # no optimizer step of anyone reaches this plugin any more
+        self.named.close()

@@ -47,14 +47,14 @@ class LayerwiseCheckpointing(Callback):
                 and not getattr(strategy._ddp_comm_hook, "fastckpt_layerwise", False)):
             # Lightning registers strategy._ddp_comm_hook itself on CUDA: compose before it does
             # (once: setup runs again for validate/test on the same strategy).
-            strategy._ddp_comm_hook = layerwise_comm_hook(io.held, strategy._ddp_comm_hook)
+            strategy._ddp_comm_hook = layerwise_comm_hook(io.saves.held, strategy._ddp_comm_hook)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
         model = strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             if strategy.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
-                hook = layerwise_comm_hook(self._io.held, strategy._ddp_comm_hook)
+                hook = layerwise_comm_hook(self._io.saves.held, strategy._ddp_comm_hook)
                 try:
                     model.register_comm_hook(strategy._ddp_comm_state, hook)
                 except RuntimeError as e:
@@ -68,7 +68,7 @@ class LayerwiseCheckpointing(Callback):
                     self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     def _on_grad(self, param: torch.Tensor) -> None:
-        self._io.held.release_params([param])
+        self._io.saves.held.release_params([param])
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for h in self._grad_hooks:

@@ -108,7 +108,7 @@ def main() -> None:
     t.fit(model, loader(), ckpt_path="last" if a.resume else None)
     torch.save(model.state_dict(), os.path.join(a.out, f"final-rank{t.global_rank}.pt"))
     with open(os.path.join(a.out, f"stats-rank{t.global_rank}.json"), "w") as f:
-        json.dump({**io.stats, "layerwise_released": io.held.released}, f)
+        json.dump({**io.stats, "layerwise_released": io.saves.held.released}, f)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def test_write_error_surfaces_at_next_save_or_teardown(mount_tmpfs):
 
 def test_remove_never_blocks_nor_deletes_the_only_valid_checkpoint(tmp_path):
     io = FastCheckpointIO(layerwise=True)  # held saves stay in flight until released
-    io.gate.steps_seen = 1  # as inside fit
+    io.saves.gate.steps_seen = 1  # as inside fit
     a, b, c = (str(tmp_path / f"{n}.ckpt") for n in "abc")
     io.save_checkpoint({"w": torch.arange(10.0), "global_step": 1}, a)
     io.named.pending(a).release_all()
@@ -316,7 +316,7 @@ def test_after_teardown_no_optimizer_step_reaches_the_plugin(tmp_path):
     for _ in range(3):  # someone else's training, after the run
         other(torch.randn(8, 256)).sum().backward()
         opt.step()
-    assert not io.named.opened and io.gate.steps_seen == 0
+    assert not io.named.opened and io.saves.gate.steps_seen == 0
     assert not [th.name for th in threading.enumerate() if th.name.startswith("fastckpt-reserve")]
     path = tmp_path / "after.ckpt"
     t.save_checkpoint(path)  # outside fit: durable when it returns
