@@ -7,6 +7,7 @@ writes the commit record, moves `latest` forward and applies retention.
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
 by the next save(), wait() or close(). Every wait of the write path is bounded by
 one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
+What is in flight: fastckpt.in_flight; reading back: fastckpt.loading.
 """
 from __future__ import annotations
 
@@ -17,32 +18,23 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
-from typing import Any
 
+from .commit.agreement import Agreement, make_agreement
 from .commit.record import CommitInfo, FileEntry
 from .config import DEFAULTS, CheckpointerConfig
-from .commit.agreement import Agreement, make_agreement
-from .write.native_engine import new_engine
-from .errors import CheckpointWriteError, CorruptCheckpointError, NoCheckpointError, TornSnapshotError
+from .errors import CheckpointWriteError, TornSnapshotError
 from .format import plan_file
+from .in_flight import InFlight
+from .loading import Loaded, newest_committed, newest_loadable
 from .pending import Pending
 from .store import open_store
 from .write import Deadline, WriteStalled, reads_through_stream, staging_chunks, stages, start_write
+from .write.native_engine import new_engine
 from .write.staging import Staging
 
 log = logging.getLogger("fastckpt")
 D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
-
-
-@dataclass
-class Loaded:
-    """What load_with_record() read: the state, its checkpoint, and those passed over (why)."""
-
-    state: Any
-    info: CommitInfo
-    skipped: list[str]
 
 
 class Checkpointer:
@@ -79,9 +71,7 @@ class Checkpointer:
         self._named_paths = store == "path" or (store == "pmem" and model is None)
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
-        self._inflight: dict[int, tuple[Pending, str, threading.Thread]] = {}
-        self._last: Pending | None = None
-        self._unobserved: list[Pending] = []
+        self._inflight = InFlight(self._deadline, commit_timeout_s)
         self._engine = None
         self._staging: Staging | None = None
         self._started = False
@@ -147,7 +137,7 @@ class Checkpointer:
             return Pending(step, -1, skipped=True)
         counter = self._counter
         self._counter += 1
-        pending = Pending(step, counter, prev=self._last)
+        pending = Pending(step, counter, prev=self._inflight.last)
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
@@ -162,9 +152,7 @@ class Checkpointer:
         thread = threading.Thread(target=self._drain,
                                   args=(pending, write, error, ckpt_id, file_path, meta),
                                   name=f"fastckpt-commit-{counter}", daemon=True)
-        with self._lock:
-            self._inflight[counter] = (pending, ckpt_id, thread)
-            self._last = pending
+        self._inflight.add(pending, ckpt_id, thread)
         thread.start()
         self.stats["saves"] += 1
         if error is not None:
@@ -271,10 +259,7 @@ class Checkpointer:
             except BaseException as e:  # noqa: BLE001 - a read-only or dead disk cannot be cleaned; the commit thread must end
                 log.warning("fastckpt: could not remove the failed checkpoint of step %s: %s", pending.step, e)
         pending._finish(info if error is None else None, error)
-        with self._lock:
-            self._inflight.pop(pending.counter, None)
-            if error is not None and not pending.observed:
-                self._unobserved.append(pending)
+        self._inflight.landed(pending)
         self._slots.release()  # before retention: deleting old files must not delay the next save
         if error is None:
             self._retain()
@@ -302,10 +287,8 @@ class Checkpointer:
         """Retention after the commit is reported: deleting old files is not part of durability."""
         if self.rank != 0:
             return
-        with self._lock:
-            busy = {d for (_, d, _) in self._inflight.values()}
         try:
-            self.store.retain(self.keep, busy)
+            self.store.retain(self.keep, self._inflight.directories())
         except OSError as e:  # a failed cleanup never fails a committed checkpoint
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
@@ -317,50 +300,22 @@ class Checkpointer:
         A copy that makes no progress for stall_timeout_s abandons its checkpoint: the error
         is raised here (on_error="raise") or warned about, and the tensors are free again.
         """
-        stalled = None
-        for p in self.in_flight():
-            p.release_all()
-            try:
-                copied = p.wait_copied(timeout)
-            except WriteStalled as e:  # abandoned: its tensors are free once it is aborted
-                p.write.abort(e)
-                p.observed = True
-                stalled = stalled or e
-                continue
-            except Exception as e:  # noqa: BLE001 - a failed write: its commit thread reports it
-                p.write.abort(e)
-                continue
-            if not copied:
-                raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
+        stalled = self._inflight.wait_copied(timeout)
         if stalled is not None:
             self.report_failure(stalled)
 
     def wait(self) -> None:
         """Blocks until every checkpoint in flight is committed; raises the first error."""
-        while True:
-            with self._lock:
-                items = list(self._inflight.values())
-            if not items:
-                break
-            for pending, _, thread in items:
-                pending.release_all()
-                self._deadline.wait(f"the commit of step {pending.step}",
-                                    lambda s: (thread.join(s), not thread.is_alive())[1],
-                                    slack=self.commit_timeout_s)
+        self._inflight.wait()
         self._raise_background_errors()
 
     def in_flight(self) -> list[Pending]:
         """Checkpoints issued and not yet committed (or failed), oldest first."""
-        with self._lock:
-            return [p for (p, _, _) in sorted(self._inflight.values(), key=lambda v: v[0].counter)]
+        return self._inflight.pendings()
 
     def _raise_background_errors(self) -> None:
-        with self._lock:
-            errs, self._unobserved = [p for p in self._unobserved if not p.observed], []
-        for p in errs:
-            p.observed = True
-        for p in errs:
-            self.report_failure(p.error)
+        for error in self._inflight.unseen_errors():
+            self.report_failure(error)
 
     def report_failure(self, error: BaseException) -> None:
         """A failed checkpoint, as on_error says: raised, or warned about and dropped."""
@@ -374,17 +329,7 @@ class Checkpointer:
         """The newest committed checkpoint: its commit record is intact and its files have the
         sizes the record says (no byte of them is read). verified=True: the newest whose every
         byte also checks against its CRC-32s (reads them all) — what load() returns."""
-        for info in self.store.committed():
-            if not verified or self._verifies(info):
-                return info
-        return None
-
-    def _verifies(self, info: CommitInfo) -> bool:
-        try:
-            self.store.verify(info)
-        except (CorruptCheckpointError, OSError):
-            return False
-        return True
+        return newest_committed(self.store, verified)
 
     def list(self) -> list[CommitInfo]:
         """Every committed checkpoint (see latest()), newest first."""
@@ -416,23 +361,7 @@ class Checkpointer:
         """As load(), and also which checkpoint it was and why others were passed over (no warning)."""
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
-        errors: list[str] = []
-        candidates = [c for c in self.store.committed(errors if step is None else None)
-                      if step is None or c.step == step]
-        for info in candidates:
-            state, err = None, None
-            try:
-                state = self.store.load(info, rank, map_location, verify, weights_only, mmap)
-            except (CorruptCheckpointError, OSError) as e:
-                err = e
-            if self._agree.all_ok(err is None):
-                return Loaded(state, info, errors)
-            errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
-        what = f"step {step}" if step is not None else "any checkpoint"
-        steps = sorted({c.step for c in self.store.committed()})
-        there = f" (steps committed there: {', '.join(map(str, steps))})" if step is not None and steps else ""
-        raise NoCheckpointError(f"no valid checkpoint for {what} under {self.root}{there}"
-                                + (": " + "; ".join(errors) if errors else ""))
+        return newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap)
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:

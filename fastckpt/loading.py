@@ -1,0 +1,61 @@
+"""Reading a Checkpointer's checkpoints back: the newest that loads on every rank alike.
+
+Owns the walk over committed checkpoints, newest first: a checkpoint that fails its checks
+on any rank is passed over on all of them (with the reason), and when none is left the error
+names what exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .commit.agreement import Agreement
+from .commit.record import CommitInfo
+from .errors import CorruptCheckpointError, NoCheckpointError
+
+
+@dataclass
+class Loaded:
+    """What load_with_record() read: the state, its checkpoint, and those passed over (why)."""
+
+    state: Any
+    info: CommitInfo
+    skipped: list[str]
+
+
+def newest_committed(store, verified: bool) -> Optional[CommitInfo]:
+    """The newest committed checkpoint (record intact, file sizes as recorded); verified=True:
+    the newest whose every byte also checks against its CRC-32s."""
+    for info in store.committed():
+        if not verified or _verifies(store, info):
+            return info
+    return None
+
+
+def _verifies(store, info: CommitInfo) -> bool:
+    try:
+        store.verify(info)
+    except (CorruptCheckpointError, OSError):
+        return False
+    return True
+
+
+def newest_loadable(store, agree: Agreement, step: Optional[int], rank: int, map_location, verify: bool,
+                    weights_only: bool, mmap: Optional[bool]) -> Loaded:
+    """The newest committed checkpoint (or the one of `step`) that loads on every rank."""
+    errors: list[str] = []
+    candidates = [c for c in store.committed(errors if step is None else None) if step is None or c.step == step]
+    for info in candidates:
+        state, err = None, None
+        try:
+            state = store.load(info, rank, map_location, verify, weights_only, mmap)
+        except (CorruptCheckpointError, OSError) as e:
+            err = e
+        if agree.all_ok(err is None):
+            return Loaded(state, info, errors)
+        errors.append(f"checkpoint step {info.step} in {info.path} is corrupt ({err or 'on another rank'})")
+    what = f"step {step}" if step is not None else "any checkpoint"
+    steps = sorted({c.step for c in store.committed()})
+    there = f" (steps committed there: {', '.join(map(str, steps))})" if step is not None and steps else ""
+    raise NoCheckpointError(f"no valid checkpoint for {what} under {store.root}{there}"
+                            + (": " + "; ".join(errors) if errors else ""))
