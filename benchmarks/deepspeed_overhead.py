@@ -44,7 +44,6 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 import bounds  # noqa: E402
 from results import keep  # noqa: E402
 

@@ -24,12 +24,9 @@ import datetime
 import json
 import os
 import platform
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 import bounds  # noqa: E402
 from results import keep  # noqa: E402
 

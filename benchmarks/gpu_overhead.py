@@ -39,7 +39,6 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 import contenders  # noqa: E402
 from results import keep  # noqa: E402
 

@@ -27,7 +27,6 @@ import sys
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from results import keep  # noqa: E402
 
 CONFIGS = ("none", "c", "layerwise")

@@ -28,7 +28,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import time
 import warnings
 
@@ -38,7 +37,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 import bounds  # noqa: E402
 from results import keep  # noqa: E402
 

@@ -31,8 +31,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 import bounds  # noqa: E402
 import offload_memory  # noqa: E402
 from results import keep  # noqa: E402

@@ -26,8 +26,6 @@ import time
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 import bounds  # noqa: E402
 import peers  # noqa: E402
 from results import keep  # noqa: E402

@@ -25,8 +25,6 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 import torch  # noqa: E402,F401 - imported once here, so that forked children start warm
 
 import fastckpt  # noqa: E402,F401

@@ -15,14 +15,11 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 import bounds  # noqa: E402
 import peers  # noqa: E402
 from results import keep  # noqa: E402

@@ -23,14 +23,12 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import warnings
 
 import lightning as L
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from lightning_overhead import LM, StepTimer, Tokens  # noqa: E402
 from results import keep  # noqa: E402
 

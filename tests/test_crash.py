@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 
 import pytest
 
@@ -16,7 +15,6 @@ import fastckpt
 from fastckpt.tools.cli import main as cli_main
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
 from crash_child import state_for  # noqa: E402
 from conftest import assert_same, kill_at_random  # noqa: E402
 

@@ -16,7 +16,6 @@ import torch
 import fastckpt
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
 from dist_worker import state_for  # noqa: E402
 
 

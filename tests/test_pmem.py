@@ -24,7 +24,6 @@ from fastckpt.pmem.pool import Pool
 from conftest import assert_same, assert_sharing, kill_at_random, state_matrix
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
 from crash_child import state_for  # noqa: E402
 
 

@@ -11,14 +11,11 @@ read-only (`mount -o remount,ro`), as a disk that turns read-only under a runnin
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 
 def remount_ro(root: str) -> None:
@@ -28,7 +25,7 @@ def remount_ro(root: str) -> None:
 
 def checkpointer(root: str, on_error: str, steps: int, ro_after: int | None) -> None:
     import fastckpt
-    from campaign.states import state_for
+    from states import state_for
     ck = fastckpt.Checkpointer(root, on_error=on_error, keep=100, chunk_mb=1, concurrency=2)
     pending = []
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import random
 from collections import deque
 from dataclasses import dataclass
