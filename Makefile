@@ -34,10 +34,10 @@ PYGPU   ?= python3
 JOBS    ?= 4
 GPU_LOG ?= $(or $(OUT),.)/gpu-tests.log
 test-gpu:
-	$(PYGPU) tests/run_isolated.py --timeout 300 --jobs $(JOBS) --log $(GPU_LOG) -- tests -m gpu $(ARGS)
+	$(PYGPU) tests/support/run_isolated.py --timeout 300 --jobs $(JOBS) --log $(GPU_LOG) -- tests -m gpu $(ARGS)
 
 test-many: $(STAMP)
-	$(VPY) -m pytest -q tests/test_crash.py tests/test_pmem.py -k "kill9" --many
+	$(VPY) -m pytest -q tests/fastckpt/test_crash.py tests/fastckpt/pmem/test_pmem.py -k "kill9" --many
 
 # every benchmark (each records its section of benchmarks/RESULTS.md and its plot), then REPORT.md
 bench: $(STAMP)

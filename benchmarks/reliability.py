@@ -1,7 +1,7 @@
 """The reliability campaign: kill -9, corruptions, faults, distributed kills, hostile files
 and a soak — every figure printed, and recorded in benchmarks/RESULTS.md.
 
-    python benchmarks/reliability.py            # CI-sized (what tests/test_reliability.py runs)
+    python benchmarks/reliability.py            # CI-sized (what tests/benchmarks/test_reliability.py runs)
     python benchmarks/reliability.py --many     # 1000 kills, 1000 corruptions, 8 h-equivalent soak
     python benchmarks/reliability.py --parts kills corruptions --json out.json --no-results
 

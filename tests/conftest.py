@@ -1,18 +1,17 @@
-"""Shared fixtures: a state matrix covering every dtype/shape/sharing case, and --many."""
+"""Fixtures and hooks for every test: --many, GPU skips, a per-session torch extensions folder,
+/dev/shm and tmpfs folders, the fault shim. Shared helpers are in tests/support/, the programs
+tests run in tests/workers/."""
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import threading
-import time
 import uuid
 
 import pytest
 import torch
+from support.paths import ROOT
 
 
 def pytest_addoption(parser):
@@ -42,77 +41,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-              torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
-              torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
-              torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
-
-
-def random_tensor(shape, dtype, gen) -> torch.Tensor:
-    raw = torch.randint(0, 256, (int(torch.tensor(shape).prod().item()) * torch.empty((), dtype=dtype).element_size(),),
-                        dtype=torch.uint8, generator=gen)
-    if dtype == torch.bool:
-        return (raw % 2).bool().reshape(shape)
-    return raw.view(dtype).reshape(shape)
-
-
-def state_matrix(device: str = "cpu") -> dict:
-    """Every dtype, empty, 0-d, non-contiguous, views sharing storage, nested containers."""
-    g = torch.Generator().manual_seed(1234)
-    s = {f"dt_{str(dt).split('.')[-1]}": random_tensor((3, 5), dt, g) for dt in ALL_DTYPES}
-    base = torch.randn(64, 32, generator=g)
-    s.update({
-        "empty": torch.empty(0, 4), "scalar": torch.tensor(2.5, dtype=torch.float64),
-        "scalar_int": torch.tensor(7), "big": torch.randn(300_000, generator=g),
-        "base": base, "transposed": base.t(), "slice": base[3:9, ::3], "row": base[5],
-        "param": torch.nn.Parameter(torch.randn(4, 4, generator=g)),
-        "frozen": torch.nn.Parameter(torch.randn(2, generator=g), requires_grad=False),
-        "optim": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(8, generator=g)},
-                            1: {"step": torch.tensor(3.0), "exp_avg": torch.randn(8, generator=g)}},
-                  "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 1],
-                                    "eps": 1e-8, "amsgrad": False, "foreach": None}]},
-        "meta": {"epoch": 3, "name": "run", "size": torch.Size([2, 3]), "inf": float("inf"),
-                 "list": [1, 2.5, None, True, "x"], "tuple": (1, (2, 3)), "bytes": b"\x00\x01"},
-    })
-    if device != "cpu":
-        s = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
-    return s
-
-
-def assert_same(a, b, path="root"):
-    """Bit-exact equality of nested states (dtype, shape, stride, bytes, type, requires_grad)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-        assert a.requires_grad == b.requires_grad, path
-        assert a.stride() == b.stride(), f"{path}: stride {a.stride()} vs {b.stride()}"
-        ua = a.detach().cpu().contiguous().view(-1).view(torch.uint8) if a.numel() else a
-        ub = b.detach().cpu().contiguous().view(-1).view(torch.uint8) if b.numel() else b
-        assert torch.equal(ua, ub), f"{path}: bytes differ"
-        return
-    assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
-    if isinstance(a, dict):
-        assert list(a.keys()) == list(b.keys()), path
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and a != a:
-        assert b != b, path
-    else:
-        assert a == b, f"{path}: {a!r} vs {b!r}"
-
-
-def assert_sharing(state):
-    """The views of `base` still share its storage after a load."""
-    ptr = state["base"].untyped_storage().data_ptr()
-    for k in ("transposed", "slice", "row"):
-        assert state[k].untyped_storage().data_ptr() == ptr, f"{k} lost its sharing"
 
 
 @pytest.fixture
@@ -145,36 +73,11 @@ def mount_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
-def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line) -> None:
-    """Runs tests/SCRIPT ARGS; once it prints "ready", kills it with SIGKILL after a random
-    delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
-    proc = subprocess.Popen([sys.executable, os.path.join(here, script), *args], stdout=subprocess.PIPE,
-                            text=True, env=env)
-    ready = threading.Event()
-
-    def read():
-        for line in proc.stdout:
-            if line.startswith("ready"):
-                ready.set()
-            else:
-                on_line(line)
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    assert ready.wait(60), f"{script} never started"
-    time.sleep(rng.uniform(0.0, max_delay))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    t.join()
-
-
 @pytest.fixture(scope="session")
 def fault_shim(tmp_path_factory) -> str:
     """benchmarks/campaign/eio_shim.c built as an LD_PRELOAD library: with FASTCKPT_FAULT_PATH
     and FASTCKPT_FAULT_SLOW_US set, every write and fsync under that path takes that long."""
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "campaign",
+    src = os.path.join(ROOT, "benchmarks", "campaign",
                        "eio_shim.c")
     so = str(tmp_path_factory.mktemp("shim") / "eio_shim.so")
     subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, src, "-ldl"], check=True, capture_output=True)

@@ -1,0 +1,163 @@
+"""Hydra groups and overrides build the Checkpointer; bad values give clear errors."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+
+import fastckpt
+from fastckpt.config import CheckpointerConfig, flatten
+from fastckpt.from_config import instantiate
+
+from support.paths import CONFIGS, ROOT
+
+
+def make(overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_defaults(tmp_path):
+    cfg = make([f"root={tmp_path}"])
+    ck = instantiate(cfg)
+    assert (ck.strategy, ck.concurrency, ck.writers, ck.chunk_mb) == ("c", 2, 4, 64)
+    ck.close()
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["strategy=d"], ("d", 2)),
+    (["strategy=g", "strategy.concurrency=4"], ("g", 4)),
+    (["strategy=c", "concurrency=3"], ("c", 3)),
+])
+def test_overrides(tmp_path, overrides, expect):
+    ck = instantiate(make([f"root={tmp_path}"] + overrides))
+    assert (ck.strategy, ck.concurrency) == expect
+    ck.close()
+
+
+def test_unknown_group_value_is_hydras_error():
+    with pytest.raises(MissingConfigException, match="strategy"):
+        make(["strategy=zz"])
+
+
+def test_unknown_keys_are_clear_errors(tmp_path):
+    with pytest.raises(fastckpt.ConfigError, match="unknown fastckpt setting"):
+        instantiate({"root": str(tmp_path), "concurency": 2})
+    with pytest.raises(fastckpt.ConfigError, match="strategy group"):
+        instantiate({"root": str(tmp_path), "strategy": {"name": "c", "speed": 1}})
+
+
+def test_same_fields_everywhere():
+    import dataclasses
+    import inspect
+    ctor = set(inspect.signature(fastckpt.Checkpointer.__init__).parameters) - {"self"}
+    assert ctor == {f.name for f in dataclasses.fields(CheckpointerConfig)}
+    flat = flatten(make([]))
+    assert set(flat) <= ctor
+
+
+@pytest.mark.parametrize("group,expect", [("off", None), ("aware_w", ("aware", "w", None)),
+                                          ("aware_r", ("aware", "r", None)), ("aware_wr", ("aware", "wr", None)),
+                                          ("specific", ("tool", "w", "posix"))])
+def test_offload_group_builds_the_activation_offload(tmp_path, group, expect):
+    from fastckpt.from_config import offload_of
+    cfg = make([f"root={tmp_path}", f"offload={group}", f"+offload.directory={tmp_path}"] if group != "off"
+               else [f"root={tmp_path}", "offload=off"])
+    instantiate(cfg).close()  # the offload group is no Checkpointer setting
+    off = offload_of(cfg)
+    if expect is None:
+        assert off is None
+    else:
+        assert (off.io.mode, off.io.aware, off.io.tool) == expect and off.base == str(tmp_path)
+
+
+def test_offload_overrides_and_errors(tmp_path):
+    from fastckpt.from_config import offload_of
+    from lightning_fastckpt import TensorOffload
+    cfg = make([f"root={tmp_path}", "offload=specific", "offload.tool=direct", "offload.threshold_mb=0.5"])
+    off = offload_of(cfg)
+    assert off.io.tool == "direct" and off.threshold == 1 << 19
+    cb = TensorOffload.from_config(cfg.offload)
+    assert cb.io.tool == "direct" and cb.offload.threshold == 1 << 19
+    assert TensorOffload.from_config(make(["offload=off"]).offload) is None
+    with pytest.raises(fastckpt.ConfigError, match=r"unknown offload setting\(s\) \['treshold_mb'\]"):
+        offload_of(make([f"root={tmp_path}", "offload=aware_wr", "+offload.treshold_mb=1"]))
+    with pytest.raises(fastckpt.ConfigError, match="mode='tool' needs tool="):
+        offload_of(make([f"root={tmp_path}", "offload=specific", "offload.tool=null"]))
+    with pytest.raises(fastckpt.ConfigError, match="unknown offload setting"):
+        TensorOffload(str(tmp_path), threshold=1)
+
+
+def test_tune_group(tmp_path):
+    from fastckpt.from_config import tuner_of
+    assert tuner_of(make([f"root={tmp_path}"])) is None
+    auto = tuner_of(make([f"root={tmp_path}", "tune=auto", "tune.overhead=0.1", "tune.ns=[1,2]"]))
+    assert auto.overhead == 0.1 and auto.ns == (1, 2) and auto.plan is None
+    instantiate(make([f"root={tmp_path}", "tune=auto"])).close()  # not a Checkpointer setting
+    with pytest.raises(fastckpt.ConfigError, match="unknown tune setting"):
+        tuner_of(make([f"root={tmp_path}", "tune=auto", "+tune.overheads=1"]))
+
+
+def test_defaults_live_in_one_place():
+    """CheckpointerConfig holds every default: the Checkpointer, FastCheckpointIO and the Hydra
+    YAML (strategy and store groups, top level) say the same values."""
+    import dataclasses
+    import inspect
+
+    from lightning_fastckpt import FastCheckpointIO
+    defaults = {f.name: f.default for f in dataclasses.fields(CheckpointerConfig)}
+    for ctor in (fastckpt.Checkpointer.__init__, FastCheckpointIO.__init__):
+        for name, p in inspect.signature(ctor).parameters.items():
+            if name in defaults and name != "root":
+                assert p.default == defaults[name], (ctor.__qualname__, name)
+    for group in ("c", "g", "d"):
+        flat = flatten(make([f"strategy={group}"]))
+        assert {k: flat[k] for k in ("concurrency", "writers", "chunk_mb")} == \
+               {k: defaults[k] for k in ("concurrency", "writers", "chunk_mb")}, group
+    for store in ("file", "pmem"):
+        flat = flatten(make([f"store={store}"]))
+        for k, v in flat.items():
+            if k not in ("root", "strategy", "store"):
+                assert v == defaults[k], (store, k, v)
+
+
+@pytest.mark.parametrize("override,says", [
+    ("concurrency=-1", "concurrency must be an integer >= 1, got -1"),
+    ("format=safetenors", "unknown format 'safetenors'; choose one of: torch, safetensors"),
+    ("policy=skipp", "unknown policy 'skipp'"),
+    ("store.persist=fencee", "unknown setting 'persist' of store=file"),
+    ("+concurency=4", "unknown fastckpt setting(s) ['concurency']; valid:"),
+    ("concurency=4", "unknown setting 'concurency' in 'concurency=4'; valid: chunk_mb, commit_timeout_s, concurrency"),
+])
+def test_the_demo_refuses_a_bad_config_at_once_in_one_line(tmp_path, override, says):
+    """Before any work (the torch.save reference takes a minute): exit 2 and one line that says
+    what is wrong — no traceback, not Hydra's 'use +key'."""
+    import subprocess
+    import sys
+    import time
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "fastckpt.demo", override, f"hydra.run.dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip() and "real_accelerator" not in x]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert time.monotonic() - t0 < 60
+    assert not os.path.exists(tmp_path / "torch_save")
+
+
+def test_every_entry_checks_values_before_building_anything(tmp_path):
+    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from lightning_fastckpt import FastCheckpointIO
+    with pytest.raises(fastckpt.ConfigError, match="concurrency must be"):
+        FastCheckpointIO(concurrency=0)
+    with pytest.raises(fastckpt.ConfigError, match="unknown persist"):
+        FastCheckpointIO.from_config({"persist": "fencee"})
+    with pytest.raises(fastckpt.ConfigError, match="writers must be"):
+        checkpointer_kwargs({"writers": 0})
+    with pytest.raises(fastckpt.ConfigError, match="stall_timeout_s must be"):
+        fastckpt.Checkpointer(str(tmp_path / "ck"), stall_timeout_s=-1)
+    assert not os.path.exists(tmp_path / "ck")

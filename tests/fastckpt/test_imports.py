@@ -1,0 +1,122 @@
+"""The package's import graph, read from the sources: no import loop anywhere in the packages,
+no module taking another's private names, the backend imports no framework, the two plugins
+never import each other.
+
+Module-level and function-level imports both count (a loop broken only by a deferred import
+is still a loop in the design).
+"""
+from __future__ import annotations
+
+import ast
+import os
+
+from support.paths import ROOT
+PACKAGES = ("fastckpt", "lightning_fastckpt", "deepspeed_fastckpt")
+
+
+def _module_of(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (a package counts as its __init__)."""
+    files = {}
+    for pkg in PACKAGES:
+        for d, _, names in os.walk(os.path.join(ROOT, pkg)):
+            for n in names:
+                if n.endswith(".py"):
+                    files[_module_of(os.path.join(d, n))] = os.path.join(d, n)
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        is_pkg = path.endswith("__init__.py")
+        for node in ast.walk(ast.parse(open(path).read())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = mod if is_pkg else mod.rsplit(".", 1)[0]
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                prefix = ".".join(p for p in ((base if node.level else ""), node.module or "") if p)
+                for a in node.names:  # a submodule, or a name defined in the module `prefix`
+                    targets.append(f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in files else prefix)
+            for t in targets:
+                while t and t not in files:
+                    t = t.rsplit(".", 1)[0] if "." in t else ""
+                # a parent package is imported implicitly before any of its modules: not an edge
+                if t and t != mod and not mod.startswith(t + "."):
+                    graph[mod].add(t)
+    return graph
+
+
+def cycles_through(graph: dict[str, set[str]], prefix: str) -> list[list[str]]:
+    """Import cycles that contain a module under `prefix`."""
+    found = []
+    for start in sorted(m for m in graph if m.startswith(prefix)):
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    found.append(path)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    return found
+
+
+def test_no_import_loop_anywhere_in_the_packages():
+    graph = import_graph()
+    assert "fastckpt.write.select" in graph and "deepspeed_fastckpt.interval" in graph
+    loops = cycles_through(graph, "")
+    assert not loops, "import loops: " + "; ".join(" -> ".join(c) for c in loops[:5])
+
+
+def test_cycles_through_finds_a_loop_broken_only_by_a_deferred_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles_through(graph, "") and not cycles_through({"a": {"b"}, "b": set()}, "")
+
+
+def test_no_module_imports_another_modules_private_names():
+    for pkg in PACKAGES:
+        for d, _, names in os.walk(os.path.join(ROOT, pkg)):
+            for n in (n for n in names if n.endswith(".py")):
+                for node in ast.walk(ast.parse(open(os.path.join(d, n)).read())):
+                    if isinstance(node, ast.ImportFrom):
+                        private = [a.name for a in node.names if a.name.startswith("_") and a.name != "_native"
+                                   and not a.name.startswith("__")]
+                        assert not private, f"{os.path.join(d, n)} imports {private} from {node.module}"
+
+
+def test_the_write_path_imports_no_store_no_checkpointer_and_no_framework():
+    graph = import_graph()
+    for mod, deps in graph.items():
+        if mod.startswith("fastckpt.write"):
+            bad = {d for d in deps if d.startswith(("fastckpt.store", "fastckpt.checkpointer", "fastckpt.pmem",
+                                                    "lightning_fastckpt", "deepspeed_fastckpt"))}
+            assert not bad, f"{mod} imports {sorted(bad)}"
+
+
+def test_backend_and_plugins_keep_their_boundaries():
+    for pkg, banned in (("fastckpt", ("lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt")),
+                        ("lightning_fastckpt", ("deepspeed", "deepspeed_fastckpt")),
+                        ("deepspeed_fastckpt", ("lightning", "lightning_fastckpt"))):
+        for d, _, names in os.walk(os.path.join(ROOT, pkg)):
+            for n in (n for n in names if n.endswith(".py")):
+                tree = ast.parse(open(os.path.join(d, n)).read())
+                for node in ast.walk(tree):
+                    mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                    for m in mods:
+                        assert m.split(".")[0] not in banned, f"{os.path.join(d, n)} imports {m}"
+
+
+def test_native_features_say_only_what_this_build_has():
+    """features() used to report io_uring False and fallocate True as constants (nothing uses
+    io_uring; fallocate is not optional): every key now reflects the build or the machine."""
+    from fastckpt import _native
+    feats = dict(_native.features())
+    assert set(feats) == {"o_direct", "libpmem2", "pmem_flush", "crc32", "hardware_threads"}
+    assert feats["hardware_threads"] == os.cpu_count() or feats["hardware_threads"] > 0

@@ -1,0 +1,46 @@
+"""make test-gpu's runner: one process per test, PASS / FAIL / HANG / SKIP lines, the exit status."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from support.paths import TESTS
+
+RUNNER = os.path.join(TESTS, "support", "run_isolated.py")
+
+CASES = '''
+import time, pytest
+
+def test_passes():
+    assert 1 + 1 == 2
+
+def test_fails():
+    assert 1 + 1 == 3
+
+def test_hangs():
+    time.sleep(600)
+
+@pytest.mark.skip(reason="not here")
+def test_skips():
+    pass
+'''
+
+
+def test_every_test_gets_its_own_line_and_a_hang_is_killed(tmp_path):
+    (tmp_path / "test_cases.py").write_text(CASES)
+    log = tmp_path / "log.txt"
+    out = subprocess.run([sys.executable, RUNNER, "--timeout", "10", "--jobs", "2", "--log", str(log), "--",
+                          str(tmp_path / "test_cases.py")], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    lines = {line.split()[-1].split("::")[-1]: line.split()[0] for line in out.stdout.splitlines() if "::" in line}
+    assert lines == {"test_passes": "PASS", "test_fails": "FAIL", "test_hangs": "HANG", "test_skips": "SKIP"}, out.stdout
+    assert out.returncode == 1
+    assert "killed after 10 s" in log.read_text()
+
+
+def test_all_skipped_is_not_a_pass(tmp_path):
+    (tmp_path / "test_cases.py").write_text(CASES)
+    out = subprocess.run([sys.executable, RUNNER, "--timeout", "30", "--", str(tmp_path / "test_cases.py"),
+                          "-k", "skips"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 3 and "no test ran" in out.stdout, out.stdout

@@ -1,0 +1,35 @@
+"""Killing a test program at a random moment once it says it is ready."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .paths import ROOT, WORKERS
+
+
+def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line) -> None:
+    """Runs tests/workers/SCRIPT ARGS; once it prints "ready", kills it with SIGKILL after a
+    random delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, WORKERS]))
+    proc = subprocess.Popen([sys.executable, os.path.join(WORKERS, script), *args], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            if line.startswith("ready"):
+                ready.set()
+            else:
+                on_line(line)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    assert ready.wait(60), f"{script} never started"
+    time.sleep(rng.uniform(0.0, max_delay))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t.join()
