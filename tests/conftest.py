@@ -75,10 +75,9 @@ def mount_tmpfs(tmp_path):
 
 @pytest.fixture(scope="session")
 def fault_shim(tmp_path_factory) -> str:
-    """benchmarks/campaign/eio_shim.c built as an LD_PRELOAD library: with FASTCKPT_FAULT_PATH
+    """tests/campaign/eio_shim.c built as an LD_PRELOAD library: with FASTCKPT_FAULT_PATH
     and FASTCKPT_FAULT_SLOW_US set, every write and fsync under that path takes that long."""
-    src = os.path.join(ROOT, "benchmarks", "campaign",
-                       "eio_shim.c")
+    src = os.path.join(ROOT, "tests", "campaign", "eio_shim.c")
     so = str(tmp_path_factory.mktemp("shim") / "eio_shim.so")
     subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, src, "-ldl"], check=True, capture_output=True)
     return so

@@ -100,10 +100,11 @@ def test_a_file_without_tensor_data_is_written_every_time(tmp_path, strategy):
 
 def test_skip_policy_drops_when_full(tmp_path):
     with fastckpt.Checkpointer(tmp_path, concurrency=1, policy="skip", strategy="d") as ck:
-        first = ck.save(model_state(1, n=16), step=1)
+        first = ck.save(model_state(1, n=16), step=1, held=True)  # in flight until released
         with pytest.warns(UserWarning, match="skipped"):
             skipped = ck.save(model_state(2), step=2)
         assert skipped.skipped and skipped.wait() is None
+        first.release_all()
         assert first.wait().step == 1
         ck.wait()
         assert ck.stats["skipped"] == 1

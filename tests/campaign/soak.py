@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from .states import same, state_for
+from states import same, state_for
 
 SAVES_PER_8H = 8 * 3600 // 10
 
@@ -76,7 +76,7 @@ def judge(res: dict) -> dict:
 
 
 def run(saves: int, work: str) -> dict:
-    from . import forked
+    import forked
     got = forked.call(soak, os.path.join(work, "soak"), saves, timeout=3600)
     if not got["ok"]:
         return {"ok": False, "problems": [f"{got.get('type')}: {got.get('error', '')[:500]}"], "saves": saves}

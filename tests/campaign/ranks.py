@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 
-from .states import same, state_for
+from states import same, state_for
 
 
 def _port() -> int:

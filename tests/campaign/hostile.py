@@ -21,7 +21,7 @@ import struct
 import zipfile
 import zlib
 
-from . import forked
+import forked
 
 ALLOWED = {"CorruptCheckpointError", "UnsafeCheckpointError", "NoCheckpointError"}
 

@@ -14,8 +14,8 @@ import os
 import random
 import shutil
 
-from . import forked
-from .states import same, state_for
+import forked
+from states import same, state_for
 
 DATA_KINDS = ("bitflip", "head_bitflip", "tail_bitflip", "truncate", "zero_page")
 COMMIT_KINDS = ("commit_delete", "commit_torn", "commit_bitflip")

@@ -1,6 +1,7 @@
-"""The reliability campaign's CI-sized run: benchmarks/reliability.py, one part per test, in a
-fresh process (its victims are forked from a parent that never ran a thread). The long run
-is `python benchmarks/reliability.py --many` (figures in benchmarks/RESULTS.md)."""
+"""The reliability campaign's CI-sized run: tests/campaign/run.py, one part per test, in a fresh
+process (its victims are forked from a parent that never ran a thread). The long run is
+`python tests/campaign/run.py --many`, or `python benchmarks/reliability.py --many` to record
+its figures in benchmarks/RESULTS.md."""
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ PARTS = ("kills", "corruptions", "faults", "ranks", "hostile", "soak")
 @pytest.mark.parametrize("part", PARTS)
 def test_campaign_part(tmp_path, part):
     out = tmp_path / "res.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "reliability.py"), "--parts", part,
-                           "--json", str(out), "--no-results", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "campaign", "run.py"), "--parts", part,
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())["parts"][part]

@@ -12,8 +12,8 @@ import random
 import statistics
 import time
 
-from . import forked
-from .states import same, state_for
+import forked
+from states import same, state_for
 
 PERSIST = ("msync", "fence", "auto")
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import uuid
 
-from . import forked
+import forked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 6
@@ -52,7 +52,7 @@ def _child(mode: str, root: str, on_error: str, env: dict, ro_after: int | None)
     args = [sys.executable, os.path.join(HERE, "fault_child.py"), mode, root, on_error, str(STEPS)]
     if ro_after is not None:
         args.append(str(ro_after))
-    paths = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
+    paths = [os.path.dirname(os.path.dirname(HERE))]  # the checkout; its siblings come with the script
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(paths)))
     lines = proc.stdout.splitlines()
