@@ -126,6 +126,9 @@ inline void fdatasync_or_throw(int fd, const std::string& path) {
   }
 }
 
+// What O_DIRECT needs aligned (offsets, lengths, buffers); staging chunks are aligned to it.
+constexpr size_t kAlign = 4096;
+
 inline uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace fastckpt

@@ -13,9 +13,9 @@
 #include <stdexcept>
 #include <vector>
 
-namespace fastckpt {
+#include "file_io.h"  // kAlign
 
-constexpr size_t kAlign = 4096;
+namespace fastckpt {
 
 class StagingPool {
  public:

@@ -8,7 +8,7 @@ namespace fastckpt {
 WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
                    uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io,
                    uint64_t split_bytes, uint32_t n_records, bool held, MappedTarget target)
-    : w_(w), path_(std::move(path)), data_begin_(data_begin), data_end_(data_end),
+    : w_(w), data_begin_(data_begin), data_end_(data_end),
       chunk_bytes_(mode == Mode::Direct || mode == Mode::Mapped ? split_bytes : w.pool->chunk_bytes()),
       mode_(mode), n_records_(n_records), target_(std::move(target)) {
   if (mode == Mode::Mapped) {
@@ -17,6 +17,8 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     if (lo > target_.sink->size() || n > target_.sink->size() - lo)
       throw std::invalid_argument("the data extent falls outside the mapped sink");
     file_ready_ = true;  // nothing to open
+  } else {
+    file_ = std::make_unique<FileTarget>(std::move(path), file_size, direct_io);
   }
   if (chunk_bytes_ == 0 || chunk_bytes_ % kAlign != 0)
     throw std::invalid_argument("chunk size must be a positive multiple of 4096");
@@ -55,8 +57,6 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
     chunk_first_span_[n_chunks_] = spans_.size();
   }
   span_crc_.assign(spans_.size(), 0);
-  file_size_ = file_size;
-  direct_io_ = direct_io;
   if (per_span()) {
     copies_left_ = writes_left_ = spans_.size();
   } else {
@@ -78,13 +78,7 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
   }
 }
 
-WriteJob::~WriteJob() { close_fds(); }
-
-void WriteJob::close_fds() {
-  if (fd_direct_ >= 0) ::close(fd_direct_);
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd_direct_ = -1;
-}
+WriteJob::~WriteJob() = default;
 
 uint64_t WriteJob::chunk_len(size_t c) const {
   return std::min(chunk_bytes_, data_end_ - chunk_begin(c));
@@ -93,9 +87,7 @@ uint64_t WriteJob::chunk_len(size_t c) const {
 // Creating and reserving the file is the writers' job, off the caller's thread.
 void WriteJob::prepare_file() {
   try {
-    fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
-    preallocate(fd_, file_size_, path_);
-    if (direct_io_) fd_direct_ = open_direct(path_);
+    file_->open();
   } catch (const std::exception& e) {
     fail(e);
   }
@@ -298,20 +290,6 @@ void WriteJob::push_chunk(size_t c, int slot) {
   w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
 }
 
-// Writes one block; O_DIRECT when allowed, buffered otherwise (and for good
-// once the kernel has refused O_DIRECT on this file).
-bool WriteJob::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {
-  if (may_direct && fd_direct_ >= 0 && !direct_refused_.load()) {
-    if (pwrite_full(fd_direct_, buf, round_up(len, kAlign), off, path_, true)) {
-      direct_used_ = true;
-      return true;
-    }
-    direct_refused_ = true;  // the fd stays open until close_fds(): other writers may hold it
-  }
-  pwrite_full(fd_, buf, len, off, path_);
-  return false;
-}
-
 void WriteJob::write_chunk(size_t c, int slot) {
   try {
     if (wait_file()) {
@@ -319,7 +297,7 @@ void WriteJob::write_chunk(size_t c, int slot) {
       const uint64_t base = chunk_begin(c);
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
         span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
-      write_block(buf, chunk_len(c), base, true);
+      file_->write_block(buf, chunk_len(c), base, true);
       bytes_written_ += chunk_len(c);
     }
   } catch (const std::exception& e) {
@@ -336,7 +314,7 @@ void WriteJob::write_span(size_t i) {
       const void* src = reinterpret_cast<const void*>(sp.src);
       span_crc_[i] = crc32_update(0, src, sp.len);
       bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
-      write_block(src, sp.len, sp.file_off, aligned);
+      file_->write_block(src, sp.len, sp.file_off, aligned);
       bytes_written_ += sp.len;
     }
   } catch (const std::exception& e) {
@@ -420,12 +398,8 @@ void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blo
   if (!wait_until([this] { return writes_left_ == 0 && file_ready_; }, 0.0))
     throw std::logic_error("finalize() before wait_written() returned true");
   if (finalized_) throw std::logic_error("job already finalized");
-  if (fd_ < 0) throw std::logic_error("file was never opened");
-  for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
-  if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
-  fdatasync_or_throw(fd_, path_);
+  file_->finish(blobs, file_size);
   finalized_ = true;
-  close_fds();
 }
 
 std::vector<uint32_t> WriteJob::record_crcs() const {

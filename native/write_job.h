@@ -1,9 +1,10 @@
 // write_job.h — one checkpoint file being written: its layout (pieces of raw
 // memory and where they go in the file), the copy of those pieces into
-// staging chunks (or none, in direct mode), the CRC of every byte, the writes,
-// and the final header blobs + fdatasync. In mapped mode the "file" is a region
-// of a mapped pool (pmem_pool.h): copy threads store straight into it, and the
-// caller writes the headers wherever its pool layout keeps them. Progress is two latches: "copied"
+// staging chunks (or none, in direct mode), the CRC of every byte, the writes
+// into its sink, and the final header blobs + fdatasync. The sink is a file
+// (file_target.h) or, in mapped mode, a region of a mapped pool (mapped_sink.h):
+// copy threads store straight into it, and the caller writes the headers
+// wherever its pool layout keeps them. Progress is two latches: "copied"
 // (the caller may overwrite its tensors) and "written" (all data is in the file).
 // A held job (layer-wise checkpointing) copies nothing until the caller
 // releases records; each record's copy can then be waited on alone.
@@ -24,6 +25,7 @@
 
 #include "crc.h"
 #include "file_io.h"
+#include "file_target.h"
 #include "mapped_sink.h"
 #include "staging_pool.h"
 #include "thread_pool.h"
@@ -92,7 +94,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   std::vector<uint32_t> record_crcs() const;
   // (record, file offset, length, crc) of every span, in file order.
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> span_crcs() const;
-  bool used_direct_io() const { return direct_used_.load(); }
+  bool used_direct_io() const { return file_ && file_->used_direct_io(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
   // The spans of chunk c as (source address, offset inside the chunk, length).
   std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> chunk_layout(size_t c) const;
@@ -122,13 +124,10 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
   bool wait_until(const std::function<bool()>& done, double timeout_s);
   bool wait_latch(const size_t& left, double timeout_s);
-  bool write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct);
-  void close_fds();
   void prepare_file();
   bool wait_file();
 
   Workers w_;
-  std::string path_;
   std::vector<Span> spans_;
   std::vector<size_t> chunk_first_span_;  // spans_[chunk_first_span_[c] .. [c+1])
   std::vector<uint32_t> span_crc_;
@@ -137,9 +136,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   size_t n_chunks_ = 0;
   Mode mode_;
   uint32_t n_records_;
-  int fd_ = -1, fd_direct_ = -1;
-  std::atomic<bool> direct_used_{false};
-  std::atomic<bool> direct_refused_{false};
+  std::unique_ptr<FileTarget> file_;  // the file sink (none in mapped mode)
   std::atomic<uint64_t> bytes_written_{0};
 
   mutable std::mutex mu_;
@@ -155,8 +152,6 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   int error_errno_ = 0;
   bool finalized_ = false;
   bool file_ready_ = false;
-  uint64_t file_size_ = 0;
-  bool direct_io_ = false;
   MappedTarget target_;
 };
 

@@ -73,6 +73,7 @@ class Harness:
         self.deadline = Deadline(stall_s, lambda: self.engine.progress)
         self.tmp_path, self.shm = tmp_path, shm
         self.pool = None
+        self.streams: list = []
 
     def plan(self, state):
         return plan_file(state, self.fmt, allow_pickle=self.mapped)
@@ -97,6 +98,7 @@ class Harness:
         staging.wait_grown()  # it grows in the background; the protocol is tested on a grown pool
         # cuda: its own side streams; host: copies that complete delay_s after they are issued
         extra = {"stream": HostStream(delay_s=delay_s)} if self.impl.startswith("stream") else {}
+        self.streams += extra.values()
         return self.cls(self.engine, plan, sink or self.sink(), strategy, self.deadline, held, **extra)
 
     def load(self, result, plan):
@@ -111,6 +113,8 @@ class Harness:
         return fastckpt.load(path)
 
     def close(self):
+        for stream in self.streams:  # a write abandoned by its test leaves its stream's worker behind
+            stream.close()
         if self.pool is not None:
             self.pool.close()
 

@@ -1,0 +1,47 @@
+// file_target.cc — the file sink of a write job.
+#include "file_target.h"
+
+#include <unistd.h>
+
+#include "file_io.h"
+
+namespace fastckpt {
+
+FileTarget::FileTarget(std::string path, uint64_t file_size, bool direct_io)
+    : path_(std::move(path)), size_(file_size), direct_io_(direct_io) {}
+
+FileTarget::~FileTarget() { close(); }
+
+void FileTarget::close() {
+  if (fd_direct_ >= 0) ::close(fd_direct_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd_direct_ = -1;
+}
+
+void FileTarget::open() {
+  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
+  preallocate(fd_, size_, path_);
+  if (direct_io_) fd_direct_ = open_direct(path_);
+}
+
+bool FileTarget::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {
+  if (may_direct && fd_direct_ >= 0 && !direct_refused_.load()) {
+    if (pwrite_full(fd_direct_, buf, round_up(len, kAlign), off, path_, true)) {
+      direct_used_ = true;
+      return true;
+    }
+    direct_refused_ = true;  // the fd stays open until close(): other writers may hold it
+  }
+  pwrite_full(fd_, buf, len, off, path_);
+  return false;
+}
+
+void FileTarget::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
+  if (fd_ < 0) throw std::logic_error("file was never opened");
+  for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
+  if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
+  fdatasync_or_throw(fd_, path_);
+  close();
+}
+
+}  // namespace fastckpt
