@@ -70,7 +70,7 @@ def _survivors(mode: str, root: str) -> dict:
     warnings.simplefilter("ignore")
     leftovers = glob.glob(os.path.join(root, TMP_GLOB))
     if mode == "checkpointer":
-        from .states import same, state_for
+        from states import same, state_for
         with fastckpt.Checkpointer(root) as ck:
             info = ck.latest()
             if info is None:
