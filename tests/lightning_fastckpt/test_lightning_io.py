@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 import fastckpt
 from lightning_fastckpt import FastCheckpointIO
-from support.paths import CONFIGS
+from support.paths import CONFIGS as CONFIG_DIR
 from workers.lit_app import TinyModule, assert_equal, loader, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -264,7 +264,7 @@ def test_fabric_save_and_load(tmp_path):
 
 def test_from_hydra_config():
     from hydra import compose, initialize_config_dir
-    cfg_dir = CONFIGS
+    cfg_dir = CONFIG_DIR
     with initialize_config_dir(config_dir=os.path.abspath(cfg_dir), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=d", "concurrency=3"])
     io = FastCheckpointIO.from_config(cfg)
