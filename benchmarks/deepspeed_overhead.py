@@ -44,8 +44,8 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import bounds  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 from fastckpt.demo.train import TinyLM  # noqa: E402

@@ -27,8 +27,8 @@ import platform
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import bounds  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 import torch  # noqa: E402
 

@@ -39,8 +39,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import contenders  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import contenders  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 TARGETS = "steady ≤ 3 %, whole run ≤ 5 %, stall ≤ 0.5 × copy bound, save call ≤ 20 ms"
 
@@ -143,7 +143,7 @@ def main() -> None:
 
 
 def measure(args) -> dict:
-    import bounds
+    from helpers import bounds
     import torch
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--bound"],
                          capture_output=True, text=True, check=True)

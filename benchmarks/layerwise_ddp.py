@@ -27,7 +27,7 @@ import sys
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from results import keep  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 CONFIGS = ("none", "c", "layerwise")
 

@@ -37,8 +37,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import bounds  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 from fastckpt.demo.train import TinyLM  # noqa: E402
 from lightning_fastckpt import FastCheckpointIO, LayerwiseCheckpointing  # noqa: E402

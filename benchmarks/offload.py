@@ -14,7 +14,7 @@ hitrate    three learners (TensorIO aware="w", "r", "wr") handle a shuffled stre
            its timings of that size), and for the transfer (best of its 2); also "within 10 %",
            and the ceiling the oracle's noise allows (its two rounds agreeing). Scored after
            each size's learning uses (explore x tools), and in all.
-memory     benchmarks/offload_memory.py: the largest batch of a deep CPU model that trains
+memory     benchmarks/helpers/offload_memory.py: the largest batch of a deep CPU model that trains
            under a memory cap with and without activation offload, and time per step.
 Prints tables, writes JSON + PNG, and its section of benchmarks/RESULTS.md.
 """
@@ -31,9 +31,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import bounds  # noqa: E402
-import offload_memory  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers import offload_memory  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 import torch  # noqa: E402
 

@@ -26,9 +26,9 @@ import time
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-import bounds  # noqa: E402
-import peers  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers import peers  # noqa: E402
+from helpers.results import keep  # noqa: E402
 from save_load import make_state  # noqa: E402
 
 import fastckpt  # noqa: E402

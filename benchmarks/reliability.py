@@ -89,7 +89,7 @@ def main() -> int:
                 res = json.load(f)
     ok = all(r["ok"] for r in res["parts"].values())
     if set(res["parts"]) == set(PARTS):
-        from results import keep
+        from helpers.results import keep
         cmd = "python benchmarks/reliability.py" + (" --many" if res["many"] else "")
         text = (f"## reliability.py — {res['when']}, {platform.node()} ({os.cpu_count()} cores, CPU only), `{cmd}`\n\n"
                 + "\n".join(summary(p, res["parts"][p]) for p in PARTS)

@@ -20,9 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 
-import bounds  # noqa: E402
-import peers  # noqa: E402
-from results import keep  # noqa: E402
+from helpers import bounds  # noqa: E402
+from helpers import peers  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 import fastckpt  # noqa: E402
 

@@ -30,7 +30,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from lightning_overhead import LM, StepTimer, Tokens  # noqa: E402
-from results import keep  # noqa: E402
+from helpers.results import keep  # noqa: E402
 
 from lightning_fastckpt import FastCheckpointIO, TunedModelCheckpoint  # noqa: E402
 

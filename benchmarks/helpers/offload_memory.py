@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from memcap import MemoryCap
+from .memcap import MemoryCap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "offload_child.py")
@@ -32,7 +32,7 @@ def trial(batch: int, offload: str, cap_mb: int, work_dir: str, extra: list[str]
     with MemoryCap(cap_mb, vm_mb) as cap:
         proc = subprocess.run([sys.executable, CHILD, "--batch", str(batch), "--offload", offload, "--dir", work_dir,
                                *extra], preexec_fn=cap.enter, capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+                              env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(HERE))))
         peak = cap.peak_mb()
         kind = cap.kind
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -6,7 +6,7 @@ import os
 import shutil
 from typing import Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 
 
 def write_section(name: str, text: str) -> None:
