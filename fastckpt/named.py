@@ -56,17 +56,19 @@ class NamedCheckpoints:
         pool_pointers: with a pool, a path is read from the pool only where it holds the
             small pointer file `leave_pointer` writes (DeepSpeed, whose own globbing needs
             files there); otherwise every path is read from the pool.
-        free: how a removed file's blocks are freed (`free(fn)`; default: fn() at once).
+
+    `free`: how a removed file's blocks are freed, `free(fn)`; None (the default) runs fn at
+    once. TrainingSaves sets it to free off the training thread while a run is on.
     """
 
     def __init__(self, settings: dict, pool: Optional[str] = None, distributed: Optional[bool] = False,
-                 pool_pointers: bool = False, free: Optional[Callable[[Callable[[], None]], Any]] = None):
+                 pool_pointers: bool = False):
         self.pool = os.fspath(pool) if pool is not None else None
         self.settings = dict(settings)
         CheckpointerConfig(**checkpointer_kwargs(self.settings, self.pool)).validate()
         self.distributed = distributed
         self.pool_pointers = pool_pointers
-        self.free = free
+        self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
         self._by_path: dict[str, Pending] = {}
         self._order: dict[str, int] = {}  # path -> when it was last saved (counters restart on reconfigure)

@@ -31,7 +31,14 @@ def pytest_configure(config):
     directory waits on it forever. The ops DeepSpeed needs on the CPU are prebuilt at install (see
     the Makefile), so normally nothing is built here at all."""
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="fastckpt-torch-ext-")
+        config._fastckpt_extensions = os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="fastckpt-torch-ext-")
+
+
+def pytest_unconfigure(config):
+    """The session's own extensions folder goes with it."""
+    made = getattr(config, "_fastckpt_extensions", None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
