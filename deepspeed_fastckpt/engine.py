@@ -4,9 +4,9 @@ Owns the mapping from DeepSpeed's calls to fastckpt:
 - `create(info)` opens a tag; every `save(state_dict, path)` is one asynchronous fastckpt
   file written at exactly `path` (an ordinary torch.save-format file that `torch.load` and
   `zero_to_fp32` read), durable and renamed into place on its own;
-- `commit(info)` hands the tag to the TagCommitter, which records it once every rank's
-  files are durable; it does not block, so `engine.save_checkpoint` returns once the
-  snapshots are issued;
+- `commit(info)` hands the tag to the TagCommitter (one unit of fastckpt's ordered commit),
+  which records it once every rank's files are durable; it does not block, so
+  `engine.save_checkpoint` returns once the snapshots are issued;
 - consistency: tensors that only the optimizer update writes (the optimizer's own
   parameters and state, and the module parameters outside ZeRO-3, which DeepSpeed
   rewrites only after that update) are copied in the background, and each group's
@@ -33,7 +33,6 @@ from typing import Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from fastckpt.commit.agreement import make_agreement
 from fastckpt.named import NamedCheckpoints
 from fastckpt.store.deepspeed_types import deepspeed_safe_globals
 from fastckpt.store.tag_records import mark_open
@@ -58,9 +57,7 @@ class FastckptEngine(CheckpointEngine):
         self.verify = kwargs.get("verify", True)
         self.pool = kwargs.pop("pool", None)
         self.named = NamedCheckpoints(kwargs, pool=self.pool, distributed=False, pool_pointers=True)
-        self.committer = TagCommitter(make_agreement(kwargs.get("commit_timeout_s", 600.0)),
-                                      on_durable=self.named.leave_pointer if self.pool else None,
-                                      report=lambda e: self.named.checkpointer.report_failure(e))
+        self.committer = TagCommitter(self.named, report=lambda e: self.named.checkpointer.report_failure(e))
         self._files: list = []
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
         self.group_gate = GroupGate(self.named.checkpointer)

@@ -1,9 +1,9 @@
 """Checkpointer: up to N concurrent, crash-consistent checkpoints under one root (PCcheck).
 
 Owns the life of a checkpoint: save() plans the file, reserves a concurrency
-slot and staging, issues the snapshot and returns; a commit thread per
-checkpoint finishes the file, then — in counter order, agreed by all ranks —
-writes the commit record, moves `latest` forward and applies retention.
+slot and staging, issues the snapshot and returns; its commit (fastckpt.checkpoint_commit,
+through the ordered commit of fastckpt.commit.ordered) finishes the file, then — in counter
+order, agreed by all ranks — writes the commit record, moves `latest` forward and applies retention.
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
 by the next save(), wait() or close(). Every wait of the write path is bounded by
 one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
-import time
 import warnings
 import weakref
 
+from .checkpoint_commit import CheckpointCommit
 from .commit.agreement import Agreement, make_agreement
-from .commit.record import CommitInfo, FileEntry
+from .commit.ordered import OrderedCommits
+from .commit.record import CommitInfo
 from .config import DEFAULTS, CheckpointerConfig
-from .errors import CheckpointWriteError, TornSnapshotError
+from .errors import CheckpointWriteError
 from .format import plan_file
 from .in_flight import InFlight
 from .loading import Loaded, newest_committed, newest_loadable
 from .pending import Pending
 from .store import open_store
-from .write import Deadline, WriteStalled, reads_through_stream, staging_chunks, stages, start_write
+from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.native_engine import new_engine
 from .write.staging import Staging
 
@@ -72,6 +72,7 @@ class Checkpointer:
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._inflight = InFlight(self._deadline, commit_timeout_s)
+        self._commits = OrderedCommits(self._agree, self._deadline, commit_timeout_s)
         self._engine = None
         self._staging: Staging | None = None
         self._started = False
@@ -110,7 +111,7 @@ class Checkpointer:
                 self.report_failure(e)
                 failed = Pending(step, -1)
                 failed.observed = True
-                failed._finish(None, e)
+                failed.settle(None, e)
                 return failed
             self._started = True
         got = self._acquire_slot()
@@ -137,7 +138,7 @@ class Checkpointer:
             return Pending(step, -1, skipped=True)
         counter = self._counter
         self._counter += 1
-        pending = Pending(step, counter, prev=self._inflight.last)
+        pending = Pending(step, counter)
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
@@ -149,11 +150,9 @@ class Checkpointer:
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
                                          f"{e}; the previous checkpoint is intact")
         pending.write, pending.plan, pending.watch = write, plan, watch
-        thread = threading.Thread(target=self._drain,
-                                  args=(pending, write, error, ckpt_id, file_path, meta),
-                                  name=f"fastckpt-commit-{counter}", daemon=True)
-        self._inflight.add(pending, ckpt_id, thread)
-        thread.start()
+        unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
+                                self.world_size, landed=self._landed, retain=self._retain)
+        self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
         if error is not None:
             pending.observed = True
@@ -201,6 +200,10 @@ class Checkpointer:
     def stall_timeout_s(self) -> float:
         return self._deadline.stall_s
 
+    def progress(self) -> int:
+        """Units its writes moved so far: what its Deadline counts as progress."""
+        return self._deadline.seen()
+
     def reserve(self, nbytes: int, device: str = "cpu") -> None:
         """Faults in staging for one checkpoint of about `nbytes` of tensors on `device` on a
         background thread, so that the first save does not pay for it on the training thread.
@@ -211,77 +214,12 @@ class Checkpointer:
         self._engine_now()
         self._staging.reserve(nbytes)
 
-    def _drain(self, pending: Pending, write, error, ckpt_id: str, file_path: str, meta) -> None:
-        """Commit thread of one checkpoint: finish the file, then commit in counter order."""
-        result, info, stuck = None, None, False
-        if write is not None:
-            try:
-                result = self.store.finish_write(write, file_path)
-            except BaseException as e:  # surfaced through Pending, never swallowed
-                stuck = not write.abort(e)
-                error = _as_write_error(e, pending.step)
-        if pending.prev is not None:  # bounded: the previous commit has its own deadlines
-            prev = pending.prev
-            try:
-                self._deadline.wait(f"the commit of step {prev.step} before step {pending.step}",
-                                    prev._done.wait, slack=self.commit_timeout_s)
-            except WriteStalled as e:
-                error = error or e
-            pending.prev = None  # a long run must not keep a chain of every past checkpoint
-        if error is None and pending.watch is not None and pending.watch.deferred:
-            changed = pending.watch.check()  # the copies are done; the gate may have decided already
-            if changed:
-                error = TornSnapshotError(
-                    f"{changed} was written in place after save() returned and before its snapshot was copied "
-                    f"(not by the optimizer); the checkpoint of step {pending.step} could mix two states and "
-                    "was dropped; later snapshots are copied before save() returns")
-                pending.observed = True  # warned about below, whatever on_error says
-                log.warning("fastckpt: %s", error)
-                warnings.warn(f"fastckpt: {error}", stacklevel=1)
-        if error is None:
-            try:  # in counter order: a later save of the same path must land last
-                result.path = self.store.commit_file(ckpt_id, file_path, result)
-            except BaseException as e:
-                error = _as_write_error(e, pending.step)
-        try:
-            if self._agree.all_ok(error is None, background=True):
-                info = self._commit(pending, result, ckpt_id, meta)
-            elif error is None:
-                error = CheckpointWriteError(
-                    f"another rank failed to write its part of step {pending.step}; "
-                    "the previous checkpoint stays the latest")
-        except BaseException as e:
-            error = error or _as_write_error(e, pending.step)
-        if error is not None:
+    def _landed(self, pending: Pending) -> None:
+        """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""
+        if pending.error is not None:
             self.stats["failed"] += 1
-            try:
-                self.store.abort(ckpt_id, file_path, self.rank, stuck=stuck)
-            except BaseException as e:  # noqa: BLE001 - a read-only or dead disk cannot be cleaned; the commit thread must end
-                log.warning("fastckpt: could not remove the failed checkpoint of step %s: %s", pending.step, e)
-        pending._finish(info if error is None else None, error)
         self._inflight.landed(pending)
         self._slots.release()  # before retention: deleting old files must not delay the next save
-        if error is None:
-            self._retain()
-
-    def _commit(self, pending: Pending, result, ckpt_dir: str, meta) -> CommitInfo | None:
-        entry = FileEntry(os.path.basename(result.path), self.rank, result.bytes, result.file_crc,
-                          [list(s) for s in result.spans], result.names or [])
-        entries = self._agree.gather(entry, background=True)
-        info = CommitInfo(pending.step, ckpt_dir, sum(e.bytes for e in entries), pending.counter,
-                          time.time(), self.world_size, self.format, tuple(entries), meta or {})
-        self.store.commit_rank(ckpt_dir, info)
-        ok = True
-        if self.rank == 0:
-            try:
-                self.store.commit(info)
-            except OSError as e:
-                ok, err = False, e
-        if not self._agree.all_ok(ok, background=True):
-            raise CheckpointWriteError(f"writing the commit record of step {pending.step} failed"
-                                       + (f": {err}" if self.rank == 0 else " on rank 0")
-                                       + "; the previous checkpoint stays the latest")
-        return info
 
     def _retain(self) -> None:
         """Retention after the commit is reported: deleting old files is not part of durability."""
@@ -398,12 +336,6 @@ def _progress_of(ref: "weakref.ref[Checkpointer]"):
         engine = ck._engine if ck is not None else None
         return engine.progress if engine is not None else 0
     return progress
-
-
-def _as_write_error(e: BaseException, step: int) -> BaseException:
-    if isinstance(e, OSError) and not isinstance(e, CheckpointWriteError):
-        return CheckpointWriteError(f"checkpoint of step {step} failed: {e}; the previous checkpoint is intact")
-    return e
 
 
 @atexit.register

@@ -20,7 +20,6 @@ class InFlight:
         self._lock = threading.Lock()
         self._by_counter: dict[int, tuple[Pending, str, threading.Thread]] = {}
         self._unobserved: list[Pending] = []
-        self.last: Optional[Pending] = None  # the newest issued: the next one commits after it
 
     def __len__(self) -> int:
         with self._lock:
@@ -29,7 +28,6 @@ class InFlight:
     def add(self, pending: Pending, ckpt_id: str, thread: threading.Thread) -> None:
         with self._lock:
             self._by_counter[pending.counter] = (pending, ckpt_id, thread)
-            self.last = pending
 
     def landed(self, pending: Pending) -> None:
         """Its commit thread is done; a failure nobody observed is kept for unseen_errors()."""

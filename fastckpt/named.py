@@ -203,6 +203,11 @@ class NamedCheckpoints:
     def in_flight(self) -> list[Pending]:
         return self._ck.in_flight() if self._ck is not None else []
 
+    def progress(self) -> int:
+        """What the writes of the open Checkpointer moved so far (0 when none is open); a wait
+        for its saves that sees this grow is not stalled."""
+        return self._ck.progress() if self._ck is not None else 0
+
     def wait(self) -> None:
         """Until every save in flight has landed; a failed one is raised or warned about as
         the on_error setting says."""

@@ -9,8 +9,8 @@ from .commit.record import CommitInfo
 class Pending:
     """A checkpoint being taken. done() / wait() -> CommitInfo; copied() for the gate."""
 
-    def __init__(self, step: int, counter: int, prev: "Pending | None" = None, skipped: bool = False):
-        self.step, self.counter, self.prev = step, counter, prev
+    def __init__(self, step: int, counter: int, skipped: bool = False):
+        self.step, self.counter = step, counter
         self._copied = threading.Event()
         self._done = threading.Event()
         self._info: CommitInfo | None = None
@@ -88,7 +88,12 @@ class Pending:
     def error(self) -> BaseException | None:
         return self._error
 
-    def _finish(self, info: CommitInfo | None, error: BaseException | None) -> None:
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """True once committed, failed or skipped (False after `timeout`); raises nothing."""
+        return self._done.wait(timeout)
+
+    def settle(self, info: CommitInfo | None, error: BaseException | None) -> None:
+        """Its commit landed: committed (info) or failed (error). Called once, by the commit."""
         self._info, self._error = info, error
         self._copied.set()
         self._done.set()

@@ -30,7 +30,7 @@ import os
 from typing import Callable, Optional
 
 from ..errors import CorruptCheckpointError
-from ..fsutil import read_regular
+from ..fsutil import read_regular, write_atomic
 
 SizeOf = Callable[[str], Optional[int]]
 
@@ -51,6 +51,13 @@ def parse_record(save_dir: str, tag: str) -> dict:
                                      f"(no {TAG_RECORD}): its files may be incomplete") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
+
+
+def write_record(save_dir: str, tag: str, seq: int, world_size: int, files: list) -> None:
+    """Commits a tag (rank 0, once every rank's files are durable): its record, then `fastckpt-latest`."""
+    record = {"tag": tag, "seq": seq, "world_size": world_size, "files": files}
+    write_atomic(os.path.join(save_dir, tag, TAG_RECORD), json.dumps(record, indent=1).encode())
+    write_atomic(os.path.join(save_dir, LATEST), tag.encode())
 
 
 def mark_open(save_dir: str, tag: str) -> None:

@@ -45,7 +45,8 @@ class Deadline:
         """A write's own thread moved something (a CUDA chunk fed, a kvikio write done)."""
         self._own += 1
 
-    def _seen(self) -> int:
+    def seen(self) -> int:
+        """Everything moved so far: the counter's progress and what moved() counted."""
         return self.progress() + self._own
 
     def wait(self, what: What, attempt: Callable[[float], bool], timeout: float | None = None,
@@ -57,7 +58,7 @@ class Deadline:
         limit = self.stall_s + slack
         piece = min(SLICE_S, max(limit / 8, 0.001))
         start = last_move = time.monotonic()
-        seen = self._seen()
+        seen = self.seen()
         while True:
             step = piece
             if timeout is not None:
@@ -67,7 +68,7 @@ class Deadline:
             now = time.monotonic()
             if timeout is not None and now - start >= timeout:
                 return False
-            moved = self._seen()
+            moved = self.seen()
             if moved != seen:
                 seen, last_move = moved, now
             elif now - last_move >= limit:

@@ -81,7 +81,7 @@ def test_unobserved_background_error_raised_by_next_call(mount_tmpfs):
     root = mount_tmpfs(-(-plan_file(s).file_size // 4096) * 4096)
     ck = fastckpt.Checkpointer(root)
     p = ck.save(s, step=1)  # nobody waits on p
-    p._done.wait()
+    p.wait_done()
     with pytest.raises(fastckpt.CheckpointWriteError, match="commit record of step 1"):
         ck.save(state(10, 2), step=2)
     ck.close()

@@ -1,0 +1,122 @@
+"""The ordered commit: each checkpoint becomes real after the one issued before it, and only
+once every rank's part of it is durable.
+
+Owns the one mechanism every kind of checkpoint commits through — the Checkpointer's (one
+file per rank, a COMMIT record: fastckpt.checkpoint_commit) and DeepSpeed's tags (several files
+per rank, a tag record: deepspeed_fastckpt.tags). A unit of commit (CommitUnit) says what its
+part is and how its record is written; this module says when:
+
+  1. `finish()` on the unit's own thread, at once: this rank's part, durable. Units issued
+     one after another finish in parallel (PCcheck's concurrent checkpoints).
+  2. wait, under the write path's Deadline, until the unit issued before it has landed;
+  3. `in_order(finished)`: what must follow the previous unit (a rename over the same path);
+     it returns this rank's part of the record;
+  4. the ranks exchange (ok, part) — one gather on the agreement's background group, made in
+     issue order on every rank, so the collectives of consecutive units never interleave;
+  5. if every rank's part is there, `record(parts)` on every rank (rank 0 writes the record
+     whose durable presence makes the checkpoint real), and the ranks agree it held;
+  6. `landed(info, error)` exactly once: committed, or failed with the first error (this
+     rank's own, or "another rank failed"); then the next unit may commit; then `afterwards()`
+     (retention: deleting old files never delays the next commit).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from ..errors import CheckpointWriteError
+from ..write.deadline import Deadline, WriteStalled
+from .agreement import Agreement
+
+
+class CommitUnit:
+    """One checkpoint on its way to its commit record; each medium subclasses it."""
+
+    label = "a checkpoint"  # how errors name it: "step 12", "tag 'global_step3' in /ckpt"
+
+    def finish(self):
+        """This rank's part, made durable; raises on failure. What it returns goes to in_order."""
+
+    def in_order(self, finished):
+        """Local work that must come after the previous unit landed; returns this rank's part of
+        the record (by default what finish returned); raises on failure."""
+        return finished
+
+    def record(self, parts: list, rank: int):
+        """Every rank's part is durable (parts: one per rank). Writes this rank's share of the
+        record, rank 0 the record itself; returns what callers see of the commit."""
+
+    def landed(self, info, error: Optional[BaseException]) -> None:
+        """Committed (info) or failed (error); called once, before the next unit commits."""
+
+    def afterwards(self) -> None:
+        """After the next unit was let go: work no later commit waits for (retention)."""
+
+
+class OrderedCommits:
+    """Commits units in the order they were issued, the same on every rank."""
+
+    def __init__(self, agreement: Agreement, deadline: Deadline, slack_s: float, name: str = "fastckpt-commit"):
+        """slack_s: how much longer than the deadline a wait for other ranks may take."""
+        self._agree, self._deadline, self._slack = agreement, deadline, slack_s
+        self._name = name
+        self._lock = threading.Lock()
+        self._last: Optional[threading.Event] = None  # set once the newest issued unit landed
+
+    def issue(self, unit: CommitUnit, error: Optional[BaseException] = None,
+              track: Optional[Callable[[threading.Thread], None]] = None) -> None:
+        """Starts the unit's commit thread. error: the unit failed before it began (it still takes
+        its turn, so that every rank makes the same collectives). track(thread): called before
+        the thread starts (so that its landing always finds it tracked)."""
+        landed = threading.Event()
+        with self._lock:
+            before, self._last = self._last, landed
+        thread = threading.Thread(target=self._run, args=(unit, error, before, landed),
+                                  name=f"{self._name}-{unit.label}", daemon=True)
+        if track is not None:
+            track(thread)
+        thread.start()
+
+    def _run(self, unit: CommitUnit, error, before: Optional[threading.Event], landed: threading.Event) -> None:
+        try:
+            part = None
+            if error is None:
+                try:
+                    part = unit.finish()
+                except BaseException as e:  # noqa: BLE001 - surfaced through landed(), never swallowed
+                    error = e
+            if before is not None:
+                try:  # bounded: the unit before has its own deadlines
+                    self._deadline.wait(f"the commit before {unit.label}", before.wait, slack=self._slack)
+                except WriteStalled as e:
+                    error = error or e
+            if error is None:
+                try:
+                    part = unit.in_order(part)
+                except BaseException as e:  # noqa: BLE001
+                    error = e
+            info, error = self._agree_and_record(unit, part, error)
+            unit.landed(info, error)
+        finally:
+            landed.set()
+        unit.afterwards()
+
+    def _agree_and_record(self, unit: CommitUnit, part, error):
+        try:
+            everyone = self._agree.gather((error is None, part if error is None else None), background=True)
+            if not all(ok for ok, _ in everyone):
+                return None, error or CheckpointWriteError(
+                    f"another rank failed to write its part of {unit.label}; the previous checkpoint stays the latest")
+            info, failed = None, None
+            try:
+                info = unit.record([p for _, p in everyone], self._agree.rank)
+            except BaseException as e:  # noqa: BLE001 - every rank must still hear of it
+                failed = e
+            if not self._agree.all_ok(failed is None, background=True):
+                if failed is not None:
+                    return None, failed
+                return None, CheckpointWriteError(f"writing the commit record of {unit.label} failed on another "
+                                                  "rank; the previous checkpoint stays the latest")
+            return info, None
+        except BaseException as e:  # noqa: BLE001 - a collective that failed (a rank died)
+            return None, error or e
