@@ -1,29 +1,15 @@
-"""FastckptEngine: DeepSpeed's CheckpointEngine over fastckpt's asynchronous Checkpointer.
+"""FastckptEngine: DeepSpeed's CheckpointEngine over fastckpt's asynchronous saves.
 
-Owns the mapping from DeepSpeed's calls to fastckpt:
-- `create(info)` opens a tag; every `save(state_dict, path)` is one asynchronous fastckpt
-  file written at exactly `path` (an ordinary torch.save-format file that `torch.load` and
-  `zero_to_fp32` read), durable and renamed into place on its own;
-- `commit(info)` hands the tag to the TagCommitter (one unit of fastckpt's ordered commit),
-  which records it once every rank's files are durable; it does not block, so
-  `engine.save_checkpoint` returns once the snapshots are issued;
-- consistency: tensors that only the optimizer update writes (the optimizer's own
-  parameters and state, and the module parameters outside ZeRO-3, which DeepSpeed
-  rewrites only after that update) are copied in the background, and each group's
-  update waits for that group's copies (group_gate, under fastckpt.training_saves); every
-  other tensor is copied before save returns;
-- a save_dir removed while its tags are in flight (Lightning's ModelCheckpoint, through
-  deepspeed_fastckpt.lightning_removal and open_engines) is deleted once they land, and not
-  committed; a load waits for every open engine's saves into its directory;
-- `load(path)` waits for that path if it is in flight and reads with fastckpt's
-  restricted unpickler, which accepts the DeepSpeed types listed in
-  fastckpt.store.deepspeed_types and never runs code from the file;
-- errors of a background write are raised by the next `create`, by `wait()` and by `close()`
-  (with `"on_error": "warn"` they are logged and warned about instead, and training goes on);
-- with `"pool": ...` in the entry the files are models of a persistent-memory pool named by
-  their paths (fastckpt's pmem store). Once a file's version is current in the pool, a small
-  pointer file is written at its path, so that DeepSpeed's own globbing and existence checks
-  see the tag as it is; the tag records stay files in save_dir as well.
+Owns the mapping from DeepSpeed's calls to fastckpt: `create` opens a tag; each
+`save(state_dict, path)` is one asynchronous file at exactly `path` (torch.save format, so
+`torch.load` and `zero_to_fp32` read it; with `"pool"` a pool model named by the path, and a
+pointer file there); `commit` hands the tag to the ordered commit (tags.py) and does not
+block; `load(path)` waits for that path if it is in flight and never runs code from the file
+(fastckpt.store.deepspeed_types lists the DeepSpeed types it accepts). Tensors only the
+optimizer update writes are copied in the background and each group's update waits for its
+copies (group_gate); every other tensor is copied before save returns. Errors of a background
+write are raised by the next `create`, by `wait()` and `close()` (or warned about with
+`"on_error": "warn"`). A save_dir removed while in flight: open_engines, lightning_removal.
 """
 from __future__ import annotations
 
