@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu test-many bench bench-gpu bench-save-load report bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -39,7 +39,7 @@ test-gpu:
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/fastckpt/test_crash.py tests/fastckpt/pmem/test_pmem.py -k "kill9" --many
 
-# every benchmark (each records its section of benchmarks/RESULTS.md and its plot), then REPORT.md
+# every benchmark (each records its section of benchmarks/RESULTS.md; JSON and plot in benchmarks/out/)
 bench: $(STAMP)
 	$(VPY) benchmarks/save_load.py
 	$(VPY) benchmarks/lightning_overhead.py
@@ -50,13 +50,9 @@ bench: $(STAMP)
 	$(VPY) benchmarks/layerwise_ddp.py
 	$(VPY) benchmarks/goodput.py
 	$(VPY) benchmarks/reliability.py --many
-	$(VPY) benchmarks/report.py
 
 bench-save-load: $(STAMP)
 	$(VPY) benchmarks/save_load.py $(ARGS)
-
-report: $(STAMP)
-	$(VPY) benchmarks/report.py
 
 bench-lightning: $(STAMP)
 	$(VPY) benchmarks/lightning_overhead.py $(ARGS)

@@ -3,14 +3,14 @@ measured by the benchmarks, replayed against a failure trace.
 
     python benchmarks/goodput.py [--traces benchmarks/traces/aws_spot_g4dn_bamboo.csv ...]
 
-Costs per system come from benchmarks/figures/lightning_overhead.json (the Lightning
+Costs per system come from benchmarks/out/lightning_overhead.json (the Lightning
 benchmark model, same machine): the step time t without checkpoints, the stall per
 checkpoint at the largest k measured (steady state), and the time to durable, read as the
 final wait at k = 1 (one checkpoint in flight when training ends; torch.save is durable when
 it returns). The load time of one checkpoint of that size is measured here, cold, for
 torch.load, fastckpt.load and DCP's load. Concurrency: torch.save and AsyncCheckpointIO 1, fastckpt N.
 DCP async_save (one in flight, as its users wait for the previous future) is priced from
-benchmarks/figures/save_load.json instead — the blocking call as its stall, the time to durable
+benchmarks/out/save_load.json instead — the blocking call as its stall, the time to durable
 as T_w, at the measured size nearest the Lightning checkpoint, scaled by bytes — since the
 Lightning benchmark has no DCP row.
 
@@ -85,14 +85,20 @@ def systems(measured: dict, loads: dict, save_load: dict) -> list[gp.System]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--measured", default=os.path.join(HERE, "figures", "lightning_overhead.json"))
-    ap.add_argument("--save-load", default=os.path.join(HERE, "figures", "save_load.json"))
+    ap.add_argument("--measured", default=os.path.join(HERE, "out", "lightning_overhead.json"),
+                    help="what benchmarks/lightning_overhead.py wrote (run it first)")
+    ap.add_argument("--save-load", default=os.path.join(HERE, "out", "save_load.json"),
+                    help="what benchmarks/save_load.py wrote (run it first)")
     ap.add_argument("--traces", nargs="+", default=[os.path.join(HERE, "traces", "aws_spot_g4dn_bamboo.csv"),
                                                     os.path.join(HERE, "traces", "synthetic_spot.csv")])
     ap.add_argument("--intervals", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000])
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-results", action="store_true")
     args = ap.parse_args()
+    for path, script in ((args.measured, "lightning_overhead.py"), (args.save_load, "save_load.py")):
+        if not os.path.isfile(path):
+            ap.error(f"{path} is missing: run benchmarks/{script} first (its JSON is the cost measured "
+                     "on this machine)")
     with open(args.measured) as f:
         measured = json.load(f)
     with open(args.save_load) as f:
