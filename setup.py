@@ -18,7 +18,7 @@ def has_libpmem2() -> bool:
 pmem2 = has_libpmem2()
 native = Pybind11Extension(
     "fastckpt._native",
-    sources=["native/bindings.cc", "native/write_job.cc", "native/file_target.cc"],
+    sources=["native/bindings.cc", "native/write_job.cc", "native/file_sink.cc"],
     include_dirs=["native"],
     libraries=["z", "dl"] + (["pmem2"] if pmem2 else []),
     define_macros=[("FASTCKPT_HAVE_LIBPMEM2", "1")] if pmem2 else [],

@@ -94,11 +94,10 @@ PYBIND11_MODULE(_native, m) {
   def_tensor_read(m, "read_buffered", &read_buffered);
   def_tensor_write(m, "write_direct", &write_direct);
   def_tensor_read(m, "read_direct", &read_direct);
-  py::enum_<Mode>(m, "Mode")
-      .value("Stage", Mode::Stage)
-      .value("Direct", Mode::Direct)
-      .value("External", Mode::External)
-      .value("Mapped", Mode::Mapped);
+  py::enum_<Source>(m, "Source")
+      .value("Staged", Source::Staged)
+      .value("Direct", Source::Direct)
+      .value("External", Source::External);
 
   py::class_<PmemPool, std::shared_ptr<PmemPool>>(m, "PmemPool", py::buffer_protocol())
       .def(py::init<const std::string&, uint64_t, bool, int>(), py::arg("path"), py::arg("size"),
@@ -172,23 +171,23 @@ PYBIND11_MODULE(_native, m) {
            py::arg("write_threads"))
       .def("submit", [](Engine& e, const std::string& path,
                         const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
-                        uint64_t data_begin, uint64_t data_end, uint64_t file_size, Mode mode,
+                        uint64_t data_begin, uint64_t data_end, uint64_t file_size, Source source,
                         bool direct_io, uint32_t n_records, bool held) {
         auto p = to_pieces(pieces);
         py::gil_scoped_release nogil;
-        return e.submit(path, std::move(p), data_begin, data_end, file_size, mode, direct_io,
+        return e.submit(path, std::move(p), data_begin, data_end, file_size, source, direct_io,
                         n_records, held);
       }, py::arg("path"), py::arg("pieces"), py::arg("data_begin"), py::arg("data_end"),
-         py::arg("file_size"), py::arg("mode"), py::arg("direct_io"), py::arg("n_records"),
+         py::arg("file_size"), py::arg("source"), py::arg("direct_io"), py::arg("n_records"),
          py::arg("held") = false)
-      .def("submit_mapped", [](Engine& e, std::shared_ptr<PmemPool> target, uint64_t shift,
+      .def("submit_mapped", [](Engine& e, std::shared_ptr<PmemPool> region, uint64_t shift,
                                const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
                                uint64_t data_begin, uint64_t data_end, uint32_t n_records, bool held) {
         auto p = to_pieces(pieces);
         py::gil_scoped_release nogil;
-        return e.submit_mapped(std::move(target), shift, std::move(p), data_begin, data_end,
+        return e.submit_mapped(std::move(region), shift, std::move(p), data_begin, data_end,
                                n_records, held);
-      }, py::arg("target"), py::arg("shift"), py::arg("pieces"), py::arg("data_begin"),
+      }, py::arg("region"), py::arg("shift"), py::arg("pieces"), py::arg("data_begin"),
          py::arg("data_end"), py::arg("n_records"), py::arg("held") = false)
       .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
       .def_property_readonly("progress", &Engine::progress)

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <memory>
 
+#include "file_sink.h"
+#include "mapped_sink.h"
 #include "staging_pool.h"
 #include "thread_pool.h"
 #include "write_job.h"
@@ -18,27 +20,21 @@ class Engine {
   Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
       : pool_(chunk_bytes), writers_(write_threads, kWriterNice), copiers_(copy_threads) {}
 
+  // A job writing the file at `path` (a FileSink) from the given source.
   std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
                                    uint64_t data_begin, uint64_t data_end, uint64_t file_size,
-                                   Mode mode, bool direct_io, uint32_t n_records,
+                                   Source source, bool direct_io, uint32_t n_records,
                                    bool held = false) {
-    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, path,
-                                          std::move(pieces), data_begin, data_end, file_size, mode,
-                                          direct_io, pool_.chunk_bytes(), n_records, held);
-    job->start();
-    return job;
+    return start(std::make_unique<FileSink>(path, file_size, direct_io), std::move(pieces), data_begin,
+                 data_end, file_size, source, n_records, held);
   }
-  // A job that stores straight into a mapped sink (file offset f -> sink offset f + shift).
-  std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<const MappedSink> target, uint64_t shift,
+  // A job storing straight from the caller's memory into a mapped region (a MappedSink:
+  // file offset f -> region offset f + shift).
+  std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<const MappedRegion> region, uint64_t shift,
                                           std::vector<Piece> pieces, uint64_t data_begin,
                                           uint64_t data_end, uint32_t n_records, bool held) {
-    const std::string path = target->path();  // before target is moved from
-    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, path,
-                                          std::move(pieces), data_begin, data_end, data_end,
-                                          Mode::Mapped, false, pool_.chunk_bytes(), n_records, held,
-                                          MappedTarget{std::move(target), shift});
-    job->start();
-    return job;
+    return start(std::make_unique<MappedSink>(std::move(region), shift), std::move(pieces), data_begin,
+                 data_end, data_end, Source::Direct, n_records, held);
   }
   StagingPool& pool() { return pool_; }
   // Units copied or written by any job of this engine so far (see Workers).
@@ -47,6 +43,16 @@ class Engine {
   size_t write_threads() const { return writers_.size(); }
 
  private:
+  std::shared_ptr<WriteJob> start(std::unique_ptr<Sink> sink, std::vector<Piece> pieces, uint64_t data_begin,
+                                  uint64_t data_end, uint64_t file_size, Source source, uint32_t n_records,
+                                  bool held) {
+    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, std::move(sink),
+                                          std::move(pieces), data_begin, data_end, file_size, source,
+                                          pool_.chunk_bytes(), n_records, held);
+    job->start();
+    return job;
+  }
+
   // Destruction runs bottom-up: copiers drain first (they feed writers), then
   // writers (they release chunks), then the pool frees memory.
   std::atomic<uint64_t> progress_{0};

@@ -1,22 +1,43 @@
-// mapped_sink.h — what a write job needs of a mapped region it stores straight into
-// (a persistent-memory pool: pmem_pool.h): its size, a copy in, and the persist of that
-// copy. The write job knows only this interface, not the pool behind it.
+// mapped_sink.h — a region of a mapped pool as a write job's sink (sink.h): file offset f lands
+// at region offset f + shift. Bytes are stored straight into the mapping on the copy threads
+// (no staging, no file) and made durable span by span — a store fence on the same thread, or an
+// msync a writer thread may run. The pool writes its own headers: there is nothing to finish.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "mapped_region.h"
+#include "sink.h"
 
 namespace fastckpt {
 
-class MappedSink {
+class MappedSink final : public Sink {
  public:
-  virtual ~MappedSink() = default;
-  virtual uint64_t size() const = 0;
-  virtual const std::string& path() const = 0;
-  // Copies src to [off, off + n); persistent once persist_copied(off, n) returns.
-  virtual void copy_in(uint64_t off, const void* src, uint64_t n) const = 0;
-  virtual void persist_copied(uint64_t off, uint64_t n) const = 0;
-  // True where persist_copied must run on the thread that did the copy (a store fence).
-  virtual bool fence_on_copy_thread() const = 0;
+  MappedSink(std::shared_ptr<const MappedRegion> region, uint64_t shift)
+      : region_(std::move(region)), shift_(shift) {
+    if (!region_) throw std::invalid_argument("a mapped sink needs a region");
+  }
+  void check_extent(uint64_t begin, uint64_t end, uint64_t) const override {
+    const uint64_t lo = begin + shift_, n = end - begin;
+    if (lo > region_->size() || n > region_->size() - lo)
+      throw std::invalid_argument("the data extent falls outside the mapped sink");
+  }
+  bool needs_open() const override { return false; }
+  void put(const void* src, uint64_t len, uint64_t off, bool) override { region_->copy_in(off + shift_, src, len); }
+  bool put_on_copy_thread() const override { return true; }
+  void persist(uint64_t off, uint64_t len) override { region_->persist_copied(off + shift_, len); }
+  bool persist_with_put() const override { return region_->fence_on_copy_thread(); }
+  void finish(const std::vector<std::pair<uint64_t, std::string>>&, uint64_t) override {
+    throw std::logic_error("a mapped job has no file to finalize");
+  }
+
+ private:
+  std::shared_ptr<const MappedRegion> region_;
+  uint64_t shift_;
 };
 
 }  // namespace fastckpt

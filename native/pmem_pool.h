@@ -30,7 +30,7 @@
 #endif
 
 #include "file_io.h"
-#include "mapped_sink.h"
+#include "mapped_region.h"
 
 #ifdef FASTCKPT_HAVE_LIBPMEM2
 #include <libpmem2.h>
@@ -146,7 +146,7 @@ inline uint64_t devdax_size(const struct stat& st, const std::string& path) {
 
 }  // namespace detail
 
-class PmemPool final : public MappedSink {
+class PmemPool final : public MappedRegion {
  public:
   // force: -1 chooses (Fence on real PMEM, Msync elsewhere); 0 forces Fence; 1 forces Msync.
   // create: the file is made (or grown) to `size` bytes with its blocks reserved, so a full

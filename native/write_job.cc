@@ -5,21 +5,16 @@
 
 namespace fastckpt {
 
-WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint64_t data_begin,
-                   uint64_t data_end, uint64_t file_size, Mode mode, bool direct_io,
-                   uint64_t split_bytes, uint32_t n_records, bool held, MappedTarget target)
+WriteJob::WriteJob(Workers w, std::unique_ptr<Sink> sink, std::vector<Piece> pieces,
+                   uint64_t data_begin, uint64_t data_end, uint64_t file_size, Source source,
+                   uint64_t split_bytes, uint32_t n_records, bool held)
     : w_(w), data_begin_(data_begin), data_end_(data_end),
-      chunk_bytes_(mode == Mode::Direct || mode == Mode::Mapped ? split_bytes : w.pool->chunk_bytes()),
-      mode_(mode), n_records_(n_records), target_(std::move(target)) {
-  if (mode == Mode::Mapped) {
-    if (!target_.sink) throw std::invalid_argument("a mapped job needs a sink");
-    const uint64_t lo = data_begin + target_.shift, n = data_end - data_begin;
-    if (lo > target_.sink->size() || n > target_.sink->size() - lo)
-      throw std::invalid_argument("the data extent falls outside the mapped sink");
-    file_ready_ = true;  // nothing to open
-  } else {
-    file_ = std::make_unique<FileTarget>(std::move(path), file_size, direct_io);
-  }
+      chunk_bytes_(source == Source::Direct ? split_bytes : w.pool->chunk_bytes()),
+      source_(source), n_records_(n_records), sink_(std::move(sink)) {
+  if (!sink_) throw std::invalid_argument("a write job needs a sink");
+  if (data_end < data_begin) throw std::invalid_argument("data extent ends before it begins");
+  sink_->check_extent(data_begin, data_end, file_size);
+  sink_ready_ = !sink_->needs_open();
   if (chunk_bytes_ == 0 || chunk_bytes_ % kAlign != 0)
     throw std::invalid_argument("chunk size must be a positive multiple of 4096");
   if (!per_span() && data_begin % kAlign != 0)
@@ -32,9 +27,8 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
       throw std::invalid_argument("pieces overlap or fall outside the data extent");
     prev_end = p.file_off + p.len;
   }
-  if (data_end > file_size) throw std::invalid_argument("data extent past end of file");
   n_chunks_ = data_end > data_begin ? (data_end - data_begin + chunk_bytes_ - 1) / chunk_bytes_ : 0;
-  // Cut pieces at chunk boundaries (direct mode: every chunk_bytes of a piece).
+  // Cut pieces at chunk boundaries (a Direct source: every chunk_bytes of a piece).
   chunk_first_span_.assign(n_chunks_ + 1, 0);
   for (const Piece& p : pieces) {
     uint64_t off = p.file_off, left = p.len;
@@ -60,10 +54,10 @@ WriteJob::WriteJob(Workers w, std::string path, std::vector<Piece> pieces, uint6
   if (per_span()) {
     copies_left_ = writes_left_ = spans_.size();
   } else {
-    copies_left_ = mode == Mode::Stage ? n_chunks_ : 0;
+    copies_left_ = source == Source::Staged ? n_chunks_ : 0;
     writes_left_ = n_chunks_;
   }
-  if (held && mode == Mode::External) throw std::invalid_argument("external jobs cannot be held");
+  if (held && source == Source::External) throw std::invalid_argument("external jobs cannot be held");
   held_ = held;
   const size_t n_units = per_span() ? spans_.size() : n_chunks_;
   unit_state_.assign(n_units, held ? 0 : 1);
@@ -84,34 +78,34 @@ uint64_t WriteJob::chunk_len(size_t c) const {
   return std::min(chunk_bytes_, data_end_ - chunk_begin(c));
 }
 
-// Creating and reserving the file is the writers' job, off the caller's thread.
-void WriteJob::prepare_file() {
+// Opening the sink (creating and reserving a file) is the writers' job, off the caller's thread.
+void WriteJob::open_sink() {
   try {
-    file_->open();
+    sink_->open();
   } catch (const std::exception& e) {
     fail(e);
   }
   std::lock_guard<std::mutex> lk(mu_);
-  file_ready_ = true;
+  sink_ready_ = true;
   --running_;
   bump();
   cv_.notify_all();
 }
 
-// Waits for prepare_file(); false when the job has failed.
-bool WriteJob::wait_file() {
+// Waits for open_sink(); false when the job has failed.
+bool WriteJob::wait_sink() {
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [this] { return file_ready_ || failed_; });
+  cv_.wait(lk, [this] { return sink_ready_ || failed_; });
   return !failed_;
 }
 
 void WriteJob::start() {
   auto self = shared_from_this();
-  if (mode_ != Mode::Mapped) {
+  if (sink_->needs_open()) {
     begin_task();
-    w_.writers->submit([self] { self->prepare_file(); });  // FIFO: before any write of this job
+    w_.writers->submit([self] { self->open_sink(); });  // FIFO: before any write of this job
   }
-  if (!held_ && mode_ != Mode::External)
+  if (!held_ && source_ != Source::External)
     for (size_t u = 0; u < unit_state_.size(); ++u) submit_unit(u);
 }
 
@@ -123,12 +117,10 @@ void WriteJob::begin_task() {
 void WriteJob::submit_unit(size_t u) {
   begin_task();
   auto self = shared_from_this();
-  if (mode_ == Mode::Stage)
+  if (source_ == Source::Staged)
     w_.copiers->submit([self, u] { self->copy_chunk(u); });
-  else if (mode_ == Mode::Mapped)
-    w_.copiers->submit([self, u] { self->map_span(u); });
-  else
-    w_.writers->submit([self, u] { self->write_span(u); });
+  else  // Direct: the span is put on the threads its sink puts on
+    (sink_->put_on_copy_thread() ? w_.copiers : w_.writers)->submit([self, u] { self->put_span(u); });
 }
 
 std::vector<size_t> WriteJob::units_of(const std::vector<uint32_t>& records) const {
@@ -167,7 +159,7 @@ void WriteJob::release_all() {
 }
 
 bool WriteJob::wait_records_copied(const std::vector<uint32_t>& records, double timeout_s) {
-  if (mode_ == Mode::External) throw std::logic_error("external jobs track copies themselves");
+  if (source_ == Source::External) throw std::logic_error("external jobs track copies themselves");
   const std::vector<size_t> units = units_of(records);
   return wait_until(
       [&] {
@@ -220,7 +212,7 @@ std::string WriteJob::status() const {
   const size_t total_writes = per_span() ? spans_.size() : n_chunks_;
   out += ", " + std::to_string(total_writes - writes_left_) + " of " + std::to_string(total_writes) +
          " written, " + std::to_string(running_) + " tasks running";
-  if (!file_ready_) out += ", the file not yet open";
+  if (!sink_ready_) out += ", the sink not yet open";
   return out;
 }
 
@@ -279,25 +271,27 @@ void WriteJob::copy_chunk(size_t c) {
   fill_chunk(c, w_.pool->data(slot));
   count_copied(c);
   auto self = shared_from_this();
-  w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
+  w_.writers->submit([self, c, slot] { self->put_chunk(c, slot); });
 }
 
 void WriteJob::push_chunk(size_t c, int slot) {
-  if (mode_ != Mode::External) throw std::logic_error("push_chunk is only for external jobs");
+  if (source_ != Source::External) throw std::logic_error("push_chunk is only for external jobs");
   if (c >= n_chunks_) throw std::out_of_range("chunk index out of range");
   begin_task();
   auto self = shared_from_this();
-  w_.writers->submit([self, c, slot] { self->write_chunk(c, slot); });
+  w_.writers->submit([self, c, slot] { self->put_chunk(c, slot); });
 }
 
-void WriteJob::write_chunk(size_t c, int slot) {
+// A staging chunk into the sink, on a writer thread (it may block in the kernel).
+void WriteJob::put_chunk(size_t c, int slot) {
   try {
-    if (wait_file()) {
+    if (wait_sink()) {
       const uint8_t* buf = w_.pool->data(slot);
       const uint64_t base = chunk_begin(c);
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
         span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
-      file_->write_block(buf, chunk_len(c), base, true);
+      sink_->put(buf, chunk_len(c), base, true);
+      sink_->persist(base, chunk_len(c));
       bytes_written_ += chunk_len(c);
     }
   } catch (const std::exception& e) {
@@ -307,63 +301,43 @@ void WriteJob::write_chunk(size_t c, int slot) {
   count_written();
 }
 
-void WriteJob::write_span(size_t i) {
+// A Direct span, straight from the caller's memory into the sink: on a writer thread for a file
+// (the pwrite is the copy), on a copy thread for a mapped region. The caller's tensor is free
+// once the span is put; persisting runs on the same thread where the sink needs it (a fence:
+// non-temporal stores are ordered per thread), else is left to a writer thread (an msync).
+void WriteJob::put_span(size_t i) {
+  bool copied = false;
   try {
-    if (wait_file()) {
+    if (wait_sink()) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
       span_crc_[i] = crc32_update(0, src, sp.len);
-      bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
-      file_->write_block(src, sp.len, sp.file_off, aligned);
+      const bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
+      sink_->put(src, sp.len, sp.file_off, aligned);
+      if (!sink_->persist_with_put()) {
+        count_copied(i);
+        copied = true;
+        auto self = shared_from_this();
+        w_.writers->submit([self, i] { self->persist_span(i); });
+        return;
+      }
+      sink_->persist(sp.file_off, sp.len);
       bytes_written_ += sp.len;
     }
   } catch (const std::exception& e) {
     fail(e);
   }
-  count_copied(i);
+  if (!copied) count_copied(i);
   count_written();
 }
 
-// Mapped mode: one span stored straight into the mapped sink on a copy thread. The caller's
-// tensor is free once the copy is done; persisting is the fence on this same thread
-// (non-temporal stores are ordered per thread), or an msync left to a writer thread.
-void WriteJob::map_span(size_t i) {
-  bool copied = false;
+void WriteJob::persist_span(size_t i) {
   try {
-    bool skip;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      skip = failed_;
-    }
-    if (!skip) {
-      const Span& sp = spans_[i];
-      const void* src = reinterpret_cast<const void*>(sp.src);
-      span_crc_[i] = crc32_update(0, src, sp.len);
-      target_.sink->copy_in(sp.file_off + target_.shift, src, sp.len);
-      if (target_.sink->fence_on_copy_thread()) {
-        target_.sink->persist_copied(sp.file_off + target_.shift, sp.len);
-        bytes_written_ += sp.len;
-      } else {
-        count_copied(i);
-        copied = true;
-        auto self = shared_from_this();
-        w_.writers->submit([self, i] {
-          try {
-            const Span& s = self->spans_[i];
-            self->target_.sink->persist_copied(s.file_off + self->target_.shift, s.len);
-            self->bytes_written_ += s.len;
-          } catch (const std::exception& e) {
-            self->fail(e);
-          }
-          self->count_written();
-        });
-        return;
-      }
-    }
+    sink_->persist(spans_[i].file_off, spans_[i].len);
+    bytes_written_ += spans_[i].len;
   } catch (const std::exception& e) {
     fail(e);
   }
-  if (!copied) count_copied(i);
   count_written();
 }
 
@@ -389,16 +363,15 @@ bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
 bool WriteJob::wait_copied(double timeout_s) { return wait_latch(copies_left_, timeout_s); }
 
 bool WriteJob::wait_written(double timeout_s) {
-  return wait_until([this] { return writes_left_ == 0 && file_ready_; }, timeout_s);
+  return wait_until([this] { return writes_left_ == 0 && sink_ready_; }, timeout_s);
 }
 
 void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blobs,
                         uint64_t file_size) {
-  if (mode_ == Mode::Mapped) throw std::logic_error("a mapped job has no file to finalize");
-  if (!wait_until([this] { return writes_left_ == 0 && file_ready_; }, 0.0))
+  if (!wait_until([this] { return writes_left_ == 0 && sink_ready_; }, 0.0))
     throw std::logic_error("finalize() before wait_written() returned true");
   if (finalized_) throw std::logic_error("job already finalized");
-  file_->finish(blobs, file_size);
+  sink_->finish(blobs, file_size);
   finalized_ = true;
 }
 

@@ -50,7 +50,7 @@ class DeviceFileWrite(DeviceWrite):
         else:
             pieces = [(0, r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
             self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size,
-                                      _native.Mode.External, sink.direct_io, len(plan.records))
+                                      _native.Source.External, sink.direct_io, len(plan.records))
             self.mode = "device-copy" if self.source.spare_copied is not None else "pinned-staging"
             n_units = self._job.n_chunks
         self._by_offset = sorted((i for i, r in enumerate(plan.records) if r.nbytes),

@@ -33,8 +33,8 @@ class HostFileWrite(JobWrite):
         pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
         if strategy == "g":
             pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
-        mode = _native.Mode.Stage if strategy == "c" else _native.Mode.Direct
-        self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, mode,
+        source = _native.Source.Staged if strategy == "c" else _native.Source.Direct
+        self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, source,
                                   sink.direct_io, len(plan.records), held)
 
     def _host_copy(self, src: int, nbytes: int) -> int:

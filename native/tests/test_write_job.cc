@@ -1,14 +1,18 @@
 // test_write_job.cc — one file written through the engine's copy/write pipeline: bytes and CRCs
-// land where the layout says in every mode, held records copy only once released, a bounded
+// land where the layout says from every source, held records copy only once released, a bounded
 // staging pool is reused, and failures (a bad path, an abort, a bad layout) surface as errors.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine.h"
 #include "scratch.h"
+#include "sink.h"
 
 using namespace fastckpt;
 using fastckpt_test::pattern;
@@ -56,12 +60,12 @@ TEST_CASE("staged and direct jobs put every byte and CRC where the layout says")
   Layout l;
   Engine engine(8192, 2, 2);
   engine.pool().grow(2);
-  for (Mode mode : {Mode::Stage, Mode::Direct}) {
+  for (Source source : {Source::Staged, Source::Direct}) {
     for (bool direct_io : {false, true}) {
-      CAPTURE(static_cast<int>(mode));
+      CAPTURE(static_cast<int>(source));
       CAPTURE(direct_io);
-      const std::string path = tmp.path("f" + std::to_string(static_cast<int>(mode)) + std::to_string(direct_io));
-      auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, mode, direct_io, 2);
+      const std::string path = tmp.path("f" + std::to_string(static_cast<int>(source)) + std::to_string(direct_io));
+      auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, source, direct_io, 2);
       finish(*job, l);
       check_file(path, l, *job);
     }
@@ -77,7 +81,7 @@ TEST_CASE("a staging pool of one chunk is reused for a file of many chunks") {
   engine.pool().grow(1);
   const uint64_t end = kBegin + big.size();
   auto job = engine.submit(tmp.path("big"), {{reinterpret_cast<uintptr_t>(big.data()), big.size(), kBegin, 0}},
-                           kBegin, end, end, Mode::Stage, false, 1);
+                           kBegin, end, end, Source::Staged, false, 1);
   REQUIRE(job->n_chunks() == 11);
   REQUIRE(job->wait_written(10.0));
   job->finalize({}, end);
@@ -91,10 +95,10 @@ TEST_CASE("a held job copies a record only once it is released") {
   Layout l;
   Engine engine(8192, 2, 2);
   engine.pool().grow(4);
-  for (Mode mode : {Mode::Stage, Mode::Direct}) {
-    CAPTURE(static_cast<int>(mode));
-    const std::string path = tmp.path("held" + std::to_string(static_cast<int>(mode)));
-    auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, mode, false, 2, true);
+  for (Source source : {Source::Staged, Source::Direct}) {
+    CAPTURE(static_cast<int>(source));
+    const std::string path = tmp.path("held" + std::to_string(static_cast<int>(source)));
+    auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, source, false, 2, true);
     CHECK_FALSE(job->wait_records_copied({0}, 0.05));
     CHECK_FALSE(job->wait_copied(0.0));
     job->release({1});
@@ -112,7 +116,7 @@ TEST_CASE("a file that cannot be created fails the job with the path in the erro
   Engine engine(8192, 1, 1);
   engine.pool().grow(2);
   const std::string path = tmp.path("missing-dir/f");
-  auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false, 2);
+  auto job = engine.submit(path, l.pieces(), kBegin, l.data_end, l.file_size, Source::Staged, false, 2);
   bool threw = false;
   try {
     job->wait_written(10.0);
@@ -129,7 +133,7 @@ TEST_CASE("an aborted job reports the abort to every waiter and leaves no task r
   Layout l;
   Engine engine(8192, 1, 1);
   engine.pool().grow(2);
-  auto job = engine.submit(tmp.path("aborted"), l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false,
+  auto job = engine.submit(tmp.path("aborted"), l.pieces(), kBegin, l.data_end, l.file_size, Source::Staged, false,
                            2, true);
   CHECK(job->abort("stopped by the test", 10.0));
   CHECK_THROWS_WITH_AS(job->wait_copied(1.0), doctest::Contains("stopped by the test"), std::runtime_error);
@@ -143,15 +147,81 @@ TEST_CASE("a layout that overlaps, overflows or starts unaligned is refused") {
   Engine engine(8192, 1, 1);
   auto overlapping = l.pieces();
   overlapping[1].file_off -= 1;
-  CHECK_THROWS_AS(engine.submit(tmp.path("x"), overlapping, kBegin, l.data_end, l.file_size, Mode::Stage, false, 2),
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), overlapping, kBegin, l.data_end, l.file_size, Source::Staged, false, 2),
                   std::invalid_argument);
-  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end - 1, l.file_size, Mode::Stage, false, 2),
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end - 1, l.file_size, Source::Staged, false, 2),
                   std::invalid_argument);
-  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.data_end - 1, Mode::Stage, false, 2),
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.data_end - 1, Source::Staged, false, 2),
                   std::invalid_argument);
-  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.file_size, Mode::Stage, false, 1),
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), l.pieces(), kBegin, l.data_end, l.file_size, Source::Staged, false, 1),
                   std::invalid_argument);  // record 1 of 1
   std::vector<Piece> unaligned{{reinterpret_cast<uintptr_t>(l.a.data()), 100, 100, 0}};
-  CHECK_THROWS_AS(engine.submit(tmp.path("x"), unaligned, 100, 200, 200, Mode::Stage, false, 1),
+  CHECK_THROWS_AS(engine.submit(tmp.path("x"), unaligned, 100, 200, 200, Source::Staged, false, 1),
                   std::invalid_argument);
+}
+
+namespace {
+
+// A sink in plain memory that records which threads put and persisted: the job must treat any
+// Sink alike, putting on the threads the sink asks for and persisting every byte it put.
+class MemorySink final : public Sink {
+ public:
+  MemorySink(uint64_t size, bool on_copy_thread, bool with_put)
+      : bytes(size, 0), on_copy_thread_(on_copy_thread), with_put_(with_put) {}
+  void check_extent(uint64_t, uint64_t end, uint64_t) const override {
+    if (end > bytes.size()) throw std::invalid_argument("past the end");
+  }
+  bool needs_open() const override { return false; }
+  void put(const void* src, uint64_t len, uint64_t off, bool) override {
+    std::memcpy(bytes.data() + off, src, len);
+    put_bytes += len;
+  }
+  bool put_on_copy_thread() const override { return on_copy_thread_; }
+  void persist(uint64_t, uint64_t len) override { persisted += len; }
+  bool persist_with_put() const override { return with_put_; }
+  void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t) override {
+    for (const auto& [off, blob] : blobs) std::memcpy(bytes.data() + off, blob.data(), blob.size());
+    finished = true;
+  }
+  std::vector<uint8_t> bytes;
+  std::atomic<uint64_t> put_bytes{0}, persisted{0};
+  bool finished = false;
+
+ private:
+  bool on_copy_thread_, with_put_;
+};
+
+}  // namespace
+
+TEST_CASE("every source puts every byte into any sink, persisted, on the threads the sink asks for") {
+  Layout l;
+  StagingPool pool(8192);
+  pool.grow(2);
+  ThreadPool copiers(2), writers(2);
+  std::atomic<uint64_t> progress{0};
+  for (Source source : {Source::Staged, Source::Direct}) {
+    for (bool on_copy_thread : {false, true}) {
+      for (bool with_put : {false, true}) {
+        CAPTURE(static_cast<int>(source));
+        CAPTURE(on_copy_thread);
+        CAPTURE(with_put);
+        auto sink = std::make_unique<MemorySink>(l.file_size, on_copy_thread, with_put);
+        MemorySink& mem = *sink;
+        auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &progress}, std::move(sink),
+                                              l.pieces(), kBegin, l.data_end, l.file_size, source, 4096, 2);
+        job->start();
+        REQUIRE(job->wait_copied(10.0));
+        REQUIRE(job->wait_written(10.0));
+        job->finalize({{0, "HEADER"}}, l.file_size);
+        CHECK(mem.finished);
+        CHECK(std::string(mem.bytes.begin(), mem.bytes.begin() + 6) == "HEADER");
+        CHECK(std::equal(l.a.begin(), l.a.end(), mem.bytes.begin() + kBegin));
+        CHECK(std::equal(l.b.begin(), l.b.end(), mem.bytes.begin() + kBegin + l.a.size()));
+        CHECK(mem.persisted.load() == mem.put_bytes.load());  // whatever was put was persisted
+        CHECK(job->bytes_written() == l.a.size() + l.b.size());
+        CHECK(job->record_crcs()[1] == crc32_update(0, l.b.data(), l.b.size()));
+      }
+    }
+  }
+  CHECK(pool.free_count() == 2);
 }

@@ -1,30 +1,36 @@
-// file_target.cc — the file sink of a write job.
-#include "file_target.h"
+// file_sink.cc — the file sink of a write job.
+#include "file_sink.h"
 
 #include <unistd.h>
+
+#include <stdexcept>
 
 #include "file_io.h"
 
 namespace fastckpt {
 
-FileTarget::FileTarget(std::string path, uint64_t file_size, bool direct_io)
+FileSink::FileSink(std::string path, uint64_t file_size, bool direct_io)
     : path_(std::move(path)), size_(file_size), direct_io_(direct_io) {}
 
-FileTarget::~FileTarget() { close(); }
+FileSink::~FileSink() { close(); }
 
-void FileTarget::close() {
+void FileSink::check_extent(uint64_t, uint64_t end, uint64_t file_size) const {
+  if (end > file_size) throw std::invalid_argument("data extent past end of file");
+}
+
+void FileSink::close() {
   if (fd_direct_ >= 0) ::close(fd_direct_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd_direct_ = -1;
 }
 
-void FileTarget::open() {
+void FileSink::open() {
   fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
   preallocate(fd_, size_, path_);
   if (direct_io_) fd_direct_ = open_direct(path_);
 }
 
-bool FileTarget::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {
+bool FileSink::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {
   if (may_direct && fd_direct_ >= 0 && !direct_refused_.load()) {
     if (pwrite_full(fd_direct_, buf, round_up(len, kAlign), off, path_, true)) {
       direct_used_ = true;
@@ -36,7 +42,7 @@ bool FileTarget::write_block(const void* buf, uint64_t len, uint64_t off, bool m
   return false;
 }
 
-void FileTarget::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
+void FileSink::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
   if (fd_ < 0) throw std::logic_error("file was never opened");
   for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
   if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);

@@ -1,4 +1,4 @@
-// test_file_target.cc — the file sink alone: blocks land at their offsets, O_DIRECT carries
+// test_file_sink.cc — the file sink alone: blocks land at their offsets, O_DIRECT carries
 // aligned blocks where the filesystem takes it and buffered writes carry the rest, finish()
 // writes the headers, sets the final size and closes, and a bad path fails with the path named.
 #include <doctest/doctest.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "file_io.h"
-#include "file_target.h"
+#include "file_sink.h"
 #include "scratch.h"
 
 using namespace fastckpt;
@@ -41,7 +41,7 @@ TEST_CASE("blocks land at their offsets, headers and the final size come last") 
   const auto a = pattern(8192, 3), b = pattern(1000, 4);
   Aligned block(a);
   for (bool direct : {false, true}) {
-    FileTarget file(path, 4096 + 8192 + 1000 + 16, direct);
+    FileSink file(path, 4096 + 8192 + 1000 + 16, direct);
     file.open();
     REQUIRE(file.is_open());
     const bool carried = file.write_block(block.p, a.size(), 4096, true);
@@ -61,7 +61,7 @@ TEST_CASE("blocks land at their offsets, headers and the final size come last") 
 
 TEST_CASE("a path that cannot be created fails open() naming it") {
   Scratch dir;
-  FileTarget file(dir.path("no/such/dir/f.bin"), 4096, false);
+  FileSink file(dir.path("no/such/dir/f.bin"), 4096, false);
   try {
     file.open();
     FAIL("open() succeeded");
