@@ -26,7 +26,7 @@ class CheckpointerConfig:
     writers: int = 4
     chunk_mb: int = 64
     staging_mb: int | None = None
-    store: str = "file"
+    store: str = "root"
     format: str = "torch"
     keep: int = 2
     verify: bool = True
@@ -53,8 +53,10 @@ class CheckpointerConfig:
         which must name a DAX device); a ConfigError of one line names the first bad one."""
         from .format import FORMATS
         from .pmem.pool import PERSIST, check_device_path
-        from .store import STORES
+        from .store import STORES, store_name
         from .write import STRATEGIES
+        if store_name(self.store) != self.store:
+            return CheckpointerConfig(**dict(vars(self), store=store_name(self.store))).validate()
         for name, choices in (("strategy", STRATEGIES), ("store", STORES), ("format", FORMATS),
                               ("policy", POLICIES), ("on_error", ON_ERROR), ("persist", PERSIST)):
             if getattr(self, name) not in choices:

@@ -1,7 +1,7 @@
 """What every store does the same way unless it says otherwise.
 
 A store decides where a checkpoint's bytes go and how one becomes committed; the
-Checkpointer drives it (see FileStore for the whole protocol). File-backed stores write
+Checkpointer drives it (see RootStore for the whole protocol). File-backed stores write
 files planned in the Checkpointer's format through the native file writer and read
 them back with the format readers; the pmem store overrides these hooks.
 """

@@ -29,7 +29,7 @@ from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..fsutil import fsync_dir, write_atomic
 from .base import Store
-from .file_store import FileStore
+from .root_store import RootStore
 
 MARKER_SUFFIX = ".fastckpt-commit"
 TMP_GLOB = ".*.fastckpt-*.tmp"
@@ -54,7 +54,7 @@ def filesystem(url: str):
 
 
 class PathStore(Store):
-    """Store protocol (see FileStore) for caller-named paths; no retention, no `latest`."""
+    """Store protocol (see RootStore) for caller-named paths; no retention, no `latest`."""
 
     root = None
 
@@ -90,7 +90,7 @@ class PathStore(Store):
         target = local_path(target)
         if self.per_rank:  # a fresh name each time: the old COMMIT keeps vouching for old files
             os.makedirs(target, exist_ok=True)
-            stem, ext = FileStore.file_name(rank, fmt).rsplit(".", 1)
+            stem, ext = RootStore.file_name(rank, fmt).rsplit(".", 1)
             return target, os.path.join(target, f"{stem}.{os.getpid()}-{counter}.{ext}")
         parent, name = os.path.split(target)
         if not os.path.isdir(parent):

@@ -97,7 +97,7 @@ class PoolStore(Store):
                 self.pool = Pool(self.root, None, self.persist, create=False)
         return self.pool
 
-    # -- the store protocol (see FileStore) ---------------------------------
+    # -- the store protocol (see RootStore) ---------------------------------
     def prepare(self) -> None:
         parent = os.path.dirname(self.root)
         if not os.path.isdir(parent):

@@ -32,7 +32,7 @@ from ..commit import record as commit
 from ..commit.record import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..store import tag_records as tags
-from ..store.file_store import DIR_RE, FileStore
+from ..store.root_store import DIR_RE, RootStore
 from ..store.path_store import MARKER_SUFFIX
 
 CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
@@ -97,7 +97,7 @@ def survey(path: str) -> Survey:
 
 # -- kinds ----------------------------------------------------------------
 def _root(path: str) -> Survey:
-    store = FileStore(path)
+    store = RootStore(path)
     latest = (store.read_latest() or {}).get("dir")
     entries = []
     for ckpt_dir, info, status in store.listing():

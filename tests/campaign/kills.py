@@ -1,4 +1,4 @@
-"""Part 1: kill -9 at random moments while a writer checkpoints, on the file store (torch and
+"""Part 1: kill -9 at random moments while a writer checkpoints, on the root store (torch and
 safetensors formats) and the PMEM store (a pool on /dev/shm), concurrency 1-4.
 
 After each kill a fresh child opens the store as a restarted job would: the newest valid
@@ -60,12 +60,12 @@ def _recover(root: str, kwargs: dict) -> dict:
 
 def run(n: int, work: str, shm: str, seed: int = 1, max_delay: float = 0.4) -> dict:
     rng = random.Random(seed)
-    roots = {"file": os.path.join(work, "kills-file"), "pmem": os.path.join(shm, "kills.pool")}
-    best = {"file": 0, "pmem": 0}
+    roots = {"root": os.path.join(work, "kills-root"), "pmem": os.path.join(shm, "kills.pool")}
+    best = {"root": 0, "pmem": 0}
     rows: dict = {}
     failures = []
     for i in range(n):
-        store = ("file", "pmem")[i % 2]
+        store = ("root", "pmem")[i % 2]
         concurrency = 1 + (i // 2) % 4
         kwargs = store_kwargs(store, i // 2)
         lines = forked.kill_during(_writer, (roots[store], concurrency, kwargs), rng.uniform(0, max_delay))

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from test_deepspeed import assert_resumed_exactly, run
+from support.deepspeed_runs import assert_resumed_exactly, run
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import torch
 
 import fastckpt
 
-from test_deepspeed import assert_resumed_exactly, run
+from support.deepspeed_runs import assert_resumed_exactly, run
 
 pytest.importorskip("deepspeed")
 

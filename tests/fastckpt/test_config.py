@@ -116,7 +116,7 @@ def test_defaults_live_in_one_place():
         flat = flatten(make([f"strategy={group}"]))
         assert {k: flat[k] for k in ("concurrency", "writers", "chunk_mb")} == \
                {k: defaults[k] for k in ("concurrency", "writers", "chunk_mb")}, group
-    for store in ("file", "pmem"):
+    for store in ("root", "pmem"):
         flat = flatten(make([f"store={store}"]))
         for k, v in flat.items():
             if k not in ("root", "strategy", "store"):
@@ -127,7 +127,7 @@ def test_defaults_live_in_one_place():
     ("concurrency=-1", "concurrency must be an integer >= 1, got -1"),
     ("format=safetenors", "unknown format 'safetenors'; choose one of: torch, safetensors"),
     ("policy=skipp", "unknown policy 'skipp'"),
-    ("store.persist=fencee", "unknown setting 'persist' of store=file"),
+    ("store.persist=fencee", "unknown setting 'persist' of store=root"),
     ("+concurency=4", "unknown fastckpt setting(s) ['concurency']; valid:"),
     ("concurency=4", "unknown setting 'concurency' in 'concurency=4'; valid: chunk_mb, commit_timeout_s, concurrency"),
 ])
@@ -161,3 +161,17 @@ def test_every_entry_checks_values_before_building_anything(tmp_path):
     with pytest.raises(fastckpt.ConfigError, match="stall_timeout_s must be"):
         fastckpt.Checkpointer(str(tmp_path / "ck"), stall_timeout_s=-1)
     assert not os.path.exists(tmp_path / "ck")
+
+
+def test_the_root_store_answers_to_its_earlier_name_file(tmp_path):
+    """store="root" was called store="file": configs and calls that say so keep working, as the
+    same store (its checkpoints, its `latest`)."""
+    with fastckpt.Checkpointer(tmp_path / "a", store="file") as old:
+        assert old.store_kind == "root"
+        old.save({"w": 1}, step=1).wait()
+    with fastckpt.Checkpointer(tmp_path / "a", store="root") as new:
+        assert new.latest().step == 1 and new.load()["w"] == 1
+    assert CheckpointerConfig(root=str(tmp_path), store="file").validate().store == "root"
+    ck = instantiate(make([f"root={tmp_path / 'b'}", "store=file"]))
+    assert ck.store_kind == "root"
+    ck.close()

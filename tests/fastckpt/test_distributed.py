@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,16 +15,11 @@ import torch
 import fastckpt
 
 from support.paths import ROOT, WORKERS
+from support.processes import free_port
 from workers.dist_worker import state_for  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(mode: str, root: str, world: int = 2, store: str = "file") -> list[subprocess.Popen]:
+def launch(mode: str, root: str, world: int = 2, store: str = "root") -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
@@ -38,12 +32,12 @@ def launch(mode: str, root: str, world: int = 2, store: str = "file") -> list[su
 
 def where(request, tmp_path, store: str) -> tuple[str, dict]:
     """(root, reader kwargs): a directory for the file store, a pool on /dev/shm for pmem."""
-    if store == "file":
+    if store == "root":
         return str(tmp_path), {}
     return os.path.join(request.getfixturevalue("shm"), "dist.pool"), {"store": "pmem"}
 
 
-@pytest.mark.parametrize("store", ["file", "pmem"])
+@pytest.mark.parametrize("store", ["root", "pmem"])
 def test_two_ranks_roundtrip(request, tmp_path, store):
     root, reader = where(request, tmp_path, store)
     procs = launch("roundtrip", root, store=store)
@@ -58,7 +52,7 @@ def test_two_ranks_roundtrip(request, tmp_path, store):
         assert torch.equal(out["w"], state_for(rank, 5)["w"])
 
 
-@pytest.mark.parametrize("store", ["file", "pmem"])
+@pytest.mark.parametrize("store", ["root", "pmem"])
 def test_rank_killed_mid_commit_keeps_previous_global(request, tmp_path, store):
     root, reader = where(request, tmp_path, store)
     rng = random.Random(7)

@@ -22,7 +22,7 @@ def test_single_file_roundtrip(tmp_path, fmt, strategy):
     assert_sharing(out)
 
 
-@pytest.mark.parametrize("store", ["file", "path", "pmem"])
+@pytest.mark.parametrize("store", ["root", "path", "pmem"])
 @pytest.mark.parametrize("state", [{}, {"step": 3, "names": ["a", None]}], ids=["empty", "no-tensor"])
 def test_a_state_without_tensors_round_trips(tmp_path, store, state):
     """DeepSpeed's pipeline engine saves a layer without parameters as a dict with no tensor:

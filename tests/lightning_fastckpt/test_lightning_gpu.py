@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from workers.lit_app import assert_equal
-from test_lightning_ddp import losses, run
+from support.lightning_runs import losses, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::UserWarning")]
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for bit-exact resumes

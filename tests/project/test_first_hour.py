@@ -80,7 +80,7 @@ DEMO_SMALL = ["demo.steps=40", "demo.every=5", "demo.kill_at=23", "demo.d_model=
               "demo.vocab=64", "demo.seq=16", "demo.heads=2"]
 
 
-@pytest.mark.parametrize("store", ["file", "pmem"])
+@pytest.mark.parametrize("store", ["root", "pmem"])
 def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_path, store):
     """The main job, small: bit-exact resume (and an exit status that says so), figures as medians
     with quartiles over the same steps, and the torch.save reference files gone — also with the

@@ -1,14 +1,23 @@
-"""Killing a test program at a random moment once it says it is ready."""
+"""Test programs as processes: a free port for their process group, and killing one at a random
+moment once it says it is ready."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
 from .paths import ROOT, WORKERS
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (MASTER_PORT of a group of test ranks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line) -> None:

@@ -1,6 +1,6 @@
 """One rank of the 2-rank gloo tests. Usage: dist_worker.py MODE ROOT [STORE] (env: RANK, WORLD_SIZE, MASTER_*).
 
-STORE: file (default) or pmem (ROOT is then a pool both ranks share, one model per rank)."""
+STORE: root (default) or pmem (ROOT is then a pool both ranks share, one model per rank)."""
 import sys
 
 import torch
@@ -16,7 +16,7 @@ def state_for(rank: int, step: int) -> dict:
 
 def main() -> None:
     mode, root = sys.argv[1], sys.argv[2]
-    store = sys.argv[3] if len(sys.argv) > 3 else "file"
+    store = sys.argv[3] if len(sys.argv) > 3 else "root"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     pool = {"store": "pmem", "pool_mb": 64} if store == "pmem" else {}

@@ -71,7 +71,7 @@ def test_a_damaged_lightning_checkpoint_is_named(lightning_folder, tmp_path, cap
 @pytest.fixture(scope="module")
 def deepspeed_folder(tmp_path_factory):
     pytest.importorskip("deepspeed")
-    from test_deepspeed import run
+    from support.deepspeed_runs import run
     base = tmp_path_factory.mktemp("deepspeed")
     run("train", base / "ck", base / "out.pt", "--stage", "1", ranks=1)
     return base / "ck"

@@ -43,7 +43,7 @@ def _state():
             "opt": {"state": {0: {"step": torch.tensor(9.0), "exp_avg": torch.randn(4096, generator=g)}}}}
 
 
-@pytest.mark.parametrize("store", ["file", "pmem"])
+@pytest.mark.parametrize("store", ["root", "pmem"])
 @pytest.mark.parametrize("strategy", ["c", "g", "d"])
 def test_stream_writes_commit_through_the_checkpointer(tmp_path, shm, host_as_stream, store, strategy):
     where = dict(root=os.path.join(shm, "pool"), store="pmem", pool_mb=64) if store == "pmem" else dict(root=tmp_path)

@@ -1,4 +1,4 @@
-"""The file store: one directory per checkpoint under a root, plus a `latest` pointer.
+"""The root store: one directory per checkpoint under a root, plus a `latest` pointer.
 
 Layout:  ROOT/step-00000100.c000007/{rank-0.pt, rank-1.pt, COMMIT}  and  ROOT/latest
 Owns naming (the counter in the name orders checkpoints even when steps
@@ -23,7 +23,7 @@ LATEST = "latest"
 EXT = {"torch": "pt", "safetensors": "safetensors"}
 
 
-class FileStore(Store):
+class RootStore(Store):
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
 
