@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup demo test test-gpu test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
 
-$(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/*.cc native/*.h)
+$(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	# the local CPU build of torch first, so nothing below can pull a CUDA torch

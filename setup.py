@@ -3,6 +3,7 @@
 libpmem2 is used for the pmem store when its header is found at build time
 (FASTCKPT_NO_LIBPMEM2=1 builds without it); otherwise the core's own persistence path runs.
 """
+import glob
 import os
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -18,8 +19,9 @@ def has_libpmem2() -> bool:
 pmem2 = has_libpmem2()
 native = Pybind11Extension(
     "fastckpt._native",
-    sources=["native/bindings.cc", "native/write_job.cc", "native/file_sink.cc"],
-    include_dirs=["native"],
+    # the core's definitions (native/src) against its headers (native/include/fastckpt)
+    sources=sorted(glob.glob("native/src/*.cc")),
+    include_dirs=["native/include"],
     libraries=["z", "dl"] + (["pmem2"] if pmem2 else []),
     define_macros=[("FASTCKPT_HAVE_LIBPMEM2", "1")] if pmem2 else [],
     cxx_std=17,

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "crc.h"
+#include "fastckpt/crc.h"
 #include "scratch.h"
 
 using namespace fastckpt;

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "file_io.h"
-#include "file_sink.h"
+#include "fastckpt/file_io.h"
+#include "fastckpt/file_sink.h"
 #include "scratch.h"
 
 using namespace fastckpt;

@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine.h"
-#include "pmem_pool.h"
+#include "fastckpt/engine.h"
+#include "fastckpt/pmem_pool.h"
 #include "scratch.h"
 
 using namespace fastckpt;

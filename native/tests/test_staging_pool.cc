@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "staging_pool.h"
+#include "fastckpt/staging_pool.h"
 
 using namespace fastckpt;
 

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine.h"
+#include "fastckpt/engine.h"
 #include "scratch.h"
-#include "sink.h"
+#include "fastckpt/sink.h"
 
 using namespace fastckpt;
 using fastckpt_test::pattern;

@@ -1,6 +1,7 @@
 """The native core's own C++ unit tests (native/tests, doctest): CRC, staging pool, write job,
-pool. Built here from the sources with the same defines and libraries as the extension (no
-Python, no torch) and run; every doctest case must pass. Needs doctest's header
+pool. Built here from the core's sources (native/src, all but bindings.cc, against the headers in
+native/include) with the same defines and libraries as the extension (no Python, no torch) and
+run; every doctest case must pass. Needs doctest's header
 (`apt-get install doctest-dev`, which .ci/run installs); without it this test is skipped.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 
 from support.paths import ROOT
 NATIVE = os.path.join(ROOT, "native")
+INCLUDE = os.path.join(NATIVE, "include")  # headers: #include "fastckpt/x.h"
+SRC = os.path.join(NATIVE, "src")
 
 
 def _compiler() -> str:
@@ -38,10 +41,10 @@ def native_tests(tmp_path_factory) -> str:
         pytest.skip("doctest's header is not installed (apt-get install doctest-dev)")
     exe = str(tmp_path_factory.mktemp("native") / "native_tests")
     pmem2 = _uses_libpmem2()
-    cmd = [_compiler(), "-std=c++17", "-O1", "-g0", "-Wall", "-Wextra", "-Werror", "-pthread", f"-I{NATIVE}",
+    cmd = [_compiler(), "-std=c++17", "-O1", "-g0", "-Wall", "-Wextra", "-Werror", "-pthread", f"-I{INCLUDE}",
            *(["-DFASTCKPT_HAVE_LIBPMEM2=1"] if pmem2 else []),
            *sorted(glob.glob(os.path.join(NATIVE, "tests", "*.cc"))),
-           *sorted(f for f in glob.glob(os.path.join(NATIVE, "*.cc")) if not f.endswith("bindings.cc")),
+           *sorted(f for f in glob.glob(os.path.join(SRC, "*.cc")) if os.path.basename(f) != "bindings.cc"),
            "-o", exe, "-lz", "-ldl", *(["-lpmem2"] if pmem2 else [])]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, f"the native tests do not build:\n{build.stderr[-6000:]}"

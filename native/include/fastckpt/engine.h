@@ -4,11 +4,11 @@
 #include <atomic>
 #include <memory>
 
-#include "file_sink.h"
-#include "mapped_sink.h"
-#include "staging_pool.h"
-#include "thread_pool.h"
-#include "write_job.h"
+#include "fastckpt/file_sink.h"
+#include "fastckpt/mapped_sink.h"
+#include "fastckpt/staging_pool.h"
+#include "fastckpt/thread_pool.h"
+#include "fastckpt/write_job.h"
 
 namespace fastckpt {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "sink.h"
+#include "fastckpt/sink.h"
 
 namespace fastckpt {
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "mapped_region.h"
-#include "sink.h"
+#include "fastckpt/mapped_region.h"
+#include "fastckpt/sink.h"
 
 namespace fastckpt {
 

@@ -1,11 +1,11 @@
 // file_sink.cc — the file sink of a write job.
-#include "file_sink.h"
+#include "fastckpt/file_sink.h"
 
 #include <unistd.h>
 
 #include <stdexcept>
 
-#include "file_io.h"
+#include "fastckpt/file_io.h"
 
 namespace fastckpt {
 

@@ -22,11 +22,11 @@
 #include <utility>
 #include <vector>
 
-#include "crc.h"
-#include "file_io.h"
-#include "sink.h"
-#include "staging_pool.h"
-#include "thread_pool.h"
+#include "fastckpt/crc.h"
+#include "fastckpt/file_io.h"
+#include "fastckpt/sink.h"
+#include "fastckpt/staging_pool.h"
+#include "fastckpt/thread_pool.h"
 
 namespace fastckpt {
 

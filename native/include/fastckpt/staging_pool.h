@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "file_io.h"  // kAlign
+#include "fastckpt/file_io.h"  // kAlign
 
 namespace fastckpt {
 

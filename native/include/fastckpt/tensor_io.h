@@ -14,8 +14,8 @@
 #include <memory>
 #include <string>
 
-#include "file_io.h"
-#include "staging_pool.h"  // kAlign
+#include "fastckpt/file_io.h"
+#include "fastckpt/staging_pool.h"  // kAlign
 
 namespace fastckpt {
 

@@ -5,12 +5,12 @@
 #include <pybind11/stl.h>
 #include <zlib.h>
 
-#include "crc.h"
-#include "engine.h"
-#include "file_io.h"
-#include "pmem_pool.h"
-#include "reader.h"
-#include "tensor_io.h"
+#include "fastckpt/crc.h"
+#include "fastckpt/engine.h"
+#include "fastckpt/file_io.h"
+#include "fastckpt/pmem_pool.h"
+#include "fastckpt/reader.h"
+#include "fastckpt/tensor_io.h"
 
 namespace py = pybind11;
 using namespace fastckpt;

@@ -29,8 +29,8 @@
 #include <immintrin.h>
 #endif
 
-#include "file_io.h"
-#include "mapped_region.h"
+#include "fastckpt/file_io.h"
+#include "fastckpt/mapped_region.h"
 
 #ifdef FASTCKPT_HAVE_LIBPMEM2
 #include <libpmem2.h>

@@ -1,5 +1,5 @@
 // write_job.cc — the copy/CRC/write pipeline of one checkpoint file.
-#include "write_job.h"
+#include "fastckpt/write_job.h"
 
 #include <algorithm>
 
