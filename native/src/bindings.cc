@@ -3,7 +3,8 @@
 // the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <zlib.h>
+
+#include <thread>
 
 #include "fastckpt/crc.h"
 #include "fastckpt/engine.h"

@@ -1,4 +1,4 @@
-// file_sink.cc — the file sink of a write job.
+// file_sink.cc — the definitions of file_sink.h: the file sink of a write job.
 #include "fastckpt/file_sink.h"
 
 #include <unistd.h>

@@ -1,7 +1,13 @@
-// write_job.cc — the copy/CRC/write pipeline of one checkpoint file.
+// write_job.cc — the definitions of write_job.h: the copy/CRC/write pipeline of one checkpoint file.
 #include "fastckpt/write_job.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "fastckpt/crc.h"
+#include "fastckpt/file_io.h"
 
 namespace fastckpt {
 

@@ -6,7 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "fastckpt/crc.h"
 #include "fastckpt/engine.h"
+#include "fastckpt/file_io.h"
 #include "fastckpt/pmem_pool.h"
 #include "scratch.h"
 

@@ -10,9 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "fastckpt/crc.h"
 #include "fastckpt/engine.h"
-#include "scratch.h"
+#include "fastckpt/file_io.h"
 #include "fastckpt/sink.h"
+#include "scratch.h"
 
 using namespace fastckpt;
 using fastckpt_test::pattern;

@@ -1,11 +1,16 @@
 // engine.h — what one Checkpointer owns natively: the staging pool, the copy
 // threads and the writer threads, shared by every file it has in flight.
+// Definitions: src/engine.cc.
 #pragma once
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
-#include "fastckpt/file_sink.h"
-#include "fastckpt/mapped_sink.h"
+#include "fastckpt/mapped_region.h"
+#include "fastckpt/sink.h"
 #include "fastckpt/staging_pool.h"
 #include "fastckpt/thread_pool.h"
 #include "fastckpt/write_job.h"
@@ -17,25 +22,18 @@ constexpr int kWriterNice = 10;
 
 class Engine {
  public:
-  Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
-      : pool_(chunk_bytes), writers_(write_threads, kWriterNice), copiers_(copy_threads) {}
+  Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads);
 
   // A job writing the file at `path` (a FileSink) from the given source.
   std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
                                    uint64_t data_begin, uint64_t data_end, uint64_t file_size,
                                    Source source, bool direct_io, uint32_t n_records,
-                                   bool held = false) {
-    return start(std::make_unique<FileSink>(path, file_size, direct_io), std::move(pieces), data_begin,
-                 data_end, file_size, source, n_records, held);
-  }
+                                   bool held = false);
   // A job storing straight from the caller's memory into a mapped region (a MappedSink:
   // file offset f -> region offset f + shift).
   std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<const MappedRegion> region, uint64_t shift,
                                           std::vector<Piece> pieces, uint64_t data_begin,
-                                          uint64_t data_end, uint32_t n_records, bool held) {
-    return start(std::make_unique<MappedSink>(std::move(region), shift), std::move(pieces), data_begin,
-                 data_end, data_end, Source::Direct, n_records, held);
-  }
+                                          uint64_t data_end, uint32_t n_records, bool held);
   StagingPool& pool() { return pool_; }
   // Units copied or written by any job of this engine so far (see Workers).
   uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
@@ -45,13 +43,7 @@ class Engine {
  private:
   std::shared_ptr<WriteJob> start(std::unique_ptr<Sink> sink, std::vector<Piece> pieces, uint64_t data_begin,
                                   uint64_t data_end, uint64_t file_size, Source source, uint32_t n_records,
-                                  bool held) {
-    auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, std::move(sink),
-                                          std::move(pieces), data_begin, data_end, file_size, source,
-                                          pool_.chunk_bytes(), n_records, held);
-    job->start();
-    return job;
-  }
+                                  bool held);
 
   // Destruction runs bottom-up: copiers drain first (they feed writers), then
   // writers (they release chunks), then the pool frees memory.

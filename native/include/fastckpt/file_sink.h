@@ -3,7 +3,7 @@
 // on a writer thread; written block by block on writer threads — O_DIRECT where a block is
 // aligned and allowed, buffered otherwise, and buffered for good once the kernel has refused
 // O_DIRECT on this file; durable at finish(): the header blobs, ftruncate and fdatasync.
-// Knows nothing of chunks or records.
+// Knows nothing of chunks or records. Definitions: src/file_sink.cc.
 #pragma once
 #include <atomic>
 #include <cstdint>

@@ -2,10 +2,10 @@
 // at region offset f + shift. Bytes are stored straight into the mapping on the copy threads
 // (no staging, no file) and made durable span by span — a store fence on the same thread, or an
 // msync a writer thread may run. The pool writes its own headers: there is nothing to finish.
+// Definitions: src/mapped_sink.cc.
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,23 +17,14 @@ namespace fastckpt {
 
 class MappedSink final : public Sink {
  public:
-  MappedSink(std::shared_ptr<const MappedRegion> region, uint64_t shift)
-      : region_(std::move(region)), shift_(shift) {
-    if (!region_) throw std::invalid_argument("a mapped sink needs a region");
-  }
-  void check_extent(uint64_t begin, uint64_t end, uint64_t) const override {
-    const uint64_t lo = begin + shift_, n = end - begin;
-    if (lo > region_->size() || n > region_->size() - lo)
-      throw std::invalid_argument("the data extent falls outside the mapped sink");
-  }
+  MappedSink(std::shared_ptr<const MappedRegion> region, uint64_t shift);  // throws without a region
+  void check_extent(uint64_t begin, uint64_t end, uint64_t) const override;
   bool needs_open() const override { return false; }
   void put(const void* src, uint64_t len, uint64_t off, bool) override { region_->copy_in(off + shift_, src, len); }
   bool put_on_copy_thread() const override { return true; }
   void persist(uint64_t off, uint64_t len) override { region_->persist_copied(off + shift_, len); }
   bool persist_with_put() const override { return region_->fence_on_copy_thread(); }
-  void finish(const std::vector<std::pair<uint64_t, std::string>>&, uint64_t) override {
-    throw std::logic_error("a mapped job has no file to finalize");
-  }
+  void finish(const std::vector<std::pair<uint64_t, std::string>>&, uint64_t) override;  // throws: nothing to finish
 
  private:
   std::shared_ptr<const MappedRegion> region_;

@@ -2,15 +2,12 @@
 // Chunks are allocated only when the owner grows the pool (so the owner can
 // pin them, e.g. with cudaHostRegister) and are reused until free_all().
 // acquire() blocks (GIL released by the binding) until a chunk is free.
+// Definitions: src/staging_pool.cc.
 #pragma once
-#include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
-#include <new>
-#include <stdexcept>
 #include <vector>
 
 #include "fastckpt/file_io.h"  // kAlign
@@ -19,80 +16,28 @@ namespace fastckpt {
 
 class StagingPool {
  public:
-  explicit StagingPool(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
-    if (chunk_bytes == 0 || chunk_bytes % kAlign != 0)
-      throw std::invalid_argument("staging chunk size must be a positive multiple of 4096 bytes");
-  }
-  ~StagingPool() {
-    for (void* p : chunks_) std::free(p);
-  }
+  // chunk_bytes: a positive multiple of kAlign (throws std::invalid_argument otherwise).
+  explicit StagingPool(size_t chunk_bytes);
+  ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
   // Allocates n more chunks; returns their addresses.
-  std::vector<uintptr_t> grow(size_t n) {
-    std::vector<uintptr_t> out;
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t i = 0; i < n; ++i) {
-      void* p = nullptr;
-      if (posix_memalign(&p, kAlign, chunk_bytes_) != 0) throw std::bad_alloc();
-      std::memset(p, 0, chunk_bytes_);  // fault the pages in now, not in the first snapshot
-      chunks_.push_back(p);
-      free_.push_back(static_cast<int>(chunks_.size() - 1));
-      out.push_back(reinterpret_cast<uintptr_t>(p));
-    }
-    cv_.notify_all();
-    return out;
-  }
+  std::vector<uintptr_t> grow(size_t n);
 
   // Returns a free slot, or -1 after timeout_s (< 0: wait forever).
-  int acquire(double timeout_s) {
-    std::unique_lock<std::mutex> lk(mu_);
-    auto ready = [this] { return !free_.empty(); };
-    if (timeout_s < 0) {
-      cv_.wait(lk, ready);
-    } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
-      return -1;
-    }
-    int slot = free_.back();
-    free_.pop_back();
-    return slot;
-  }
+  int acquire(double timeout_s);
 
-  void release(int slot) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      free_.push_back(slot);
-    }
-    cv_.notify_one();
-  }
+  void release(int slot);
 
   uint8_t* data(int slot) const { return static_cast<uint8_t*>(chunks_.at(slot)); }
   size_t chunk_bytes() const { return chunk_bytes_; }
-  size_t capacity() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return chunks_.size();
-  }
-  size_t free_count() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return free_.size();
-  }
-  std::vector<uintptr_t> addresses() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    std::vector<uintptr_t> out;
-    for (void* p : chunks_) out.push_back(reinterpret_cast<uintptr_t>(p));
-    return out;
-  }
+  size_t capacity() const;
+  size_t free_count() const;
+  std::vector<uintptr_t> addresses() const;
 
   // Frees every chunk; refuses while any chunk is still in use.
-  void free_all() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (free_.size() != chunks_.size())
-      throw std::runtime_error("staging pool still has chunks in use; wait for checkpoints first");
-    for (void* p : chunks_) std::free(p);
-    chunks_.clear();
-    free_.clear();
-  }
+  void free_all();
 
  private:
   const size_t chunk_bytes_;

@@ -10,10 +10,13 @@
 // No wait here is unbounded: every one takes a timeout (the Python write path calls them in
 // slices under its deadline), and a copy thread waiting for a staging chunk gives up once the
 // job has failed.
+// Definitions: src/write_job.cc.
 #pragma once
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,8 +25,6 @@
 #include <utility>
 #include <vector>
 
-#include "fastckpt/crc.h"
-#include "fastckpt/file_io.h"
 #include "fastckpt/sink.h"
 #include "fastckpt/staging_pool.h"
 #include "fastckpt/thread_pool.h"

@@ -1,0 +1,39 @@
+// engine.cc — the definitions of engine.h: a job gets its sink here and is started on the
+// engine's pool and threads.
+#include "fastckpt/engine.h"
+
+#include <utility>
+
+#include "fastckpt/file_sink.h"
+#include "fastckpt/mapped_sink.h"
+
+namespace fastckpt {
+
+Engine::Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
+    : pool_(chunk_bytes), writers_(write_threads, kWriterNice), copiers_(copy_threads) {}
+
+std::shared_ptr<WriteJob> Engine::submit(const std::string& path, std::vector<Piece> pieces,
+                                         uint64_t data_begin, uint64_t data_end, uint64_t file_size,
+                                         Source source, bool direct_io, uint32_t n_records, bool held) {
+  return start(std::make_unique<FileSink>(path, file_size, direct_io), std::move(pieces), data_begin,
+               data_end, file_size, source, n_records, held);
+}
+
+std::shared_ptr<WriteJob> Engine::submit_mapped(std::shared_ptr<const MappedRegion> region, uint64_t shift,
+                                                std::vector<Piece> pieces, uint64_t data_begin,
+                                                uint64_t data_end, uint32_t n_records, bool held) {
+  return start(std::make_unique<MappedSink>(std::move(region), shift), std::move(pieces), data_begin,
+               data_end, data_end, Source::Direct, n_records, held);
+}
+
+std::shared_ptr<WriteJob> Engine::start(std::unique_ptr<Sink> sink, std::vector<Piece> pieces,
+                                        uint64_t data_begin, uint64_t data_end, uint64_t file_size,
+                                        Source source, uint32_t n_records, bool held) {
+  auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, std::move(sink),
+                                        std::move(pieces), data_begin, data_end, file_size, source,
+                                        pool_.chunk_bytes(), n_records, held);
+  job->start();
+  return job;
+}
+
+}  // namespace fastckpt

@@ -1,0 +1,83 @@
+// staging_pool.cc — the definitions of staging_pool.h: allocation and the free list.
+#include "fastckpt/staging_pool.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace fastckpt {
+
+StagingPool::StagingPool(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
+  if (chunk_bytes == 0 || chunk_bytes % kAlign != 0)
+    throw std::invalid_argument("staging chunk size must be a positive multiple of 4096 bytes");
+}
+
+StagingPool::~StagingPool() {
+  for (void* p : chunks_) std::free(p);
+}
+
+std::vector<uintptr_t> StagingPool::grow(size_t n) {
+  std::vector<uintptr_t> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < n; ++i) {
+    void* p = nullptr;
+    if (posix_memalign(&p, kAlign, chunk_bytes_) != 0) throw std::bad_alloc();
+    std::memset(p, 0, chunk_bytes_);  // fault the pages in now, not in the first snapshot
+    chunks_.push_back(p);
+    free_.push_back(static_cast<int>(chunks_.size() - 1));
+    out.push_back(reinterpret_cast<uintptr_t>(p));
+  }
+  cv_.notify_all();
+  return out;
+}
+
+int StagingPool::acquire(double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto ready = [this] { return !free_.empty(); };
+  if (timeout_s < 0) {
+    cv_.wait(lk, ready);
+  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) {
+    return -1;
+  }
+  int slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void StagingPool::release(int slot) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_.push_back(slot);
+  }
+  cv_.notify_one();
+}
+
+size_t StagingPool::capacity() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return chunks_.size();
+}
+
+size_t StagingPool::free_count() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return free_.size();
+}
+
+std::vector<uintptr_t> StagingPool::addresses() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<uintptr_t> out;
+  for (void* p : chunks_) out.push_back(reinterpret_cast<uintptr_t>(p));
+  return out;
+}
+
+void StagingPool::free_all() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (free_.size() != chunks_.size())
+    throw std::runtime_error("staging pool still has chunks in use; wait for checkpoints first");
+  for (void* p : chunks_) std::free(p);
+  chunks_.clear();
+  free_.clear();
+}
+
+}  // namespace fastckpt
