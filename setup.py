@@ -22,6 +22,7 @@ native = Pybind11Extension(
     # the core's definitions (native/src) against its headers (native/include/fastckpt)
     sources=sorted(glob.glob("native/src/*.cc")),
     include_dirs=["native/include"],
+    depends=sorted(glob.glob("native/include/fastckpt/*.h")),  # a header edit rebuilds the extension
     libraries=["z", "dl"] + (["pmem2"] if pmem2 else []),
     define_macros=[("FASTCKPT_HAVE_LIBPMEM2", "1")] if pmem2 else [],
     cxx_std=17,
