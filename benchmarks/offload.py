@@ -269,7 +269,7 @@ def main() -> None:
                     help="measure nothing: recompute the published hit-rate scores from its saved log")
     args = ap.parse_args()
     if args.rescore:
-        res = previous_parts()
+        res = previous_parts(args.out)
         h = res["hitrate"]
         h.update(score(h["log"], h["explore"] * len(h["tools"])))
         keep("offload", args.out, res, results_text(res), plot, publish=True)
@@ -281,7 +281,7 @@ def main() -> None:
     random.seed(args.seed)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     command = f"python benchmarks/offload.py {' '.join(sys.argv[1:])}".strip()
-    res: dict = previous_parts() if not args.no_results else {}
+    res: dict = previous_parts(args.out) if not args.no_results else {}
     try:
         for part in args.parts:
             print(f"== {part} ==", flush=True)
@@ -307,10 +307,10 @@ def results_text(res: dict) -> str:
 PARTS = ("bandwidth", "hitrate", "memory")
 
 
-def previous_parts() -> dict:
-    """The published parts (benchmarks/figures/offload.json) a run that measures only some keeps."""
+def previous_parts(out_dir: str) -> dict:
+    """The parts an earlier run recorded (OUT/offload.json), which a run that measures only some keeps."""
     import json
-    path = os.path.join(HERE, "figures", "offload.json")
+    path = os.path.join(out_dir, "offload.json")
     if not os.path.exists(path):
         return {}
     old = json.load(open(path))

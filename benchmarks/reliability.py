@@ -1,5 +1,5 @@
 """The reliability campaign as a benchmark: runs tests/campaign/run.py (CI-sized, or --many),
-then prints and records its figures in benchmarks/RESULTS.md with a plot in figures/.
+then prints and records its figures in benchmarks/RESULTS.md (its JSON and plot: benchmarks/out/).
 
     python benchmarks/reliability.py            # CI-sized
     python benchmarks/reliability.py --many     # 1000 kills, 1000 corruptions, 8 h-equivalent soak
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--many", action="store_true", help="the full campaign (1000 kills, 1000 corruptions, ...)")
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    ap.add_argument("--no-results", action="store_true", help="do not touch benchmarks/RESULTS.md and figures/")
+    ap.add_argument("--no-results", action="store_true", help="do not touch benchmarks/RESULTS.md")
     ap.add_argument("--from-json", help="print and record the results of an earlier run's --json instead of running")
     args = ap.parse_args()
     if args.from_json:
