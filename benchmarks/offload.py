@@ -270,6 +270,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.rescore:
         res = previous_parts(args.out)
+        if "hitrate" not in res:
+            ap.error(f"--rescore needs the hit-rate log of an earlier run in {args.out}/offload.json (run the "
+                     "hitrate part first)")
         h = res["hitrate"]
         h.update(score(h["log"], h["explore"] * len(h["tools"])))
         keep("offload", args.out, res, results_text(res), plot, publish=True)
@@ -282,6 +285,10 @@ def main() -> None:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     command = f"python benchmarks/offload.py {' '.join(sys.argv[1:])}".strip()
     res: dict = previous_parts(args.out) if not args.no_results else {}
+    missing = [p for p in PARTS if p not in args.parts and p not in res]
+    if missing and not args.no_results:  # RESULTS.md's section would lose the tables of those parts
+        ap.error(f"the parts {missing} were never measured into {args.out}/offload.json: run them too, "
+                 "or pass --no-results")
     try:
         for part in args.parts:
             print(f"== {part} ==", flush=True)

@@ -206,7 +206,8 @@ class NamedCheckpoints:
     def progress(self) -> int:
         """What the writes of the open Checkpointer moved so far (0 when none is open); a wait
         for its saves that sees this grow is not stalled."""
-        return self._ck.progress() if self._ck is not None else 0
+        ck = self._ck  # read once: close() may drop it meanwhile (tag commits poll this)
+        return ck.progress() if ck is not None else 0
 
     def wait(self) -> None:
         """Until every save in flight has landed; a failed one is raised or warned about as

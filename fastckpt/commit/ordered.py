@@ -12,7 +12,10 @@ part is and how its record is written; this module says when:
   3. `in_order(finished)`: what must follow the previous unit (a rename over the same path);
      it returns this rank's part of the record;
   4. the ranks exchange (ok, part) — one gather on the agreement's background group, made in
-     issue order on every rank, so the collectives of consecutive units never interleave;
+     issue order on every rank, so the collectives of consecutive units never interleave (a
+     unit whose predecessor stalled past the deadline on a multi-rank job therefore makes no
+     collective at all: it fails, and so does every unit issued after it, while those issued
+     before it still commit with their peers);
   5. if every rank's part is there, `record(parts)` on every rank (rank 0 writes the record
      whose durable presence makes the checkpoint real), and the ranks agree it held;
   6. `landed(info, error)` exactly once: committed, or failed with the first error (this
@@ -25,7 +28,7 @@ import threading
 from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError
-from ..write.deadline import Deadline, WriteStalled
+from ..write.deadline import Deadline
 from .agreement import Agreement
 
 
@@ -62,6 +65,9 @@ class OrderedCommits:
         self._name = name
         self._lock = threading.Lock()
         self._last: Optional[threading.Event] = None  # set once the newest issued unit landed
+        self._issued = 0
+        # (index of the first unit that may not exchange any more, why): see _run
+        self._broken: Optional[tuple[int, str]] = None
 
     def issue(self, unit: CommitUnit, error: Optional[BaseException] = None,
               track: Optional[Callable[[threading.Thread], None]] = None) -> None:
@@ -71,13 +77,19 @@ class OrderedCommits:
         landed = threading.Event()
         with self._lock:
             before, self._last = self._last, landed
-        thread = threading.Thread(target=self._run, args=(unit, error, before, landed),
+            index, self._issued = self._issued, self._issued + 1
+        thread = threading.Thread(target=self._run, args=(unit, error, before, landed, index),
                                   name=f"{self._name}-{unit.label}", daemon=True)
         if track is not None:
             track(thread)
         thread.start()
 
-    def _run(self, unit: CommitUnit, error, before: Optional[threading.Event], landed: threading.Event) -> None:
+    def _out_of_step(self, index: int) -> Optional[str]:
+        broken = self._broken
+        return broken[1] if broken is not None and index >= broken[0] else None
+
+    def _run(self, unit: CommitUnit, error, before: Optional[threading.Event], landed: threading.Event,
+             index: int) -> None:
         try:
             part = None
             if error is None:
@@ -85,17 +97,30 @@ class OrderedCommits:
                     part = unit.finish()
                 except BaseException as e:  # noqa: BLE001 - surfaced through landed(), never swallowed
                     error = e
-            if before is not None:
+            if before is not None and self._out_of_step(index) is None:
                 try:  # bounded: the unit before has its own deadlines
                     self._deadline.wait(f"the commit before {unit.label}", before.wait, slack=self._slack)
-                except WriteStalled as e:
+                except BaseException as e:  # noqa: BLE001 - WriteStalled, or the progress counter failed
                     error = error or e
-            if error is None:
-                try:
-                    part = unit.in_order(part)
-                except BaseException as e:  # noqa: BLE001
-                    error = e
-            info, error = self._agree_and_record(unit, part, error)
+                    if self._agree.world_size > 1 and not before.is_set():
+                        # the unit before may still be in a collective on the same group: joining in
+                        # now could pair this unit's exchange with its exchange on another rank. Units
+                        # issued before this one still exchange, in step with the other ranks.
+                        with self._lock:
+                            if self._broken is None:
+                                self._broken = (index, f"the commit of a checkpoint before {unit.label} stalled, "
+                                                "so the ranks no longer commit in step; this rank commits "
+                                                "nothing more until reopened")
+            out_of_step = self._out_of_step(index)
+            if out_of_step is not None:
+                info, error = None, error or CheckpointWriteError(f"{unit.label} was not committed: {out_of_step}")
+            else:
+                if error is None:
+                    try:
+                        part = unit.in_order(part)
+                    except BaseException as e:  # noqa: BLE001
+                        error = e
+                info, error = self._agree_and_record(unit, part, error)
             unit.landed(info, error)
         finally:
             landed.set()

@@ -101,3 +101,39 @@ def test_a_unit_stuck_before_its_turn_stops_the_next_at_the_deadline():
     assert time.monotonic() - t0 < 5
     release.set()
     assert stuck.done.wait(10) and stuck.error is None
+
+
+class TwoRanks(Agreement):
+    """The other rank agrees with everything; every collective is logged."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def all_ok(self, ok: bool, background: bool = False) -> bool:
+        self.log.append(("all_ok",))
+        return ok
+
+    def gather(self, obj, background: bool = False) -> list:
+        self.log.append(("gather", obj[1]))
+        return [obj, obj]
+
+
+def test_across_ranks_a_stall_before_its_turn_makes_no_collective_and_stops_later_commits():
+    """The unit before may still be in its exchange with the other ranks: a unit that stopped
+    waiting for it must not exchange on the same group (the two could pair up wrongly on another
+    rank), and no later unit can be in step again."""
+    log: list = []
+    c = OrderedCommits(TwoRanks(log), Deadline(0.3), slack_s=0.0)
+    release = threading.Event()
+    stuck, stalled, later = Unit("a", log, gate=release), Unit("b", log), Unit("c", log)
+    c.issue(stuck)
+    c.issue(stalled)
+    assert stalled.done.wait(10) and isinstance(stalled.error, WriteStalled)
+    c.issue(later)
+    assert later.done.wait(10)
+    assert "not committed" in str(later.error) and "no longer commit in step" in str(later.error)
+    release.set()
+    assert stuck.done.wait(10) and stuck.error is None  # the unit in flight still commits with its peers
+    assert [entry for entry in log if entry[0] == "gather"] == [("gather", "A")]
