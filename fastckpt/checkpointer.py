@@ -27,7 +27,7 @@ from .format import plan_file
 from .in_flight import InFlight
 from .loading import Loaded, newest_committed, newest_loadable
 from .pending import Pending
-from .store import open_store, store_name
+from .store import open_store
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.native_engine import new_engine
 from .write.staging import Staging
@@ -47,10 +47,9 @@ class Checkpointer:
                  commit_timeout_s: float = D.commit_timeout_s, distributed: bool | None = D.distributed,
                  model: str | None = D.model, pool_mb: int | None = D.pool_mb, persist: str = D.persist,
                  on_error: str = D.on_error, stall_timeout_s: float = D.stall_timeout_s):
-        CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep, verify,
-                           policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist, on_error,
-                           stall_timeout_s).validate()
-        store = store_name(store)  # an earlier spelling ("file") is the same store
+        store = CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep,
+                                   verify, policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist,
+                                   on_error, stall_timeout_s).validate().store  # "file" read as "root"
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io

@@ -40,6 +40,10 @@ class CheckpointerConfig:
     on_error: str = "raise"
     stall_timeout_s: float = DEFAULT_STALL_S
 
+    def __post_init__(self) -> None:
+        from .store import store_name
+        self.store = store_name(self.store)  # an earlier spelling ("file") is the same store
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -53,10 +57,8 @@ class CheckpointerConfig:
         which must name a DAX device); a ConfigError of one line names the first bad one."""
         from .format import FORMATS
         from .pmem.pool import PERSIST, check_device_path
-        from .store import STORES, store_name
+        from .store import STORES
         from .write import STRATEGIES
-        if store_name(self.store) != self.store:
-            return CheckpointerConfig(**dict(vars(self), store=store_name(self.store))).validate()
         for name, choices in (("strategy", STRATEGIES), ("store", STORES), ("format", FORMATS),
                               ("policy", POLICIES), ("on_error", ON_ERROR), ("persist", PERSIST)):
             if getattr(self, name) not in choices:

@@ -16,13 +16,13 @@ EARLIER_NAMES = {"file": "root"}  # a store's earlier name -> its name
 
 
 def store_name(kind):
-    """The store's name, for an earlier spelling of it too (store="file" is store="root")."""
+    """The store's name, for an earlier spelling of it too (store="file" is store="root");
+    CheckpointerConfig reads every store setting through it."""
     return EARLIER_NAMES.get(kind, kind) if isinstance(kind, str) else kind
 
 
 def open_store(kind: str, root, per_rank: bool = False, **pool):
     """pool: model, pool_mb, persist, concurrency, rank, world_size (store='pmem' only)."""
-    kind = store_name(kind)
     if kind == "root":
         if root is None:
             raise ConfigError("store='root' needs a root directory")
