@@ -1,16 +1,18 @@
 """fastckpt: fast, asynchronous, crash-consistent checkpoints for PyTorch.
 
 The shared backend of the Lightning and DeepSpeed plugins. It imports neither
-framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors.
+framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors, and
+reproducible() (what a process does before its first step for runs to repeat bit for bit).
 """
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,
                      NoCheckpointError, StateMismatchError, TornSnapshotError, UnsafeCheckpointError)
 from .checkpointer import Checkpointer
 from .commit.record import CommitInfo
 from .pending import Pending
+from .reproducible import reproducible
 from .save_load import load, save
 
-__all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "FastckptError", "ConfigError", "CorruptCheckpointError",
+__all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "reproducible", "FastckptError", "ConfigError", "CorruptCheckpointError",
            "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "TornSnapshotError",
            "UnsafeCheckpointError"]
 __version__ = "0.1.0"

@@ -25,11 +25,16 @@ def many(request) -> bool:
 
 
 def pytest_configure(config):
-    """Torch extensions JIT-built during this session go to a directory of its own. torch guards a
+    """The math library warmed up before any test trains (tests compare runs in this process bit
+    for bit, and a process's first vector-math call is not reproducible: fastckpt.reproducible).
+
+    Torch extensions JIT-built during this session go to a directory of its own. torch guards a
     build with a bare lock file; a process killed while holding it (a child killed by a deadline, a
     kill -9 test) leaves the file behind, and every later DeepSpeed start in any run sharing the
     directory waits on it forever. The ops DeepSpeed needs on the CPU are prebuilt at install (see
     the Makefile), so normally nothing is built here at all."""
+    import fastckpt
+    fastckpt.reproducible(deterministic=False)
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         config._fastckpt_extensions = os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="fastckpt-torch-ext-")
 

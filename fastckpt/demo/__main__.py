@@ -3,8 +3,12 @@
 1. reference run: uninterrupted, checkpointing with torch.save + fsync;
 2. fastckpt run, killed with SIGKILL at `demo.kill_at`;
 3. fastckpt run resumed from the newest valid checkpoint to the end;
-then prints stall per checkpoint, throughput, and whether the resumed model is
-bit-identical to the reference.
+then prints stall per checkpoint, throughput, whether the checkpoint the resumed run
+loaded is bit for bit the state the killed run saved (what fastckpt owns), and whether
+the resumed model is bit-identical to the reference. When it is not, the reference runs
+once more: if the two uninterrupted runs differ, training on this machine is not
+reproducible and the demo says so instead of blaming the checkpoint. It exits non-zero
+only for a fastckpt failure.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ def _follow(proc, queue, out: dict, bar, mode: str, kill_at: int | None) -> dict
                 raise RuntimeError(f"the {mode} training process died (exit code {proc.exitcode})") from None
             continue
         if msg[0] == "resumed":
-            out["resumed"] = msg[1]
+            out["resumed"] = msg[1:]  # (step, digest of what load() returned, digest recorded at its save)
         elif msg[0] == "start":
             out["params"] = msg[2]
             bar.update(msg[1] - 1)
@@ -143,6 +147,7 @@ def demo(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     d["torch_dir"] = os.path.join(out_dir, "torch_save")  # the reference's files: removed at the end
     d["keep"] = cfg["keep"]
+    d["saved"] = os.path.join(out_dir, "saved-digests.jsonl")  # each fastckpt save's state, digested at save()
     every = "by tune=auto" if (cfg.get("tune") or {}).get("enabled") else f"every {d['every']}"
     print(f"fastckpt demo: {d['steps']} steps, checkpoint {every}, kill -9 at step "
           f"{d['kill_at']}; strategy={cfg['strategy']['name']} root={cfg['root']}", flush=True)
@@ -151,8 +156,9 @@ def demo(cfg: DictConfig) -> None:
     first = launch(d, cfg, "fastckpt", kill_at=d["kill_at"])
     print(f"run 1 (fastckpt): killed with SIGKILL at step {first['killed_at']}")
     second = launch(d, cfg, "fastckpt")
-    print(f"run 2 (fastckpt): resumed from step {second['resumed']}, trained to step {d['steps']}")
-    first_step = (second["resumed"] or 0) + 1  # both runs' figures over the steps the resumed run trained
+    resumed_at = second["resumed"][0] if second["resumed"] else 0
+    print(f"run 2 (fastckpt): resumed from step {resumed_at}, trained to step {d['steps']}")
+    first_step = resumed_at + 1  # both runs' figures over the steps the resumed run trained
     print(f"steps {first_step}-{d['steps']}, median (quartiles, n):")
     print(describe("torch.save + fsync", ref, first_step))
     print(describe("fastckpt (after resume)", second, first_step))
@@ -164,20 +170,49 @@ def demo(cfg: DictConfig) -> None:
         for t in second["tuned"]:
             print(f"tune=auto, {t['event']}: concurrency={t['concurrency']} writers={t['writers']} "
                   f"interval={t['interval']} steps (step {t['step_s'] * 1e3:.0f} ms)")
-    exact = second["digest"] == ref["digest"]
     ref_stalls, fast_stalls = over(ref, first_step)[0], over(second, first_step)[0]
     if ref_stalls and fast_stalls:
         a, b = statistics.median(ref_stalls), statistics.median(fast_stalls)
         print(f"stall per checkpoint, median over the same steps: torch.save + fsync {a * 1e3:.2f} ms, "
               f"fastckpt {b * 1e3:.2f} ms ({a / max(b, 1e-9):.1f}x)")
+    again = None
+    if second["digest"] != ref["digest"]:  # is training itself reproducible here? the reference once more
+        again = launch(d, None, "torch.save")["digest"]
     shutil.rmtree(d["torch_dir"], ignore_errors=True)
     where = cfg["root"]
     kept = f"{size_of(where) / 2**20:.1f} MiB" if os.path.isdir(where) else f"{os.path.getsize(where) / 2**20:.1f} MiB"
     print(f"fastckpt's checkpoints: {where} ({kept}, the newest {cfg['keep']} kept); the torch.save reference "
           f"files were removed; this run's folder: {out_dir}")
-    print(f"resumed model bit-identical to the uninterrupted run: {'YES' if exact else 'NO'}")
-    if not exact:
+    lines, failed = verdict(second["resumed"], ref["digest"], second["digest"], again)
+    print("\n".join(lines))
+    if failed:
         sys.exit(1)  # Hydra drops the task's return value: the exit status says it
+
+
+def verdict(resumed: tuple | None, reference: str, final: str, reference_again: str | None) -> tuple[list[str], bool]:
+    """The demo's last lines and whether fastckpt failed.
+
+    resumed: (step, digest of what load() returned, digest recorded when that step was saved)
+    or None when the second run found no checkpoint; reference / final: the weights of the
+    uninterrupted run and of the resumed one; reference_again: the uninterrupted run's weights
+    once more, measured only when the two differ. fastckpt failed when the checkpoint it loaded
+    is not the state it was given, or when training is shown reproducible (the reference run
+    twice alike) and the resumed run still ends elsewhere."""
+    if resumed is None:
+        return ["checkpoint equals the state saved: NO (the resumed run found no checkpoint)"], True
+    step, loaded, saved = resumed
+    held = loaded == saved
+    lines = [f"checkpoint at step {step} equals the state saved: "
+             + ("YES" if held else f"NO (saved {saved}, loaded {loaded})")]
+    if final == reference:
+        return lines + ["resumed model bit-identical to the uninterrupted run: YES"], not held
+    if reference_again is not None and reference_again != reference:
+        return lines + [f"resumed model bit-identical to the uninterrupted run: NO, and not the checkpoint's doing: "
+                        f"training on this machine is not reproducible (the uninterrupted run, run twice, ended "
+                        f"with weights {reference} and {reference_again}; see the README, 'bit-exact resume: "
+                        f"what it takes')"], not held
+    return lines + [f"resumed model bit-identical to the uninterrupted run: NO (weights {final}; the uninterrupted "
+                    f"run ended with {reference}" + (", twice)" if reference_again else ")")], True
 
 
 def main() -> int:

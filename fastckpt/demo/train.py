@@ -2,16 +2,23 @@
 
 Everything that matters for an exact resume is in the checkpoint: model,
 optimizer, LR scheduler, the RNG state (dropout) and the step; the data of
-step i is a pure function of (seed, i). Reports progress through a queue.
+step i is a pure function of (seed, i). Every process starts with
+fastckpt.reproducible() (threads, deterministic kernels, the math library warmed
+up). Each fastckpt save first records the digest of the state it is given
+(d["saved"]), and a resumed run reports the digest of what load() returned beside
+the one recorded for that step. Reports progress through a queue.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 
 import torch
 from torch import nn
+
+from fastckpt.reproducible import reproducible
 
 
 class TinyLM(nn.Module):
@@ -43,11 +50,57 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def state_digest(obj) -> str:
+    """A digest of a whole checkpoint state: every tensor's dtype, shape and bytes, every other
+    value's type and repr, dict entries in key order (a state equal up to the order of its
+    dict keys is the same state)."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()[:16]
+
+
+def _feed(h, obj) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(f"dict {len(obj)};".encode())
+        for k in sorted(obj, key=lambda k: (type(k).__name__, repr(k))):
+            h.update(f"{type(k).__name__} {k!r}:".encode())
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__} {len(obj)};".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"{type(obj).__name__} {obj!r};".encode())
+
+
+def record_saved(path: str, step: int, state: dict) -> None:
+    """Appends {step, digest} of the state a save is given to `path`, before the save is issued:
+    one write() each, so a kill -9 right after it loses nothing that was written."""
+    line = f'{{"step": {step}, "digest": "{state_digest(state)}"}}\n'.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def saved_digests(path: str) -> dict[int, str]:
+    """step -> digest of the state saved at that step, as record_saved wrote them."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["step"]: r["digest"] for r in map(json.loads, f) if r}
+
+
 def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     """mode: 'fastckpt' (resumes from ckpt root if there is a checkpoint) or 'torch.save' (reference)."""
-    torch.set_num_threads(d["threads"])
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(d["seed"])
+    # the same threads, deterministic kernels and the math library warmed up in every run: the
+    # resumed run's first step (at the resume step) then computes as the uninterrupted run's did
+    reproducible(d["threads"], seed=d["seed"])
     model = TinyLM(d["vocab"], d["d_model"], d["layers"], d["heads"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
@@ -64,7 +117,8 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
             start = state["step"] + 1
-            queue.put(("resumed", state["step"]))
+            # what load() returned against what the killed run's save() was given, bit for bit
+            queue.put(("resumed", state["step"], state_digest(state), saved_digests(d["saved"]).get(state["step"])))
     else:
         os.makedirs(d["torch_dir"], exist_ok=True)
     params = sum(p.numel() for p in model.parameters())
@@ -102,6 +156,8 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             saved_at = step
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                      "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step}
+            if ck is not None and d.get("saved"):
+                record_saved(d["saved"], step, state)  # before the save is issued, outside its timing
             t0 = time.perf_counter()
             if ck is not None:
                 ck.save(state, step=step)

@@ -82,7 +82,8 @@ DEMO_SMALL = ["demo.steps=40", "demo.every=5", "demo.kill_at=23", "demo.d_model=
 
 @pytest.mark.parametrize("store", ["root", "pmem"])
 def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_path, store):
-    """The main job, small: bit-exact resume (and an exit status that says so), figures as medians
+    """The main job, small: the checkpoint it resumed from is the state the killed run saved and
+    the resumed run ends bit-exact (and the exit status says so), figures as medians
     with quartiles over the same steps, and the torch.save reference files gone — also with the
     pool elsewhere (they went next to it: /dev/shm/torch_save)."""
     import sys
@@ -92,6 +93,7 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     r = subprocess.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert re.search(r"^checkpoint at step (20|25) equals the state saved: YES$", r.stdout, re.M), r.stdout
     assert "resumed model bit-identical to the uninterrupted run: YES" in r.stdout
     assert "quartiles" in r.stdout and re.search(r"^steps \d+-40, median", r.stdout, re.M), r.stdout
     assert "torch.save reference files were removed" in r.stdout

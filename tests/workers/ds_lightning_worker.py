@@ -23,8 +23,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
+import fastckpt  # noqa: E402
 
-torch.set_num_threads(1)
+fastckpt.reproducible(threads=1)  # runs compared bit for bit across processes compute alike
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):

@@ -42,7 +42,11 @@ for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), (
 
 import torch  # noqa: E402
 
-torch.set_num_threads(1)
+import fastckpt  # noqa: E402
+
+# one thread, deterministic kernels, the math library warmed up: runs compared bit for bit across
+# processes compute alike (a process's first vector-math call is not reproducible otherwise)
+fastckpt.reproducible(threads=1)
 import deepspeed  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)

@@ -27,8 +27,11 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
+import fastckpt  # noqa: E402
 from lightning_fastckpt import FastCheckpointIO, LayerwiseCheckpointing  # noqa: E402
 from lit_app import TinyModule, loader, trainer  # noqa: E402
+
+fastckpt.reproducible()  # runs compared bit for bit across processes compute alike
 
 
 class Record(L.Callback):
