@@ -27,23 +27,27 @@ class CheckpointCommit(CommitUnit):
     """Args: store, the checkpoint's Pending (its write and watch), where it was begun
     (ckpt_id, file_path: what store.begin returned), the caller's meta, the Checkpointer's
     format, rank and world size; landed(pending): the Checkpointer's own bookkeeping once it
-    landed; retain(): retention, run after a commit."""
+    landed; retain(): retention, run after a commit; written(result): the WriteResult of its
+    file once durable (how its bytes went: O_DIRECT or buffered)."""
 
     def __init__(self, store, pending: Pending, ckpt_id: str, file_path: str, meta, fmt: str, rank: int,
-                 world_size: int, landed: Callable[[Pending], None], retain: Callable[[], None]):
+                 world_size: int, landed: Callable[[Pending], None], retain: Callable[[], None],
+                 written: Callable[[object], None] = lambda result: None):
         self.store, self.pending, self.ckpt_id, self.file_path = store, pending, ckpt_id, file_path
         self.meta, self.format, self.rank, self.world_size = meta, fmt, rank, world_size
-        self._landed, self._retain = landed, retain
+        self._landed, self._retain, self._written = landed, retain, written
         self.label = f"step {pending.step}"
         self.stuck = False  # the write could not be aborted: its file stays open (see store.abort)
 
     def finish(self):
         write = self.pending.write
         try:
-            return self.store.finish_write(write, self.file_path)
+            result = self.store.finish_write(write, self.file_path)
         except BaseException as e:
             self.stuck = not write.abort(e)
             raise
+        self._written(result)
+        return result
 
     def in_order(self, result) -> FileEntry:
         watch = self.pending.watch

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -33,6 +34,9 @@ from .write.native_engine import new_engine
 from .write.staging import Staging
 
 log = logging.getLogger("fastckpt")
+_REFUSED = ("the filesystem of {} refused O_DIRECT: checkpoints there are written through the page cache "
+            "(buffered: slower, and they evict other cached data); stats['o_direct_refused'] counts them, "
+            "direct_io=False says this is intended")
 D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
@@ -78,7 +82,10 @@ class Checkpointer:
         self._started = False
         self._counter: int | None = None
         self._closed = False
-        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0}
+        # o_direct: files whose data went through O_DIRECT; o_direct_refused: files whose filesystem
+        # refused O_DIRECT, written through the page cache instead (warned about once)
+        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
+                      "o_direct_refused": 0}
         _open_checkpointers.add(self)
 
     def __repr__(self) -> str:
@@ -151,7 +158,7 @@ class Checkpointer:
                                          f"{e}; the previous checkpoint is intact")
         pending.write, pending.plan, pending.watch = write, plan, watch
         unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
-                                self.world_size, landed=self._landed, retain=self._retain)
+                                self.world_size, landed=self._landed, retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
         if error is not None:
@@ -213,6 +220,17 @@ class Checkpointer:
             return
         self._engine_now()
         self._staging.reserve(nbytes)
+
+    def _written(self, result) -> None:
+        """A checkpoint's file is durable (CheckpointCommit.finish): how its bytes went."""
+        with self._lock:
+            self.stats["o_direct"] += bool(result.direct_io)
+            self.stats["o_direct_refused"] += bool(result.direct_io_refused)
+            first = result.direct_io_refused and self.stats["o_direct_refused"] == 1
+        if first:
+            where = os.path.dirname(result.path) or "."
+            log.warning("fastckpt: %s", _REFUSED.format(where))
+            warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=1)
 
     def _landed(self, pending: Pending) -> None:
         """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""

@@ -232,19 +232,19 @@ class DeviceFileWrite(DeviceWrite):
             blobs, file_crc = plan.finish(crcs)
             finish_file(self.where, blobs, plan.file_size)
             spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(plan.records, crcs))]
-            direct = False
+            direct, refused = False, False
         else:
             self.deadline.wait(lambda: f"the writers of {self.where} ({self._job.status()})", self._job.wait_written)
             crcs = list(self._job.record_crcs())
             blobs, file_crc = plan.finish(crcs)
             self._job.finalize(blobs, plan.file_size)
             spans = [tuple(s) for s in self._job.span_crcs()]
-            direct = self._job.used_direct_io
+            direct, refused = self._job.used_direct_io, self._job.direct_io_refused
         self._written.set()
         self.source.close()
         self._let_go()
         return WriteResult(self.where, plan.file_size, file_crc, crcs, spans, direct,
-                           [r.name for r in plan.records], blobs)
+                           [r.name for r in plan.records], blobs, refused)
 
     @property
     def bytes_written(self) -> int:

@@ -52,4 +52,4 @@ class HostFileWrite(JobWrite):
         self._let_go()
         return WriteResult(self.sink.path, self.plan.file_size, file_crc, crcs,
                            [tuple(s) for s in self._job.span_crcs()], self._job.used_direct_io,
-                           [r.name for r in self.plan.records], blobs)
+                           [r.name for r in self.plan.records], blobs, self._job.direct_io_refused)

@@ -76,9 +76,10 @@ class WriteResult:
     file_crc: int
     record_crcs: list[int]
     spans: list[tuple[int, int, int, int]]  # (record, file offset, length, crc)
-    direct_io: bool
+    direct_io: bool  # some data went through O_DIRECT
     names: list[str] = field(default_factory=list)  # record names, by index
     blobs: list[tuple[int, bytes]] = field(default_factory=list)  # headers (placed by the store for mapped sinks)
+    direct_io_refused: bool = False  # O_DIRECT was asked for and the kernel refused it: written buffered
 
 
 class SnapshotWrite(abc.ABC):

@@ -165,6 +165,7 @@ PYBIND11_MODULE(_native, m) {
       .def("chunk_len", &WriteJob::chunk_len)
       .def_property_readonly("n_chunks", &WriteJob::n_chunks)
       .def_property_readonly("used_direct_io", &WriteJob::used_direct_io)
+      .def_property_readonly("direct_io_refused", &WriteJob::direct_io_refused)
       .def_property_readonly("bytes_written", &WriteJob::bytes_written);
 
   py::class_<Engine>(m, "Engine")

@@ -27,7 +27,10 @@ void FileSink::close() {
 void FileSink::open() {
   fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
   preallocate(fd_, size_, path_);
-  if (direct_io_) fd_direct_ = open_direct(path_);
+  if (direct_io_) {
+    fd_direct_ = open_direct(path_);
+    if (fd_direct_ < 0) direct_refused_ = true;  // EINVAL: this filesystem takes no O_DIRECT
+  }
 }
 
 bool FileSink::write_block(const void* buf, uint64_t len, uint64_t off, bool may_direct) {

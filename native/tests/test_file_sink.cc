@@ -46,7 +46,9 @@ TEST_CASE("blocks land at their offsets, headers and the final size come last") 
     REQUIRE(file.is_open());
     const bool carried = file.write_block(block.p, a.size(), 4096, true);
     CHECK(carried == file.used_direct_io());
+    if (direct) CHECK(carried != file.direct_io_refused());  // carried, or refused and said so
     if (!direct) CHECK_FALSE(carried);
+    if (!direct) CHECK_FALSE(file.direct_io_refused());  // not asked for: nothing was refused
     CHECK_FALSE(file.write_block(b.data(), b.size(), 4096 + 8192, false));  // unaligned: buffered
     file.finish({{0, "HEAD"}, {4096 + 8192 + 1000, std::string(16, 'T')}}, 4096 + 8192 + 1000 + 16);
     CHECK_FALSE(file.is_open());

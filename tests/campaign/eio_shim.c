@@ -5,12 +5,17 @@
  * writes in all; from then on every write, pwrite and fsync/fdatasync on them fails with
  * EIO, as a failing device does, $FASTCKPT_FAULT_COUNT times (default: for ever). With
  * $FASTCKPT_FAULT_SLOW_US set instead, each of those calls sleeps that many microseconds
- * and then succeeds (a slow but working device). Nothing else is touched.
+ * and then succeeds (a slow but working device). With $FASTCKPT_FAULT_NO_DIRECT set instead,
+ * opening such a path with O_DIRECT fails with EINVAL, as on a filesystem without O_DIRECT
+ * (tmpfs before Linux 6.6, many FUSE and network filesystems), and nothing else fails.
+ * Nothing else is touched.
  * Build: cc -shared -fPIC -O2 -o eio_shim.so eio_shim.c -ldl
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +40,8 @@ static int matches(int fd) {
 
 /* 1 when this call on fd must fail (and count it), 0 to let it through. */
 static int must_fail(int fd, size_t bytes) {
+  const char* no_direct = getenv("FASTCKPT_FAULT_NO_DIRECT");
+  if (no_direct != NULL && *no_direct != '\0') return 0;
   if (!matches(fd)) return 0;
   const char* slow = getenv("FASTCKPT_FAULT_SLOW_US");
   if (slow != NULL && *slow != '\0') {
@@ -97,3 +104,31 @@ int fdatasync(int fd) {
   if (must_fail(fd, 0)) return -1;
   return real_fdatasync(fd);
 }
+
+/* 1 when opening path with these flags must fail as a filesystem without O_DIRECT does. */
+static int refuses_direct(const char* path, int flags) {
+  const char* no_direct = getenv("FASTCKPT_FAULT_NO_DIRECT");
+  const char* want = getenv("FASTCKPT_FAULT_PATH");
+  if (no_direct == NULL || *no_direct == '\0' || want == NULL || *want == '\0') return 0;
+  return (flags & O_DIRECT) && path != NULL && strstr(path, want) != NULL;
+}
+
+typedef int (*open_fn)(const char*, int, ...);
+#define OPEN_SHIM(name)                                            \
+  int name(const char* path, int flags, ...) {                     \
+    mode_t mode = 0;                                               \
+    if (flags & (O_CREAT | __O_TMPFILE)) {                         \
+      va_list ap;                                                  \
+      va_start(ap, flags);                                         \
+      mode = va_arg(ap, mode_t);                                   \
+      va_end(ap);                                                  \
+    }                                                              \
+    if (refuses_direct(path, flags)) {                             \
+      errno = EINVAL;                                              \
+      return -1;                                                   \
+    }                                                              \
+    REAL(name, open_fn);                                           \
+    return real_##name(path, flags, mode);                         \
+  }
+OPEN_SHIM(open)
+OPEN_SHIM(open64)

@@ -2,7 +2,8 @@
 // Created, preallocated and opened (also with O_DIRECT when asked) by open(), which the job runs
 // on a writer thread; written block by block on writer threads — O_DIRECT where a block is
 // aligned and allowed, buffered otherwise, and buffered for good once the kernel has refused
-// O_DIRECT on this file; durable at finish(): the header blobs, ftruncate and fdatasync.
+// O_DIRECT on this file (at open or at a write: direct_io_refused() says so, and the Python
+// side counts and warns); durable at finish(): the header blobs, ftruncate and fdatasync.
 // Knows nothing of chunks or records. Definitions: src/file_sink.cc.
 #pragma once
 #include <atomic>
@@ -35,6 +36,7 @@ class FileSink final : public Sink {
   // Header blobs at their offsets, the final size, fdatasync; then closed (throws IoError).
   void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) override;
   bool used_direct_io() const override { return direct_used_.load(); }
+  bool direct_io_refused() const override { return direct_refused_.load(); }
   void close();
 
  private:

@@ -32,7 +32,11 @@ class Sink {
   virtual bool persist_with_put() const = 0;
   // After every put: the header blobs at their offsets, the final size, all durable.
   virtual void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) = 0;
+  // Whether some block went through O_DIRECT; whether O_DIRECT was asked for and the kernel
+  // refused it (at open or at a write), so that blocks that could have bypassed the page cache
+  // were written buffered instead.
   virtual bool used_direct_io() const { return false; }
+  virtual bool direct_io_refused() const { return false; }
 };
 
 }  // namespace fastckpt

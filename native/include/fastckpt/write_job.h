@@ -90,6 +90,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   // (record, file offset, length, crc) of every span, in file order.
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint32_t>> span_crcs() const;
   bool used_direct_io() const { return sink_->used_direct_io(); }
+  bool direct_io_refused() const { return sink_->direct_io_refused(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
   // The spans of chunk c as (source address, offset inside the chunk, length).
   std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> chunk_layout(size_t c) const;

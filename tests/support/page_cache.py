@@ -1,0 +1,35 @@
+"""How much of a file is in the page cache, read with mincore(2): a file written through
+O_DIRECT leaves (almost) none of its data there, a buffered write leaves all of it."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_fraction(path: str) -> float:
+    """The share of the file's pages that are in the page cache now (0.0 to 1.0)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            return sum(v & 1 for v in vec) / pages
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
