@@ -248,6 +248,18 @@ int WriteJob::acquire_chunk() {
   }
 }
 
+// A Direct span into a mapped sink, with its CRC in the same pass over the caller's memory: a
+// block is summed, then stored from this core's cache (the gate waits for both either way).
+uint32_t WriteJob::put_with_crc(const uint8_t* src, uint64_t len, uint64_t file_off) {
+  uint32_t crc = 0;
+  for (uint64_t o = 0; o < len; o += kCrcBlock) {
+    const uint64_t n = std::min<uint64_t>(kCrcBlock, len - o);
+    crc = crc32_update(crc, src + o, n);
+    sink_->put(src + o, n, file_off + o, false);
+  }
+  return crc;
+}
+
 void WriteJob::fill_chunk(size_t c, uint8_t* buf) {
   const uint64_t base = chunk_begin(c);
   uint64_t cursor = 0;
@@ -294,6 +306,9 @@ void WriteJob::put_chunk(size_t c, int slot) {
     if (wait_sink()) {
       const uint8_t* buf = w_.pool->data(slot);
       const uint64_t base = chunk_begin(c);
+      // The CRC is taken here, on the writer, not by the copy: the gate waits for the copy alone
+      // (summing while copying, block by block from cache, made the 1 GiB save_load.py stall 1.4x
+      // longer for 11 % less time to durable: the stall is what training pays).
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
         span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
       sink_->put(buf, chunk_len(c), base, true);
@@ -317,9 +332,13 @@ void WriteJob::put_span(size_t i) {
     if (wait_sink()) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
-      span_crc_[i] = crc32_update(0, src, sp.len);
       const bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
-      sink_->put(src, sp.len, sp.file_off, aligned);
+      if (sink_->put_on_copy_thread()) {
+        span_crc_[i] = put_with_crc(reinterpret_cast<const uint8_t*>(sp.src), sp.len, sp.file_off);
+      } else {  // the pwrite is the copy (the kernel's, or the device's with O_DIRECT): sum, then put
+        span_crc_[i] = crc32_update(0, src, sp.len);
+        sink_->put(src, sp.len, sp.file_off, aligned);
+      }
       if (!sink_->persist_with_put()) {
         count_copied(i);
         copied = true;

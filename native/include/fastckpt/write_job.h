@@ -108,6 +108,10 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void persist_span(size_t i);
   bool per_span() const { return source_ == Source::Direct; }
   void fill_chunk(size_t c, uint8_t* buf);
+  // A Direct span into a sink that stores on the copy thread (a mapped region), with its CRC
+  // in the same pass: block by block, each summed while in this core's cache. Returns the CRC.
+  static constexpr uint64_t kCrcBlock = 256 << 10;
+  uint32_t put_with_crc(const uint8_t* src, uint64_t len, uint64_t file_off);
   void fail(const std::string& why, int err = 0);
   void fail(const std::exception& e);
   void count_copied(size_t unit);
