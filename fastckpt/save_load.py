@@ -20,9 +20,27 @@ from .write.pinning import pin_chunks
 _pinned = False
 
 
+class Saved(int):
+    """What save() returns: the bytes written (an int, as it always was), and how they went.
+
+    tools: records written by each tool under save(tool=...) (a named tool that cannot write a
+    record leaves it to posix, and says so here); {} for the parallel writer. o_direct: the
+    parallel writer's data went through O_DIRECT (False where the filesystem refused it, or
+    under tool=...: see tools)."""
+
+    tools: dict
+    o_direct: bool
+
+    def __new__(cls, nbytes: int, tools: dict | None = None, o_direct: bool = False):
+        out = super().__new__(cls, nbytes)
+        out.tools, out.o_direct = dict(tools or {}), o_direct
+        return out
+
+
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
-         progress: Callable[[int, int], None] | None = None, tool=None) -> int:
-    """Writes state to path durably; returns the number of bytes written.
+         progress: Callable[[int, int], None] | None = None, tool=None) -> Saved:
+    """Writes state to path durably; returns the number of bytes written (a Saved: also which
+    tool wrote how many records, and whether O_DIRECT carried the data).
 
     progress(bytes_written, total), if given, is called from this thread while data moves.
     tool: None writes through the parallel writer (strategy); "auto" has Fastensor's adaptive
@@ -51,7 +69,7 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
         raise
     os.replace(tmp, path)
     fsync_dir(parent)
-    return res.bytes
+    return Saved(res.bytes, o_direct=res.direct_io)
 
 
 def _engine():
@@ -64,20 +82,20 @@ def _engine():
     return engine
 
 
-def _save_with_tool(state, path: str, format: str, tool) -> int:
+def _save_with_tool(state, path: str, format: str, tool) -> Saved:
     from .offload.plan_writer import io_for, write_plan
     io = io_for(tool)  # a bad tool name fails before any file exists
     plan = plan_file(state, format)
     tmp = path + ".tmp"
     try:
-        write_plan(plan, tmp, io)
+        used = write_plan(plan, tmp, io)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
-    return plan.file_size
+    return Saved(plan.file_size, tools=used)
 
 
 def _finish_reporting(w, total: int, progress: Callable[[int, int], None]):

@@ -5,12 +5,16 @@ torch.load read the result as any other) where each storage's bytes go to their 
 of the file through the tool a TensorIO chooses for that size: "auto" learns per size from
 measured write times (AwareDic, WDic), a tool name uses that tool alone. Only the tools
 that write raw bytes at an offset can place a record inside one file: posix, direct (a
-4096-aligned record), kvikio (a CUDA storage). The file is fdatasynced before save renames it.
+4096-aligned record), kvikio (a CUDA storage). A record the named tool cannot write (an
+unaligned one under "direct": safetensors packs entries under 4 KiB; a CPU one under "kvikio")
+is written with posix: write_plan counts it per tool, and the first time each happens in a
+process a warning says so. The file is fdatasynced before save renames it.
 """
 from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import torch
 
@@ -22,6 +26,9 @@ from .tools import crc_of, kvikio_or_why
 
 REGION_TOOLS = ("posix", "direct", "kvikio")
 _auto: TensorIO | None = None  # one learner per process, so every save teaches the next
+_said: set[str] = set()  # the forced tools whose fallback to posix was warned about in this process
+WHY_NOT = {"direct": "not 4096-aligned in the file (format='safetensors' packs entries under 4 KiB)",
+           "kvikio": "CPU storages (kvikio writes CUDA ones)"}
 
 
 def io_for(tool) -> TensorIO:
@@ -59,7 +66,7 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
     directory = os.path.dirname(os.path.abspath(path))
     with open(path, "wb"):
         pass
-    crcs, used = [0] * len(plan.records), {}
+    crcs, used, fell_back = [0] * len(plan.records), {}, 0
     for i in sorted(range(len(plan.records)), key=lambda i: plan.records[i].file_off):
         rec = plan.records[i]  # ascending offsets: a direct write's cut of the file stays behind it
         b = _bytes_of(rec.storage, rec.nbytes)
@@ -67,6 +74,7 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
                         and (t != "kvikio" or b.is_cuda))
         if io.mode == "tool" and io.tool not in allowed:
             tool = "posix"  # e.g. a small unaligned safetensors entry under tool="direct"
+            fell_back += 1
         else:
             tool = io.choice(rec.nbytes, directory, b.is_cuda, only=allowed)
         t0 = time.perf_counter()
@@ -76,6 +84,11 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
         io.record("w", rec.nbytes, tool, time.perf_counter() - t0)
         crcs[i] = crc_of(host)
         used[tool] = used.get(tool, 0) + 1
+    if fell_back and io.tool not in _said:
+        _said.add(io.tool)
+        warnings.warn(f"fastckpt.save(tool={io.tool!r}): {fell_back} of {len(plan.records)} records were "
+                      f"{WHY_NOT.get(io.tool, 'not writable by it')} and were written with posix; the result's "
+                      "tools says which tool wrote how many (warned once per process)", stacklevel=4)
     blobs, _ = plan.finish(crcs)
     fd = os.open(path, os.O_WRONLY)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import statistics
 import os
+import warnings
 
 import pytest
 import torch
@@ -192,14 +193,35 @@ def test_save_with_tool_auto_learns_per_size_and_writes_a_normal_checkpoint(tmp_
 
 def test_save_with_a_tool_name_and_bad_names(tmp_path):
     state = {"w": torch.randn(1000, 100)}
-    fastckpt.save(state, tmp_path / "d.ckpt", tool="direct")
+    n = fastckpt.save(state, tmp_path / "d.ckpt", tool="direct")
+    assert n == os.path.getsize(tmp_path / "d.ckpt") and n.tools == {"direct": 1}
     assert torch.equal(fastckpt.load(tmp_path / "d.ckpt")["w"], state["w"])
-    fastckpt.save(state, tmp_path / "s.st", format="safetensors", tool="direct")  # small entries: posix
+    n = fastckpt.save(state, tmp_path / "s.st", format="safetensors", tool="direct")
+    assert n.tools == {"direct": 1}
     assert torch.equal(fastckpt.load(tmp_path / "s.st")["w"], state["w"])
     with pytest.raises(ConfigError, match="written in place by one of posix, direct, kvikio"):
         fastckpt.save(state, tmp_path / "n.ckpt", tool="numpy")
     assert not os.path.exists(tmp_path / "n.ckpt")
     fastckpt.save({"a": torch.randn(10)}, tmp_path / "a.ckpt", tool="auto")  # the process-wide learner
+
+
+def test_a_named_tool_that_cannot_write_a_record_says_so(tmp_path, monkeypatch):
+    """tool="direct" writes an unaligned safetensors entry with posix, tool="kvikio" every CPU
+    storage: the result's tools counts them and a warning says so, once per tool and process."""
+    from fastckpt.offload import plan_writer
+    monkeypatch.setattr(plan_writer, "_said", set())
+    state = {"w": torch.randn(1000, 100), "small": torch.arange(10)}
+    with pytest.warns(UserWarning, match=r"save\(tool='direct'\): 1 of 2 records were not 4096-aligned"):
+        n = fastckpt.save(state, tmp_path / "s.st", format="safetensors", tool="direct")
+    assert n.tools == {"direct": 1, "posix": 1}
+    with pytest.warns(UserWarning, match=r"save\(tool='kvikio'\): 2 of 2 records were CPU storages"):
+        n = fastckpt.save(state, tmp_path / "k.ckpt", tool="kvikio")
+    assert n.tools == {"posix": 2} and torch.equal(fastckpt.load(tmp_path / "k.ckpt")["small"], state["small"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the second time is quiet
+        assert fastckpt.save(state, tmp_path / "k.ckpt", tool="kvikio").tools == {"posix": 2}
+    n = fastckpt.save(state, tmp_path / "p.ckpt")  # the parallel writer: O_DIRECT on this filesystem
+    assert n.tools == {} and n.o_direct
 
 
 def test_the_default_dictionary_is_wdic_everywhere(tmp_path):
