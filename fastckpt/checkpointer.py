@@ -37,6 +37,9 @@ log = logging.getLogger("fastckpt")
 _REFUSED = ("the filesystem of {} refused O_DIRECT: checkpoints there are written through the page cache "
             "(buffered: slower, and they evict other cached data); stats['o_direct_refused'] counts them, "
             "direct_io=False says this is intended")
+_POOL_STRATEGY = ("fastckpt: store='pmem' stores every snapshot straight into the pool (the pool is the "
+                  "staging: no staging chunks, no spare-memory copy; the gate waits until the tensors are in "
+                  "the pool), so strategy={!r} changes nothing there (left at its default, 'c', it is not said)")
 D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
@@ -54,6 +57,8 @@ class Checkpointer:
         store = CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep,
                                    verify, policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist,
                                    on_error, stall_timeout_s).validate().store  # "file" read as "root"
+        if store == "pmem" and strategy != "c":
+            warnings.warn(_POOL_STRATEGY.format(strategy), stacklevel=2)
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io

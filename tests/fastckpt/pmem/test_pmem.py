@@ -32,6 +32,22 @@ def pool_ck(path, **kw) -> fastckpt.Checkpointer:
     return fastckpt.Checkpointer(path, store="pmem", **kw)
 
 
+def test_a_strategy_other_than_the_default_is_said_to_change_nothing_in_a_pool(shm):
+    """The pool is the staging: every strategy stores straight into it, so 'g' or 'd' asked of
+    a pool is warned about (and the save is the same); the default 'c' is not."""
+    import warnings
+    for strategy in ("g", "d"):
+        with pytest.warns(UserWarning, match=f"store='pmem' stores every snapshot straight into the pool .*"
+                                             f"strategy='{strategy}' changes nothing there"):
+            ck = pool_ck(os.path.join(shm, strategy), model="m", strategy=strategy)
+        with ck:
+            ck.save({"w": torch.arange(8.0)}, step=1).wait()
+            assert torch.equal(ck.load()["w"], torch.arange(8.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool_ck(os.path.join(shm, "c"), model="m").close()
+
+
 @pytest.mark.parametrize("persist", ["msync", "fence"])
 @pytest.mark.parametrize("strategy", ["c", "d"])
 def test_roundtrip_of_the_state_matrix(shm, persist, strategy):
