@@ -38,7 +38,8 @@ class FastCheckpointIO(CheckpointIO):
     Args:
         strategy: "c" (copy into staging, default), "g" (full second copy first) or "d" (direct).
         concurrency: checkpoints in flight at once (PCcheck's N).
-        writers: writer threads per checkpoint in flight.
+        writers: writer threads per unit of concurrency: one shared pool of writers x concurrency
+            threads drains every checkpoint in flight (one alone may use them all).
         chunk_mb: staging chunk size.
         staging_mb: bound on staging memory (default: concurrency x checkpoint size, <= RAM/2).
         format: "torch" (an ordinary .ckpt) or "safetensors".

@@ -5,9 +5,14 @@ issued at the end of step i copies nothing at once (only tensors outside the
 optimizer, which save copies itself). During step i+1's backward, when DDP hands
 a gradient bucket to its communication hook, the copy of that bucket's parameters
 and their optimizer state starts, overlapping the bucket's all-reduce and the rest
-of the backward pass; the bucket's future completes only once its copy is done,
-so the update of a bucket waits for that bucket's copy alone. Whatever no bucket
-covered is released by the gate before the optimizer step.
+of the backward pass. On CPU (gloo) the bucket's future completes only once its
+copy is done too; on CUDA NCCL completes a bucket's future at enqueue and runs its
+callbacks inline on the backward thread, so the future is not delayed and the copy
+runs on the side stream (not yet run on a GPU). Either way the optimizer step is
+one update of every parameter, so it waits at the gate for every bucket's copy:
+what layer-wise wins is the copies' overlap with backward and the all-reduce, not
+an update that waits for one bucket alone. Whatever no bucket covered is released
+by the gate before the optimizer step.
 
 Composition: the hook wraps the comm hook given to `DDPStrategy(ddp_comm_hook=...)`
 (default: all-reduce), and Lightning's `ddp_comm_wrapper` wraps ours. A hook
