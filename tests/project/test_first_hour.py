@@ -98,3 +98,21 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     assert "quartiles" in r.stdout and re.search(r"^steps \d+-40, median", r.stdout, re.M), r.stdout
     assert "torch.save reference files were removed" in r.stdout
     assert not (run_dir / "torch_save").exists() and os.listdir(tmp_path / "pools") == (["demo.pool"] if extra else [])
+
+
+def test_the_readme_says_tested_on_gpu_only_once_a_gpu_run_is_recorded():
+    """A README sentence about a CUDA path says "tested on GPU on DATE" only once a GPU run is
+    recorded in benchmarks/RESULTS.md; until then each says "not yet run on a GPU"."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    results = open(os.path.join(ROOT, "benchmarks", "RESULTS.md")).read()
+    recorded = "<!-- gpu_overhead:begin -->" in results
+    claims = re.findall(r"tested on GPU on (\d{4}-\d{2}-\d{2})", readme)
+    if not recorded:
+        assert not claims, claims
+        for path in ("cudaHostRegister", "device-to-device copy", "kvikio/GDS", "NCCL completes", "device → pool",
+                     "`kvikio` (CUDA tensors"):
+            at = readme.find(path)
+            assert at >= 0, path
+            assert "not yet run on a" in readme[at:at + 400], f"{path!r} has no 'not yet run on a GPU' beside it"
+    for day in claims:
+        assert day in results, f"the README says tested on GPU on {day}; RESULTS.md has no run of that day"
