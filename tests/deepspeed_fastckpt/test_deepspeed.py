@@ -181,12 +181,13 @@ def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_p
 
 
 def test_lightning_top_k_removes_a_checkpoint_still_in_flight_once_it_lands(tmp_path, fault_shim):
-    """save_top_k=1 with a save every step and every write slowed (20 ms, the LD_PRELOAD shim):
-    ModelCheckpoint removes step k's directory right after issuing step k+1's save, while k's
-    tag is still landing. The removal must not fail the tag or Lightning's delete: the directory
-    is still there when fit returns (its save in flight), gone after destroy, and the newest
-    checkpoint is committed and resumes."""
-    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "c"), "FASTCKPT_FAULT_SLOW_US": "20000"}
+    """save_top_k=1 with a save every step and every write of step 5's tag slowed (300 ms each,
+    the LD_PRELOAD shim, so that it is still landing whatever the training speed): ModelCheckpoint
+    removes step 5's directory right after issuing step 6's save. The removal must not fail the
+    tag or Lightning's delete: the directory is still there when fit returns (its save in flight),
+    gone after destroy, and the newest checkpoint is committed and resumes."""
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "c" / "epoch=1-step=5.ckpt"),
+            "FASTCKPT_FAULT_SLOW_US": "300000"}
     lit = dict(script="ds_lightning_worker.py")
     kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "6", "--every", "1", "--top-k", "1", **lit, **slow)
     assert "epoch=1-step=5.ckpt" in kept["files_before_destroy"]  # removed while in flight: deferred
