@@ -157,7 +157,11 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                      "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step}
             if ck is not None and d.get("saved"):
-                record_saved(d["saved"], step, state)  # before the save is issued, outside its timing
+                t0 = time.perf_counter()
+                record_saved(d["saved"], step, state)  # before the save is issued, outside every timing
+                spent = time.perf_counter() - t0  # the step's time and the tuner's leave it out too
+                t_prev += spent
+                t_step = t_step + spent if t_step is not None else None
             t0 = time.perf_counter()
             if ck is not None:
                 ck.save(state, step=step)
