@@ -192,8 +192,8 @@ def demo(cfg: DictConfig) -> None:
 def verdict(resumed: tuple | None, reference: str, final: str, reference_again: str | None) -> tuple[list[str], bool]:
     """The demo's last lines and whether fastckpt failed.
 
-    resumed: (step, digest of what load() returned, digest recorded when that step was saved)
-    or None when the second run found no checkpoint; reference / final: the weights of the
+    resumed: (step, digest of what load() returned, digest recorded when that step was saved,
+    None if the kill came before it was written) or None when the second run found no checkpoint; reference / final: the weights of the
     uninterrupted run and of the resumed one; reference_again: the uninterrupted run's weights
     once more, measured only when the two differ. fastckpt failed when the checkpoint it loaded
     is not the state it was given, or when training is shown reproducible (the reference run
@@ -201,9 +201,14 @@ def verdict(resumed: tuple | None, reference: str, final: str, reference_again: 
     if resumed is None:
         return ["checkpoint equals the state saved: NO (the resumed run found no checkpoint)"], True
     step, loaded, saved = resumed
-    held = loaded == saved
-    lines = [f"checkpoint at step {step} equals the state saved: "
-             + ("YES" if held else f"NO (saved {saved}, loaded {loaded})")]
+    if saved is None:  # the kill landed after that save was issued and before its digest was written
+        lines = [f"checkpoint at step {step} equals the state saved: not known (the kill landed before the "
+                 "digest of that save was written)"]
+        held = True  # nothing shows fastckpt failed; nothing shows it held either, and the line says so
+    else:
+        held = loaded == saved
+        lines = [f"checkpoint at step {step} equals the state saved: "
+                 + ("YES" if held else f"NO (saved {saved}, loaded {loaded})")]
     if final == reference:
         return lines + ["resumed model bit-identical to the uninterrupted run: YES"], not held
     if reference_again is not None and reference_again != reference:

@@ -36,6 +36,12 @@ def test_a_resume_that_ends_elsewhere_while_training_repeats_fails():
                                    "uninterrupted run ended with w1, twice)")
 
 
+def test_a_kill_before_the_digest_was_written_is_said_and_is_no_failure():
+    lines, failed = verdict((130, "aa", None), "w1", "w1", None)
+    assert lines[0] == ("checkpoint at step 130 equals the state saved: not known (the kill landed before the "
+                        "digest of that save was written)") and not failed
+
+
 def test_no_checkpoint_to_resume_from_fails():
     lines, failed = verdict(None, "w1", "w2", None)
     assert failed and "found no checkpoint" in lines[0]
@@ -59,6 +65,9 @@ def test_the_state_digest_sees_every_bit_and_not_the_order_of_keys():
 def test_saved_digests_survive_as_written(tmp_path):
     path = str(tmp_path / "saved.jsonl")
     assert saved_digests(path) == {}
-    record_saved(path, 10, {"w": torch.zeros(2)})
-    record_saved(path, 20, {"w": torch.ones(2)})
-    assert saved_digests(path) == {10: state_digest({"w": torch.zeros(2)}), 20: state_digest({"w": torch.ones(2)})}
+    for step, w in ((10, torch.zeros(2)), (20, torch.ones(2))):
+        record_saved(path, step, None)  # issued
+        record_saved(path, step, {"w": w})  # its digest
+    record_saved(path, 30, None)  # issued, then killed before its digest
+    assert saved_digests(path) == {10: state_digest({"w": torch.zeros(2)}), 20: state_digest({"w": torch.ones(2)}),
+                                   30: None}
