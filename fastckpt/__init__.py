@@ -9,10 +9,10 @@ from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, 
 from .checkpointer import Checkpointer
 from .commit.record import CommitInfo
 from .pending import Pending
-from .reproducible import reproducible
-from .save_load import load, save
+from .reproducibility import reproducible
+from .save_load import Saved, load, save
 
-__all__ = ["Checkpointer", "CommitInfo", "Pending", "save", "load", "reproducible", "FastckptError", "ConfigError", "CorruptCheckpointError",
+__all__ = ["Checkpointer", "CommitInfo", "Pending", "Saved", "save", "load", "reproducible", "FastckptError", "ConfigError", "CorruptCheckpointError",
            "CheckpointWriteError", "NoCheckpointError", "StateMismatchError", "TornSnapshotError",
            "UnsafeCheckpointError"]
 __version__ = "0.1.0"

@@ -91,6 +91,7 @@ class Checkpointer:
         # refused O_DIRECT, written through the page cache instead (warned about once)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0}
+        self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
     def __repr__(self) -> str:
@@ -227,15 +228,19 @@ class Checkpointer:
         self._staging.reserve(nbytes)
 
     def _written(self, result) -> None:
-        """A checkpoint's file is durable (CheckpointCommit.finish): how its bytes went."""
-        with self._lock:
-            self.stats["o_direct"] += bool(result.direct_io)
-            self.stats["o_direct_refused"] += bool(result.direct_io_refused)
-            first = result.direct_io_refused and self.stats["o_direct_refused"] == 1
-        if first:
-            where = os.path.dirname(result.path) or "."
-            log.warning("fastckpt: %s", _REFUSED.format(where))
-            warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=1)
+        """A checkpoint's file is durable (CheckpointCommit.finish, on its commit thread): how its
+        bytes went. Only counts and logs: the warning is raised on the caller's thread by the next
+        save(), wait() or close() (a warning turned into an error must not fail a commit)."""
+        try:
+            with self._lock:
+                self.stats["o_direct"] += bool(result.direct_io)
+                self.stats["o_direct_refused"] += bool(result.direct_io_refused)
+                first = result.direct_io_refused and self.stats["o_direct_refused"] == 1
+            if first:
+                self._refused_at = os.path.dirname(result.path) or "."
+                log.warning("fastckpt: %s", _REFUSED.format(self._refused_at))
+        except Exception as e:  # noqa: BLE001 - bookkeeping never fails a durable checkpoint
+            log.warning("fastckpt: could not count how the checkpoint at %s was written: %s", result.path, e)
 
     def _landed(self, pending: Pending) -> None:
         """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""
@@ -275,6 +280,9 @@ class Checkpointer:
         return self._inflight.pendings()
 
     def _raise_background_errors(self) -> None:
+        where, self._refused_at = self._refused_at, None
+        if where is not None:
+            warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=3)
         for error in self._inflight.unseen_errors():
             self.report_failure(error)
 

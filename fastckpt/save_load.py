@@ -83,7 +83,7 @@ def _engine():
 
 
 def _save_with_tool(state, path: str, format: str, tool) -> Saved:
-    from .offload.plan_writer import io_for, write_plan
+    from .offload.plan_writer import io_for, say_fallback, write_plan
     io = io_for(tool)  # a bad tool name fails before any file exists
     plan = plan_file(state, format)
     tmp = path + ".tmp"
@@ -95,6 +95,7 @@ def _save_with_tool(state, path: str, format: str, tool) -> Saved:
         raise
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+    say_fallback(io, used, stacklevel=3)  # the caller of save()
     return Saved(plan.file_size, tools=used)
 
 

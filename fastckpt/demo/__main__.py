@@ -25,6 +25,7 @@ from queue import Empty
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from fastckpt.demo.digest import saved_digests
 from fastckpt.demo.train import run
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
@@ -147,13 +148,13 @@ def demo(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     d["torch_dir"] = os.path.join(out_dir, "torch_save")  # the reference's files: removed at the end
     d["keep"] = cfg["keep"]
-    d["saved"] = os.path.join(out_dir, "saved-digests.jsonl")  # each fastckpt save's state, digested at save()
+    d["saved"] = os.path.join(out_dir, "saved-digests.jsonl")  # the killed run's saved states, digested
     every = "by tune=auto" if (cfg.get("tune") or {}).get("enabled") else f"every {d['every']}"
     print(f"fastckpt demo: {d['steps']} steps, checkpoint {every}, kill -9 at step "
           f"{d['kill_at']}; strategy={cfg['strategy']['name']} root={cfg['root']}", flush=True)
     ref = launch(d, None, "torch.save")
     print(f"model: {ref['params'] / 1e6:.2f} M parameters (+ Adam state)")
-    first = launch(d, cfg, "fastckpt", kill_at=d["kill_at"])
+    first = launch(dict(d, record=True), cfg, "fastckpt", kill_at=d["kill_at"])
     print(f"run 1 (fastckpt): killed with SIGKILL at step {first['killed_at']}")
     second = launch(d, cfg, "fastckpt")
     resumed_at = second["resumed"][0] if second["resumed"] else 0
@@ -183,27 +184,33 @@ def demo(cfg: DictConfig) -> None:
     kept = f"{size_of(where) / 2**20:.1f} MiB" if os.path.isdir(where) else f"{os.path.getsize(where) / 2**20:.1f} MiB"
     print(f"fastckpt's checkpoints: {where} ({kept}, the newest {cfg['keep']} kept); the torch.save reference "
           f"files were removed; this run's folder: {out_dir}")
-    lines, failed = verdict(second["resumed"], ref["digest"], second["digest"], again)
+    lines, failed = verdict(second["resumed"], ref["digest"], second["digest"], again,
+                            issued=bool(saved_digests(d["saved"])))
     print("\n".join(lines))
     if failed:
         sys.exit(1)  # Hydra drops the task's return value: the exit status says it
 
 
-def verdict(resumed: tuple | None, reference: str, final: str, reference_again: str | None) -> tuple[list[str], bool]:
+def verdict(resumed: tuple | None, reference: str, final: str, reference_again: str | None,
+            issued: bool = True) -> tuple[list[str], bool]:
     """The demo's last lines and whether fastckpt failed.
 
     resumed: (step, digest of what load() returned, digest recorded when that step was saved,
-    None if the kill came before it was written) or None when the second run found no checkpoint; reference / final: the weights of the
+    None when none was) or None when the second run found no checkpoint; issued: the killed run
+    issued a save before the kill; reference / final: the weights of the
     uninterrupted run and of the resumed one; reference_again: the uninterrupted run's weights
     once more, measured only when the two differ. fastckpt failed when the checkpoint it loaded
     is not the state it was given, or when training is shown reproducible (the reference run
     twice alike) and the resumed run still ends elsewhere."""
+    if resumed is None and not issued:
+        return ["no checkpoint to resume from: the kill came before the first save (demo.kill_at < demo.every)"], False
     if resumed is None:
-        return ["checkpoint equals the state saved: NO (the resumed run found no checkpoint)"], True
+        return ["checkpoint equals the state saved: NO (saves were issued before the kill, and the resumed run "
+                "found none committed)"], True
     step, loaded, saved = resumed
-    if saved is None:  # the kill landed after that save was issued and before its digest was written
-        lines = [f"checkpoint at step {step} equals the state saved: not known (the kill landed before the "
-                 "digest of that save was written)"]
+    if saved is None:  # not saved by the killed run (a root holding checkpoints from before this demo)
+        lines = [f"checkpoint at step {step} equals the state saved: not known (the killed run recorded no "
+                 "save at that step: was the root holding checkpoints from before this run?)"]
         held = True  # nothing shows fastckpt failed; nothing shows it held either, and the line says so
     else:
         held = loaded == saved

@@ -4,21 +4,21 @@ Everything that matters for an exact resume is in the checkpoint: model,
 optimizer, LR scheduler, the RNG state (dropout) and the step; the data of
 step i is a pure function of (seed, i). Every process starts with
 fastckpt.reproducible() (threads, deterministic kernels, the math library warmed
-up). Each fastckpt save records the digest of the state it was given (d["saved"],
-right after save() returns), and a resumed run reports the digest of what load()
-returned beside the one recorded for that step. Reports progress through a queue.
+up). The run to be killed (d["record"]) appends the digest of each state it saves to
+d["saved"] before issuing the save (fastckpt.demo.digest); a resumed run reports the
+digest of what load() returned beside the one recorded for that step. Reports progress through a queue.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 
 import torch
 from torch import nn
 
-from fastckpt.reproducible import reproducible
+from fastckpt.demo.digest import record_saved, saved_digests, state_digest
+from fastckpt.reproducibility import reproducible
 
 
 class TinyLM(nn.Module):
@@ -48,60 +48,6 @@ def digest(model: nn.Module) -> str:
         h.update(k.encode())
         h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
-
-
-def state_digest(obj) -> str:
-    """A digest of a whole checkpoint state: every tensor's dtype, shape and bytes, every other
-    value's type and repr, dict entries in key order (a state equal up to the order of its
-    dict keys is the same state)."""
-    h = hashlib.sha256()
-    _feed(h, obj)
-    return h.hexdigest()[:16]
-
-
-def _feed(h, obj) -> None:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")  # no copy of the bytes
-    elif isinstance(obj, dict):
-        h.update(f"dict {len(obj)};".encode())
-        for k in sorted(obj, key=lambda k: (type(k).__name__, repr(k))):
-            h.update(f"{type(k).__name__} {k!r}:".encode())
-            _feed(h, obj[k])
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"{type(obj).__name__} {len(obj)};".encode())
-        for v in obj:
-            _feed(h, v)
-    else:
-        h.update(f"{type(obj).__name__} {obj!r};".encode())
-
-
-def record_saved(path: str, step: int, state: dict | None) -> None:
-    """Appends {step, digest} of the state a save was given to `path`: right after save() returns,
-    while nothing has yet written those tensors (the optimizer step waits behind the next gate),
-    outside the timed path (taken before the save, reading the whole state would leave save()
-    to run on a cold cache, about 1 ms slower here). state None appends {step} alone, before the
-    save is issued, so that a kill landing between the save and its digest is told from a
-    digest never taken. One write() each: a kill -9 loses nothing that was written."""
-    record = {"step": step} if state is None else {"step": step, "digest": state_digest(state)}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def saved_digests(path: str) -> dict[int, str | None]:
-    """step -> digest of the state saved at that step, as record_saved wrote them (None: the save
-    was issued and the process was killed before its digest was written)."""
-    if not os.path.exists(path):
-        return {}
-    out: dict[int, str | None] = {}
-    with open(path) as f:
-        for r in map(json.loads, f):
-            out[r["step"]] = r.get("digest", out.get(r["step"]))
-    return out
 
 
 def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
@@ -164,18 +110,12 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
             saved_at = step
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                      "scheduler": sched.state_dict(), "rng": torch.get_rng_state(), "step": step}
-            if ck is not None and d.get("saved"):
-                record_saved(d["saved"], step, None)  # this save is about to be issued
+            if d.get("record"):  # the run to be killed: its figures are not reported
+                record_saved(d["saved"], step, state)  # the state this save is given, before it is issued
             t0 = time.perf_counter()
             if ck is not None:
                 ck.save(state, step=step)
                 pending_stall = time.perf_counter() - t0
-                if d.get("saved"):
-                    t0 = time.perf_counter()
-                    record_saved(d["saved"], step, state)  # the state it was given, outside every timing
-                    spent = time.perf_counter() - t0  # the step's time and the tuner's leave it out too
-                    t_prev += spent
-                    t_step = t_step + spent if t_step is not None else None
             else:
                 path = os.path.join(d["torch_dir"], f"step-{step}.pt")
                 torch.save(state, path)

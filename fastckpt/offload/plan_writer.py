@@ -8,7 +8,7 @@ that write raw bytes at an offset can place a record inside one file: posix, dir
 4096-aligned record), kvikio (a CUDA storage). A record the named tool cannot write (an
 unaligned one under "direct": safetensors packs entries under 4 KiB; a CPU one under "kvikio")
 is written with posix: write_plan counts it per tool, and the first time each happens in a
-process a warning says so. The file is fdatasynced before save renames it.
+process a warning says so (say_fallback, once the file is in place). The file is fdatasynced before save renames it.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
     directory = os.path.dirname(os.path.abspath(path))
     with open(path, "wb"):
         pass
-    crcs, used, fell_back = [0] * len(plan.records), {}, 0
+    crcs, used = [0] * len(plan.records), {}
     for i in sorted(range(len(plan.records)), key=lambda i: plan.records[i].file_off):
         rec = plan.records[i]  # ascending offsets: a direct write's cut of the file stays behind it
         b = _bytes_of(rec.storage, rec.nbytes)
@@ -74,7 +74,6 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
                         and (t != "kvikio" or b.is_cuda))
         if io.mode == "tool" and io.tool not in allowed:
             tool = "posix"  # e.g. a small unaligned safetensors entry under tool="direct"
-            fell_back += 1
         else:
             tool = io.choice(rec.nbytes, directory, b.is_cuda, only=allowed)
         t0 = time.perf_counter()
@@ -84,11 +83,6 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
         io.record("w", rec.nbytes, tool, time.perf_counter() - t0)
         crcs[i] = crc_of(host)
         used[tool] = used.get(tool, 0) + 1
-    if fell_back and io.tool not in _said:
-        _said.add(io.tool)
-        warnings.warn(f"fastckpt.save(tool={io.tool!r}): {fell_back} of {len(plan.records)} records were "
-                      f"{WHY_NOT.get(io.tool, 'not writable by it')} and were written with posix; the result's "
-                      "tools says which tool wrote how many (warned once per process)", stacklevel=4)
     blobs, _ = plan.finish(crcs)
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -99,3 +93,14 @@ def write_plan(plan: FilePlan, path: str, io: TensorIO) -> dict[str, int]:
     finally:
         os.close(fd)
     return used
+
+
+def say_fallback(io: TensorIO, used: dict[str, int], stacklevel: int) -> None:
+    """Warns (once per tool and process) when a named tool left records to posix; save() calls it
+    once the file is in place, so a warning turned into an error cannot undo a finished save."""
+    fell_back = sum(n for t, n in used.items() if t != io.tool) if io.mode == "tool" else 0
+    if fell_back and io.tool not in _said:
+        _said.add(io.tool)
+        warnings.warn(f"fastckpt.save(tool={io.tool!r}): {fell_back} of {sum(used.values())} records were "
+                      f"{WHY_NOT.get(io.tool, 'not writable by it')} and were written with posix; the result's "
+                      "tools says which tool wrote how many (warned once per process)", stacklevel=stacklevel + 1)

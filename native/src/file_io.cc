@@ -62,7 +62,10 @@ int open_or_throw(const std::string& path, int flags, mode_t mode) {
 int open_direct(const std::string& path) {
 #ifdef O_DIRECT
   int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-  return fd;  // -1 on EINVAL (tmpfs and friends)
+  // EINVAL: this filesystem takes no O_DIRECT (tmpfs before Linux 6.6, many FUSE and network
+  // ones); any other error is one of this open, not a refusal
+  if (fd < 0 && errno != EINVAL) throw_io("open (O_DIRECT)", path, 0, errno);
+  return fd;
 #else
   (void)path;
   return -1;

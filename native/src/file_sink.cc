@@ -29,7 +29,7 @@ void FileSink::open() {
   preallocate(fd_, size_, path_);
   if (direct_io_) {
     fd_direct_ = open_direct(path_);
-    if (fd_direct_ < 0) direct_refused_ = true;  // EINVAL: this filesystem takes no O_DIRECT
+    if (fd_direct_ < 0) direct_refused_ = true;  // EINVAL: this filesystem takes no O_DIRECT (else it threw)
   }
 }
 

@@ -306,9 +306,8 @@ void WriteJob::put_chunk(size_t c, int slot) {
     if (wait_sink()) {
       const uint8_t* buf = w_.pool->data(slot);
       const uint64_t base = chunk_begin(c);
-      // The CRC is taken here, on the writer, not by the copy: the gate waits for the copy alone
-      // (summing while copying, block by block from cache, made the 1 GiB save_load.py stall 1.4x
-      // longer for 11 % less time to durable: the stall is what training pays).
+      // Summed here, on the writer, not by the copy: the gate waits for the copy alone (summing
+      // while copying lengthened save_load.py's stall, which is what training pays).
       for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
         span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
       sink_->put(buf, chunk_len(c), base, true);

@@ -7,7 +7,9 @@
  * $FASTCKPT_FAULT_SLOW_US set instead, each of those calls sleeps that many microseconds
  * and then succeeds (a slow but working device). With $FASTCKPT_FAULT_NO_DIRECT set instead,
  * opening such a path with O_DIRECT fails with EINVAL, as on a filesystem without O_DIRECT
- * (tmpfs before Linux 6.6, many FUSE and network filesystems), and nothing else fails.
+ * (tmpfs before Linux 6.6, many FUSE and network filesystems), and nothing else fails. With
+ * $FASTCKPT_FAULT_HOLD set to a file's path, every such call waits until that file exists (a
+ * write held in flight for exactly as long as a test needs, whatever the machine's speed).
  * Nothing else is touched.
  * Build: cc -shared -fPIC -O2 -o eio_shim.so eio_shim.c -ldl
  */
@@ -43,6 +45,11 @@ static int must_fail(int fd, size_t bytes) {
   const char* no_direct = getenv("FASTCKPT_FAULT_NO_DIRECT");
   if (no_direct != NULL && *no_direct != '\0') return 0;
   if (!matches(fd)) return 0;
+  const char* hold = getenv("FASTCKPT_FAULT_HOLD");
+  if (hold != NULL && *hold != '\0') {
+    while (access(hold, F_OK) != 0) usleep(5000);
+    return 0;
+  }
   const char* slow = getenv("FASTCKPT_FAULT_SLOW_US");
   if (slow != NULL && *slow != '\0') {
     usleep((useconds_t)atol(slow));

@@ -181,15 +181,21 @@ def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_p
 
 
 def test_lightning_top_k_removes_a_checkpoint_still_in_flight_once_it_lands(tmp_path, fault_shim):
-    """save_top_k=1 with a save every step and every write of step 5's tag slowed (300 ms each,
-    the LD_PRELOAD shim, so that it is still landing whatever the training speed): ModelCheckpoint
-    removes step 5's directory right after issuing step 6's save. The removal must not fail the
-    tag or Lightning's delete: the directory is still there when fit returns (its save in flight),
-    gone after destroy, and the newest checkpoint is committed and resumes."""
-    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "c" / "epoch=1-step=5.ckpt"),
-            "FASTCKPT_FAULT_SLOW_US": "300000"}
+    """save_top_k=1 with a save every step, and the writes of step 5's model file held until fit has
+    returned (the LD_PRELOAD shim; the worker lets them go then), so that tag is still landing
+    whatever the training speed: ModelCheckpoint removes step 5's directory right after issuing
+    step 6's save. The removal must not fail the tag or Lightning's delete: the directory is
+    still there when fit returns (its save in flight), gone after destroy, and the newest
+    checkpoint is committed and resumes."""
+    # only the model file's writes are held (fastckpt writes it as a hidden sibling, renamed when
+    # written): DeepSpeed's own 'latest' file there is written by the training thread itself. Each
+    # file of a tag takes a slot: 4 let step 6's two files start while step 5's are held
+    held = tmp_path / "c" / "epoch=1-step=5.ckpt" / "checkpoint" / ".mp_rank_00_model_states.pt.fastckpt-"
+    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(held),
+            "FASTCKPT_FAULT_HOLD": str(tmp_path / "fit-returned")}
     lit = dict(script="ds_lightning_worker.py")
-    kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "6", "--every", "1", "--top-k", "1", **lit, **slow)
+    kept = run("fit", tmp_path / "c", tmp_path / "c.pt", "--steps", "6", "--every", "1", "--top-k", "1",
+               "--concurrency", "4", **lit, **slow)
     assert "epoch=1-step=5.ckpt" in kept["files_before_destroy"]  # removed while in flight: deferred
     assert kept["files"] == ["epoch=1-step=6.ckpt"]
     assert os.path.isfile(tmp_path / "c" / "epoch=1-step=6.ckpt" / "checkpoint" / "fastckpt-tag.json")

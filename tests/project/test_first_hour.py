@@ -93,26 +93,52 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     r = subprocess.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert re.search(r"^checkpoint at step (20|25) equals the state saved: YES$", r.stdout, re.M), r.stdout
+    # which checkpoint had committed when the kill came is timing (a loaded machine may still be
+    # writing step 20 at step 23): whichever it was, it is the one resumed from and equals the state saved
+    resumed = re.search(r"resumed from step (\d+)", r.stdout)
+    assert resumed and int(resumed[1]) in (5, 10, 15, 20), r.stdout
+    assert re.search(rf"^checkpoint at step {resumed[1]} equals the state saved: YES$", r.stdout, re.M), r.stdout
     assert "resumed model bit-identical to the uninterrupted run: YES" in r.stdout
     assert "quartiles" in r.stdout and re.search(r"^steps \d+-40, median", r.stdout, re.M), r.stdout
     assert "torch.save reference files were removed" in r.stdout
     assert not (run_dir / "torch_save").exists() and os.listdir(tmp_path / "pools") == (["demo.pool"] if extra else [])
 
 
+# README passages that name CUDA or a GPU without claiming a GPU path of ours works: install
+# advice, what to save for an exact resume, Lightning's own rule, how to run the GPU tests and benchmark
+GPU_ADVICE = ("Both create `.venv`", "1. **Everything the next step reads", "`ModelCheckpoint` then saves each",
+              "On a GPU, `make bench-gpu`", "GPU-only tests carry")
+
+
+def readme_passages(readme: str) -> list[str]:
+    """The README's prose cut into passages (a paragraph, or one bullet or numbered item of a list),
+    code blocks left out, whitespace folded."""
+    out = []
+    for para in re.split(r"\n\s*\n", re.sub(r"```.*?```", "", readme, flags=re.S)):
+        cur: list[str] = []
+        for line in para.splitlines():
+            if re.match(r"\s*(?:[-*]|\d+\.) ", line) and cur:
+                out.append(" ".join(" ".join(cur).split()))
+                cur = []
+            cur.append(line)
+        if cur:
+            out.append(" ".join(" ".join(cur).split()))
+    return out
+
+
 def test_the_readme_says_tested_on_gpu_only_once_a_gpu_run_is_recorded():
-    """A README sentence about a CUDA path says "tested on GPU on DATE" only once a GPU run is
-    recorded in benchmarks/RESULTS.md; until then each says "not yet run on a GPU"."""
+    """Every README passage about a CUDA path of ours says "not yet run on a GPU" until a GPU run is
+    recorded in benchmarks/RESULTS.md; a "tested on GPU on DATE" names a day RESULTS.md recorded."""
     readme = open(os.path.join(ROOT, "README.md")).read()
     results = open(os.path.join(ROOT, "benchmarks", "RESULTS.md")).read()
     recorded = "<!-- gpu_overhead:begin -->" in results
     claims = re.findall(r"tested on GPU on (\d{4}-\d{2}-\d{2})", readme)
+    gpu = re.compile(r"\bCUDA\b|\bGPUs?\b|NCCL|kvikio|\bGDS\b|cudaHostRegister")
+    about_gpu = [p for p in readme_passages(readme) if gpu.search(p) and not p.startswith(GPU_ADVICE)]
+    assert len(about_gpu) >= 6, about_gpu  # the strategies, waits, staging, layer-wise, pool, kvikio passages
     if not recorded:
         assert not claims, claims
-        for path in ("cudaHostRegister", "device-to-device copy", "kvikio/GDS", "NCCL completes", "device → pool",
-                     "`kvikio` (CUDA tensors"):
-            at = readme.find(path)
-            assert at >= 0, path
-            assert "not yet run on a" in readme[at:at + 400], f"{path!r} has no 'not yet run on a GPU' beside it"
+        for p in about_gpu:
+            assert "not yet run on a GPU" in p, f"a GPU passage without its mark: {p[:200]}"
     for day in claims:
         assert day in results, f"the README says tested on GPU on {day}; RESULTS.md has no run of that day"

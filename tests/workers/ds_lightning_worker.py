@@ -1,6 +1,6 @@
 """One Lightning process driving DeepSpeed through DeepSpeedStrategy, for tests/deepspeed_fastckpt/test_deepspeed.py.
 
-    python ds_lightning_worker.py fit    CKPT_DIR OUT --steps N --every K --top-k T
+    python ds_lightning_worker.py fit    CKPT_DIR OUT --steps N --every K --top-k T [--concurrency C]
     python ds_lightning_worker.py resume CKPT_DIR OUT --steps N --from NAME
 Rank 0 writes OUT: the checkpoint engine's class, the files ModelCheckpoint left (when fit
 returns and after destroy) and the parameters at the end. Lightning's DeepSpeedStrategy refuses any accelerator but CUDA in
@@ -56,12 +56,13 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--from", dest="start", default=None)
     a = ap.parse_args()
     g = torch.Generator().manual_seed(0)  # epochs of 4 steps: a resume at step 4 starts a fresh epoch
     data = torch.utils.data.TensorDataset(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g))
     config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": a.stage},
-              "fastckpt": {"concurrency": 2}}
+              "fastckpt": {"concurrency": a.concurrency}}
     callbacks = [ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=a.every, save_top_k=a.top_k,
                                  monitor="step", mode="max")] if a.mode == "fit" else []
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=a.steps, logger=False, enable_progress_bar=False,
@@ -75,6 +76,8 @@ def main() -> None:
     out = {"engine": type(engine.checkpoint_engine).__name__, "global_step": trainer.global_step,
            "params": {n: p.detach().clone() for n, p in engine.module.named_parameters()}}
     out["files_before_destroy"] = sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else []
+    if os.environ.get("FASTCKPT_FAULT_HOLD"):  # a test held some writes until now (the fault shim): let them go
+        open(os.environ["FASTCKPT_FAULT_HOLD"], "w").close()
     engine.destroy()  # every tag in flight committed
     out["files"] = sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else []
     if trainer.global_rank == 0:

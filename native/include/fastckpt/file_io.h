@@ -55,7 +55,8 @@ class UniqueFd {
   int fd_;
 };
 
-// Opens path a second time with O_DIRECT; -1 where the filesystem refuses it.
+// Opens path a second time with O_DIRECT; -1 where the filesystem refuses it (EINVAL); throws
+// IoError on any other error.
 int open_direct(const std::string& path);
 
 constexpr bool has_o_direct() {

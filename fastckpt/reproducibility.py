@@ -28,8 +28,9 @@ import torch
 # in float32 and float64): each is called once below
 _VECTOR_MATH = ("sqrt", "rsqrt", "exp", "expm1", "log", "log10", "log2", "log1p", "sin", "cos", "tan", "tanh",
                 "asin", "acos", "atan", "erf", "erfc", "erfinv", "trunc", "reciprocal")
-# at::internal::GRAIN_SIZE: a parallel_for hands each thread at least this many elements
-_GRAIN = 32768
+# The grain of torch's vector-math kernels (UnaryOpsKernel.cpp's IMPLEMENT_FLOAT_KERNEL): a tensor
+# of more elements than this is split over the intra-op threads, each calling MKL on its chunk
+_GRAIN = 2048
 
 
 def reproducible(threads: int | None = None, *, seed: int | None = None, deterministic: bool = True) -> int:
@@ -64,15 +65,13 @@ def reproducible(threads: int | None = None, *, seed: int | None = None, determi
 
 def warm_up_vector_math(threads: int) -> None:
     """Every vector math function, float32 and float64: once on one thread, then with `threads`
-    threads over a tensor that gives each of them a chunk, and over one that torch leaves whole.
-    Draws no random numbers."""
+    threads over a tensor that gives each of them a chunk of many grains. Draws no random numbers."""
     try:
         torch.set_num_threads(1)
-        _call_each(torch.linspace(0.1, 0.9, 4096))
+        _call_each(torch.linspace(0.1, 0.9, 4 * _GRAIN))
     finally:
         torch.set_num_threads(threads)
-    _call_each(torch.linspace(0.1, 0.9, 2 * _GRAIN * max(threads, 1)))  # torch splits it over its threads
-    _call_each(torch.linspace(0.1, 0.9, _GRAIN - 1))  # torch does not: MKL may split it over its own
+    _call_each(torch.linspace(0.1, 0.9, 16 * _GRAIN * max(threads, 1)))  # torch splits it over its threads
     a = torch.linspace(-1.0, 1.0, 256 * 256).reshape(256, 256)
     (a @ a).sum()  # BLAS too: its own code path is chosen at its first call
 
