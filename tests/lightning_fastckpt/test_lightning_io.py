@@ -123,14 +123,28 @@ def test_resume_last_path_best_and_load_from_checkpoint(tmp_path):
     assert res and "test_loss" in res[0]
 
 
-def test_saves_are_asynchronous_and_teardown_waits(tmp_path):
+def test_saves_are_asynchronous_and_teardown_waits(tmp_path, monkeypatch):
+    """The step after ModelCheckpoint issued a save runs while that save is still landing, and
+    teardown waits for every one. In flight by construction, not by the disk's speed: each
+    checkpoint's commit waits (after its bytes are written) until the probe has looked once."""
+    from fastckpt.checkpoint_commit import CheckpointCommit
     io = FastCheckpointIO(concurrency=2)
+    looked = threading.Event()
+    finish = CheckpointCommit.finish
+
+    def finish_once_looked(self):
+        looked.wait(timeout=60)
+        return finish(self)
+
+    monkeypatch.setattr(CheckpointCommit, "finish", finish_once_looked)
     seen = []
 
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer, *a):
-            # right after ModelCheckpoint issued the save: still being written?
+            # the next step began: the saves ModelCheckpoint issued so far, still being written?
             seen.extend(p.done() for p in io.named.tracked().values())
+            if seen:
+                looked.set()
 
     torch.manual_seed(0)
     t = trainer(io, [ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1), Probe()],
