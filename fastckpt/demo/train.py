@@ -10,7 +10,6 @@ digest of what load() returned beside the one recorded for that step. Reports pr
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 
@@ -40,14 +39,6 @@ def batch(step: int, d: dict) -> tuple[torch.Tensor, torch.Tensor]:
     stride = torch.randint(1, 7, (d["batch"], 1), generator=g)
     seq = (start + stride * torch.arange(d["seq"] + 1)) % d["vocab"]
     return seq[:, :-1], seq[:, 1:]
-
-
-def digest(model: nn.Module) -> str:
-    h = hashlib.sha256()
-    for k, v in model.state_dict().items():
-        h.update(k.encode())
-        h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
@@ -133,7 +124,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     elapsed = time.perf_counter() - t_begin
     queue.put(("done", {"steps": d["steps"] - start + 1, "seconds": elapsed, "stalls": stalls,
                         "step_times": step_times,
-                        "digest": digest(model), "loss": loss.item(),
+                        "digest": state_digest(model.state_dict()), "loss": loss.item(),
                         "tuned": tuner.history if tuner is not None else None,
                         "offload": offload_report(offload)}))
 
