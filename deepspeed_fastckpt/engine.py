@@ -73,7 +73,7 @@ class FastckptEngine(CheckpointEngine):
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []
-        self.committer.submit(info.save_dir, info.tag, files)
+        self.committer.submit(info.save_dir, info.tag, files, step=self.saves.gate.steps_seen)
         self.named.forget_landed()
         return True
 

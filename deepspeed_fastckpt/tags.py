@@ -1,24 +1,24 @@
-"""Tag-level commit of a DeepSpeed checkpoint: each tag is one unit of fastckpt's ordered
-commit (fastckpt.commit.ordered). A tag finishes once this rank's files of it are durable and
-commits in the order tags were saved, once every rank's files are; rank 0 then writes the
-tag's record and `fastckpt-latest` (the format and its readers: fastckpt.store.tag_records).
-A save_dir withdrawn while tags of it are in flight (its owner removed it: Lightning's
-ModelCheckpoint dropping a checkpoint it no longer keeps) is deleted once they land, and
-they are not committed.
+"""A DeepSpeed tag as one set of fastckpt's commit for a set of files across ranks
+(fastckpt.commit.file_sets): DeepSpeed's conventions only, the commit is the core's.
+
+What is DeepSpeed's here: a tag's files lie in `save_dir/tag/`, so its record lies there too,
+as `fastckpt-tag.json` (the core's record format, written by the core's one writer); once it
+is durable, `save_dir/fastckpt-latest` names the tag (DeepSpeed's own `latest` is written by
+the training thread with a plain open()); a pool-backed file leaves a pointer where DeepSpeed
+globs for it; a save_dir withdrawn by its owner (Lightning's ModelCheckpoint) while tags of it
+are in flight is deleted once they land, and they are not committed. The layout and its
+readers: fastckpt.store.tag_records.
 """
 from __future__ import annotations
 
 import os
-import shutil
-import threading
 from typing import Callable, Optional
 
 from fastckpt.commit.agreement import make_agreement
-from fastckpt.commit.ordered import CommitUnit, OrderedCommits
+from fastckpt.commit.file_sets import FileSets
 from fastckpt.config import DEFAULTS
-from fastckpt.errors import CheckpointWriteError
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store.tag_records import next_seq, write_record
+from fastckpt.store.tag_records import TAG_RECORD, newest_counter, write_latest
 from fastckpt.write.deadline import Deadline
 
 
@@ -29,123 +29,41 @@ class TagCommitter:
     """
 
     def __init__(self, named: NamedCheckpoints, report: Optional[Callable[[BaseException], None]] = None):
-        self.slack_s = named.settings.get("commit_timeout_s", DEFAULTS.commit_timeout_s)
-        self.agreement = make_agreement(self.slack_s)
-        self.deadline = Deadline(named.settings.get("stall_timeout_s", DEFAULTS.stall_timeout_s), named.progress)
-        self._commits = OrderedCommits(self.agreement, self.deadline, self.slack_s, name="fastckpt-tag")
-        self.on_durable = named.leave_pointer if named.pool else None  # a pointer file where DeepSpeed looks
-        self._report = report
-        self._cv = threading.Condition()
-        self._errors: list[BaseException] = []
-        self._dirs: dict[str, int] = {}  # save_dir -> tags of it in flight
-        self._withdrawn: set[str] = set()  # save_dirs to delete once their tags land
-        self._seq: dict[str, int] = {}
+        slack_s = named.settings.get("commit_timeout_s", DEFAULTS.commit_timeout_s)
+        deadline = Deadline(named.settings.get("stall_timeout_s", DEFAULTS.stall_timeout_s), named.progress)
+        self.format = "safetensors" if named.pool else named.settings.get("format", DEFAULTS.format)
+        self.sets = FileSets(TAG_RECORD, make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
+                             after_record=_name_latest, on_durable=named.leave_pointer if named.pool else None,
+                             report=report, name="fastckpt-tag")
+        self.agreement = self.sets.agreement
 
-    def submit(self, save_dir: str, tag: str, files: list) -> None:
-        """files: [(path, Pending)] this rank wrote for the tag."""
-        with self._cv:
-            key = os.path.abspath(save_dir)
-            self._dirs[key] = self._dirs.get(key, 0) + 1
-        self._commits.issue(TagCommit(self, save_dir, tag, files))
+    def submit(self, save_dir: str, tag: str, files: list, step: int) -> None:
+        """files: [(path, Pending)] this rank wrote for the tag; step: the engine's global step."""
+        self.sets.submit(os.path.join(save_dir, str(tag)), files, step, self.format, meta={"tag": str(tag)},
+                         label=f"tag {tag!r} in {save_dir}")
 
     def wait_for(self, save_dir: str) -> None:
-        """Until no tag of save_dir is in flight here (committed or failed); raises nothing
-        but WriteStalled."""
-        key = os.path.abspath(save_dir)
-        self._until(f"the tags in flight of {save_dir}", lambda: self._dirs.get(key, 0) == 0)
+        """Until no tag of save_dir is in flight here (committed or failed)."""
+        self.sets.wait_for(save_dir)
 
     def withdraw(self, save_dir: str) -> bool:
-        """save_dir is removed by its owner: False if no tag of it is in flight here (the
-        caller deletes it now); otherwise its tags in flight are not committed, their failures
-        are no error, and the committer deletes save_dir once the last of them lands."""
-        key = os.path.abspath(save_dir)
-        with self._cv:
-            if not self._dirs.get(key):
-                return False
-            self._withdrawn.add(key)
-            return True
+        """save_dir is removed by its owner: False if no tag of it is in flight here (the caller
+        deletes it now); otherwise it is deleted once they land, and they are not committed."""
+        return self.sets.withdraw(save_dir)
 
     def is_withdrawn(self, save_dir: str) -> bool:
-        with self._cv:
-            return os.path.abspath(save_dir) in self._withdrawn
+        return self.sets.is_withdrawn(save_dir)
 
     def wait(self) -> None:
         """Until every submitted tag is committed (or failed); raises the first failure."""
-        self._until("the tags in flight", lambda: not self._dirs)
-        self.raise_errors()
-
-    def _until(self, what: str, condition: Callable[[], bool]) -> None:
-        def attempt(seconds: float) -> bool:
-            with self._cv:
-                return self._cv.wait_for(condition, seconds)
-        self.deadline.wait(what, attempt, slack=self.slack_s)
+        self.sets.wait()
 
     def raise_errors(self) -> None:
-        """Each failed tag since the last call, through `report` (raises the first by default)."""
-        with self._cv:
-            errors, self._errors = self._errors, []
-        for e in errors:
-            if self._report is None:
-                raise e
-            self._report(e)
+        self.sets.raise_errors()
 
     def close(self) -> None:
-        self.wait()
-
-    def next_seq(self, save_dir: str) -> int:
-        """The sequence number of the next tag committed into save_dir (rank 0)."""
-        seq = self._seq.get(save_dir) or next_seq(save_dir)
-        self._seq[save_dir] = seq + 1
-        return seq
-
-    def landed(self, save_dir: str, error: Optional[BaseException]) -> None:
-        """One tag of save_dir landed; the last of a withdrawn save_dir deletes it before
-        anyone waiting for that save_dir is woken."""
-        key = os.path.abspath(save_dir)
-        with self._cv:
-            withdrawn = key in self._withdrawn
-            if error is not None and not withdrawn:
-                self._errors.append(error)
-            remove = withdrawn and self._dirs[key] == 1
-        if remove:
-            shutil.rmtree(key, ignore_errors=True)
-        with self._cv:
-            self._dirs[key] -= 1
-            if not self._dirs[key]:
-                del self._dirs[key]
-                self._withdrawn.discard(key)
-            self._cv.notify_all()
+        self.sets.close()
 
 
-class TagCommit(CommitUnit):
-    """One tag: this rank's files of it, each a fastckpt save in flight."""
-
-    def __init__(self, committer: TagCommitter, save_dir: str, tag: str, files: list):
-        self.committer, self.save_dir, self.tag, self.files = committer, save_dir, tag, files
-        self.label = f"tag {tag!r} in {save_dir}"
-
-    def finish(self) -> list:
-        c = self.committer
-        mine, error = [], None
-        for path, pending in self.files:
-            try:
-                c.deadline.wait(f"{path} of {self.label}", pending.wait_done, slack=c.slack_s)
-                info = pending.wait()
-                if c.on_durable is not None:
-                    c.on_durable(path)
-                mine.append({"name": os.path.relpath(path, os.path.join(self.save_dir, self.tag)),
-                             "bytes": info.bytes, "crc32": f"{info.files[0].crc32:08x}"})
-            except BaseException as e:  # noqa: BLE001 - every file is waited for; the first error counts
-                error = error or e
-        if error is not None:
-            raise CheckpointWriteError(f"checkpoint {self.label} failed on this rank ({error}); "
-                                       "the previous committed tag is intact") from error
-        return mine
-
-    def record(self, parts: list, rank: int) -> None:
-        if rank == 0 and not self.committer.is_withdrawn(self.save_dir):
-            write_record(self.save_dir, self.tag, self.committer.next_seq(self.save_dir),
-                         self.committer.agreement.world_size, [f for files in parts for f in files])
-
-    def landed(self, info, error) -> None:
-        self.committer.landed(self.save_dir, error)
+def _name_latest(info) -> None:
+    write_latest(os.path.dirname(info.path), os.path.basename(info.path))

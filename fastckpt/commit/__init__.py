@@ -1,6 +1,7 @@
 """Committing a checkpoint: what makes it real, in which order, and how ranks agree on it.
 
   ordered.py    the ordered commit: each unit after the one issued before it, once every rank's part is durable
-  record.py     the commit record: the one small file whose durable presence makes a checkpoint real
+  record.py     the commit record: the one small file whose durable presence makes a checkpoint real (its one writer)
+  file_sets.py  one commit for a set of files across ranks (any files per rank), durable first, then one record
   agreement.py  agreement between ranks (every rank's part durable before rank 0 commits)
 """

@@ -1,8 +1,10 @@
 """The commit record: the one small file whose durable presence makes a checkpoint real.
 
-Owns its JSON encoding with a CRC-32 over its own canonical bytes, the checks
-that a record and the files it names are intact (sizes; full CRCs are the
-loader's job), and CommitInfo, what callers see of a committed checkpoint.
+Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one function that
+writes a record (`write`: every kind of checkpoint commits through it — the Checkpointer's
+`COMMIT`, a per-rank folder's, a set of files such as a DeepSpeed tag, under the name its
+convention gives), the checks that a record and the files it names are intact (sizes; full
+CRCs are the loader's job), and CommitInfo, what callers see of a committed checkpoint.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from ..errors import CorruptCheckpointError
-from ..fsutil import read_regular
+from ..fsutil import read_regular, write_atomic
 
 COMMIT_NAME = "COMMIT"
 VERSION = 1
@@ -80,7 +83,7 @@ def decode(raw: bytes, path: str) -> CommitInfo:
             raise CorruptCheckpointError(f"commit record {path} is damaged (CRC mismatch)")
         if body["version"] != VERSION:
             raise CorruptCheckpointError(f"commit record {path} has unknown version {body['version']}")
-        files = tuple(FileEntry(_plain_name(f["name"], path), int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
+        files = tuple(FileEntry(plain_name(f["name"], path), int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
                                 f.get("spans", []), f.get("records", [])) for f in body["files"])
         if len({f.name for f in files}) != len(files):
             raise CorruptCheckpointError(f"commit record {path} names one file for two ranks")
@@ -93,28 +96,45 @@ def decode(raw: bytes, path: str) -> CommitInfo:
         raise CorruptCheckpointError(f"commit record {path} is damaged ({type(e).__name__}: {e})") from None
 
 
-def _plain_name(name, path: str) -> str:
+def plain_name(name, path: str) -> str:
     """A file of the checkpoint's own directory: no separators, no '..', nothing absolute."""
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise CorruptCheckpointError(f"commit record {path} names {name!r}, which is not a file of its directory")
     return name
 
 
-def read(ckpt_dir: str) -> CommitInfo:
-    """The commit record of ckpt_dir, with its files' presence and sizes checked."""
-    path = os.path.join(ckpt_dir, COMMIT_NAME)
+def write(info: CommitInfo, name: str = COMMIT_NAME) -> None:
+    """Commits info: its record, atomically and durably, at `info.path/name` (the files it
+    names must be durable already). The only writer of commit records."""
+    write_atomic(os.path.join(info.path, name), encode(info))
+
+
+def file_size(path: str) -> Optional[int]:
+    """A file's size; None when there is no such file."""
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
+
+
+def read(ckpt_dir: str, name: str = COMMIT_NAME, size_of: Optional[Callable[[str], Optional[int]]] = file_size,
+         every_rank: bool = True) -> CommitInfo:
+    """The commit record `name` of ckpt_dir, with its files' presence and sizes checked
+    (size_of: a file's size, None when missing; a pool-backed set's files are pointers whose
+    size is the pool version's; size_of=None: the record alone, no file looked at). every_rank: each rank wrote one file at least (the
+    Checkpointer's checkpoints); a set of files may have ranks that wrote none."""
+    path = os.path.join(ckpt_dir, name)
     raw = read_regular(path, MAX_RECORD + 1)
     if len(raw) > MAX_RECORD:
         raise CorruptCheckpointError(f"commit record {path} is larger than {MAX_RECORD >> 20} MiB")
     info = decode(raw, path)
-    if len({f.rank for f in info.files}) != info.world_size:
-        raise CorruptCheckpointError(f"{path}: names {len(info.files)} files for {info.world_size} ranks")
-    for f in info.files:
-        fp = os.path.join(ckpt_dir, f.name)
-        try:
-            size = os.path.getsize(fp)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{ckpt_dir}: file {f.name} named by the commit record is missing") from None
+    ranks = {f.rank for f in info.files}
+    if (every_rank and len(ranks) != info.world_size) or not ranks <= set(range(info.world_size)):
+        raise CorruptCheckpointError(f"{path}: names files of ranks {sorted(ranks)} for {info.world_size} ranks")
+    for f in info.files if size_of is not None else ():
+        size = size_of(os.path.join(ckpt_dir, f.name))
+        if size is None:
+            raise CorruptCheckpointError(f"{ckpt_dir}: file {f.name} named by the commit record is missing")
         if size != f.bytes:
             raise CorruptCheckpointError(
                 f"{ckpt_dir}: file {f.name} has {size} bytes, the commit record says {f.bytes} (truncated?)")

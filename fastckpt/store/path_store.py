@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 from ..commit import record as commit
 from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
-from ..fsutil import fsync_dir, write_atomic
+from ..fsutil import fsync_dir
 from .base import Store
 from .root_store import RootStore
 
@@ -113,7 +113,7 @@ class PathStore(Store):
 
     def commit(self, info: CommitInfo) -> None:
         if self.per_rank:  # switches atomically from the old set of rank files to the new one
-            write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
+            commit.write(info)
             keep = {f.name for f in info.files}
             for old in glob.glob(os.path.join(info.path, "rank-*")):
                 if os.path.basename(old) not in keep:

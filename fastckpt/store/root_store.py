@@ -62,7 +62,7 @@ class RootStore(Store):
 
     def commit(self, info: CommitInfo) -> None:
         """Rank 0, once every rank's file is durable."""
-        self.write_commit(info)
+        commit.write(info)
         self.move_latest(info)
 
     def abort(self, ckpt_id: str, file_path: str, rank: int, stuck: bool = False) -> None:
@@ -71,9 +71,6 @@ class RootStore(Store):
 
     def close(self) -> None:
         pass
-
-    def write_commit(self, info: CommitInfo) -> None:
-        write_atomic(os.path.join(info.path, commit.COMMIT_NAME), commit.encode(info))
 
     def move_latest(self, info: CommitInfo) -> None:
         """Points `latest` at info, only forward (by counter), atomically and durably."""

@@ -2,9 +2,11 @@
 mark it leaves first, and what a tag folder holds.
 
 A DeepSpeed tag (`save_dir/tag/`) is several files per rank (model states, ZeRO optimizer
-partitions). fastckpt's DeepSpeed engine commits a tag once every rank's files are durable:
-rank 0 then writes `save_dir/tag/fastckpt-tag.json` (every file with its size and CRC-32,
-and a sequence number) and `save_dir/fastckpt-latest`, both atomically. DeepSpeed's own
+partitions). fastckpt's DeepSpeed engine commits a tag as one set of files across ranks
+(fastckpt.commit.file_sets): once every rank's files are durable, rank 0 writes the tag's
+commit record `save_dir/tag/fastckpt-tag.json` (fastckpt.commit.record's format: every file
+with its rank, size and CRC-32, and a counter) and `save_dir/fastckpt-latest`, both
+atomically. A tag record fastckpt 0.1 wrote (plain JSON with a sequence number) still reads. DeepSpeed's own
 `latest` file is written with a plain open() and may be missing, torn, or name a tag that
 never completed; `newest_committed` ignores it.
 
@@ -29,6 +31,8 @@ import json
 import os
 from typing import Callable, Optional
 
+from ..commit import record as commit
+from ..commit.record import CommitInfo, file_size
 from ..errors import CorruptCheckpointError
 from ..fsutil import read_regular, write_atomic
 
@@ -39,24 +43,45 @@ TAG_OPEN = "fastckpt-tag.open"
 LATEST = "fastckpt-latest"
 
 
-def parse_record(save_dir: str, tag: str) -> dict:
-    path = os.path.join(save_dir, tag, TAG_RECORD)
+def read_record(save_dir: str, tag: str, size_of: Optional[SizeOf] = file_size) -> CommitInfo:
+    """The commit record of a tag (fastckpt.commit.record's, or a 0.1 tag record), checked
+    against the files it names (size_of: a file's size, or of the pool version saved under that
+    path; None: the record alone); CorruptCheckpointError if not."""
+    tag_dir = os.path.join(save_dir, tag)
     try:
-        with open(path, "rb") as f:
-            rec = json.loads(f.read())
-        return {"tag": tag, "seq": int(rec["seq"]), "files": list(rec["files"]),
-                "world_size": int(rec.get("world_size", 0)) or None}
+        return commit.read(tag_dir, TAG_RECORD, size_of, every_rank=False)
     except FileNotFoundError:
         raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
                                      f"(no {TAG_RECORD}): its files may be incomplete") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptCheckpointError(f"{path}: damaged commit record ({e})") from None
+    except CorruptCheckpointError:
+        info = _record_of_0_1(tag_dir)
+        if info is None:
+            raise
+    for f in info.files if size_of is not None else ():
+        size = size_of(os.path.join(tag_dir, f.name))
+        if size != f.bytes:
+            raise CorruptCheckpointError(f"tag {tag!r}: {f.name} is {size} bytes, its commit record says {f.bytes}")
+    return info
 
 
-def write_record(save_dir: str, tag: str, seq: int, world_size: int, files: list) -> None:
-    """Commits a tag (rank 0, once every rank's files are durable): its record, then `fastckpt-latest`."""
-    record = {"tag": tag, "seq": seq, "world_size": world_size, "files": files}
-    write_atomic(os.path.join(save_dir, tag, TAG_RECORD), json.dumps(record, indent=1).encode())
+def _record_of_0_1(tag_dir: str) -> Optional[CommitInfo]:
+    """A tag record as fastckpt 0.1 wrote it (plain JSON: tag, seq, world_size, files with
+    name, bytes and hex CRC-32; no CRC of its own, no ranks); None when it is not one."""
+    path = os.path.join(tag_dir, TAG_RECORD)
+    try:
+        rec = json.loads(read_regular(path, commit.MAX_RECORD))
+        if not isinstance(rec, dict) or "body" in rec:
+            return None
+        files = tuple(commit.FileEntry(commit.plain_name(f["name"], path), 0, int(f["bytes"]), int(f["crc32"], 16))
+                      for f in rec["files"])
+        return CommitInfo(-1, tag_dir, sum(f.bytes for f in files), int(rec["seq"]), os.path.getmtime(path),
+                          int(rec.get("world_size", 0)) or 1, "torch", files, {"tag": rec.get("tag")})
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, CorruptCheckpointError):
+        return None
+
+
+def write_latest(save_dir: str, tag: str) -> None:
+    """Once a tag is committed (rank 0): `fastckpt-latest` names it."""
     write_atomic(os.path.join(save_dir, LATEST), tag.encode())
 
 
@@ -67,47 +92,32 @@ def mark_open(save_dir: str, tag: str) -> None:
     os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
 
 
-def file_size(path: str) -> Optional[int]:
-    return os.path.getsize(path) if os.path.isfile(path) else None
-
-
-def read_record(save_dir: str, tag: str, size_of: Callable[[str], Optional[int]] = file_size) -> dict:
-    """The commit record of a tag, checked against the files it names (size_of: a file's size,
-    or of the pool version saved under that path); CorruptCheckpointError if not."""
-    rec = parse_record(save_dir, tag)
-    for f in rec["files"]:
-        size = size_of(os.path.join(save_dir, tag, f["name"]))
-        if size != f["bytes"]:
-            raise CorruptCheckpointError(f"tag {tag!r}: {f['name']} is {size} bytes, its commit record "
-                                         f"says {f['bytes']}")
-    return rec
-
-
-def newest_committed(save_dir: str, size_of: Callable[[str], Optional[int]] = file_size) -> Optional[str]:
-    """The committed tag with the highest sequence number (None if there is none)."""
-    best: Optional[dict] = None
+def newest_committed(save_dir: str, size_of: SizeOf = file_size) -> Optional[str]:
+    """The committed tag with the highest counter (None if there is none)."""
+    best: Optional[tuple[int, str]] = None
     if not os.path.isdir(save_dir):
         return None
     for tag in os.listdir(save_dir):
         if not os.path.isfile(os.path.join(save_dir, tag, TAG_RECORD)):
             continue
         try:
-            rec = read_record(save_dir, tag, size_of)
+            counter = read_record(save_dir, tag, size_of).counter
         except CorruptCheckpointError:
             continue
-        if best is None or rec["seq"] > best["seq"]:
-            best = rec
-    return None if best is None else best["tag"]
+        if best is None or counter > best[0]:
+            best = (counter, tag)
+    return None if best is None else best[1]
 
 
-def next_seq(save_dir: str) -> int:
-    seqs = [0]
+def newest_counter(save_dir: str) -> int:
+    """The highest counter of any tag record in save_dir, its files unchecked (0: none)."""
+    newest = 0
     for tag in os.listdir(save_dir) if os.path.isdir(save_dir) else []:
         try:
-            seqs.append(parse_record(save_dir, tag)["seq"])
-        except CorruptCheckpointError:
+            newest = max(newest, read_record(save_dir, tag, None).counter)
+        except (CorruptCheckpointError, OSError):
             pass
-    return max(seqs) + 1
+    return newest
 
 
 def files_of(tag_dir: str) -> tuple[bool, bool]:

@@ -128,11 +128,10 @@ def _tag_entry(save_dir: str, tag: str, latest: Optional[str]) -> Entry:
     named = DS_STEP_RE.fullmatch(tag)  # DeepSpeed's default tag names the step
     entry.step = int(named.group(1)) if named else None
     if status == "committed":
-        rec = tags.read_record(save_dir, tag)
-        n = rec["world_size"]
-        entry.detail = f"commit {rec['seq']}" + (f", {n} rank{'s' if n > 1 else ''}" if n else "")
-        entry.checks = [(os.path.join(tag_dir, f["name"]),
-                         FileEntry(f["name"], 0, int(f["bytes"]), int(f["crc32"], 16))) for f in rec["files"]]
+        info = tags.read_record(save_dir, tag)
+        n = info.world_size
+        entry.detail = f"commit {info.counter}" + (f", {n} rank{'s' if n > 1 else ''}" if n else "")
+        entry.checks = [(os.path.join(tag_dir, f.name), f) for f in info.files]
     else:
         entry.checks = [(f, None) for f in files]
     entry.bytes = sum(tags.file_size(p) or 0 for p, _ in entry.checks)

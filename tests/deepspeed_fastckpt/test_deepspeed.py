@@ -20,6 +20,8 @@ pytest.importorskip("deepspeed")
 from support.deepspeed_runs import assert_resumed_exactly, launch, run
 from support.paths import ROOT
 
+from fastckpt.store.tag_records import read_record
+
 
 @pytest.mark.parametrize("stage,dtype", [(0, "fp32"), (1, "fp32"), (2, "bf16"), (3, "fp32")])
 def test_resume_is_bit_exact_for_every_zero_stage(tmp_path, stage, dtype):
@@ -33,10 +35,10 @@ def test_resume_is_bit_exact_for_every_zero_stage(tmp_path, stage, dtype):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_resume_bit_exact_and_zero_to_fp32_consolidates_what_we_wrote(tmp_path, stage):
     trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2)
-    record = json.loads((tmp_path / "ck" / "global_step3" / "fastckpt-tag.json").read_text())
-    assert record["world_size"] == 2
-    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= \
-        {f["name"] for f in record["files"]}  # both ranks' partitions, committed together
+    record = read_record(str(tmp_path / "ck"), "global_step3")
+    assert record.world_size == 2
+    assert {("zero_pp_rank_0_mp_rank_00_optim_states.pt", 0), ("zero_pp_rank_1_mp_rank_00_optim_states.pt", 1)} <= \
+        {(f.name, f.rank) for f in record.files}  # both ranks' partitions, committed together
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), ranks=2)
     assert_resumed_exactly(trained, resumed)
     merged = run("consolidate", tmp_path / "ck", tmp_path / "c.pt", "--tag", "global_step3")

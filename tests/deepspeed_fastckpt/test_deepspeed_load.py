@@ -86,3 +86,21 @@ def test_nothing_to_load_is_said_not_silent(tmp_path):
     got = run("resume-nothing", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1")
     assert got["path"] is None
     assert any("nothing was loaded" in w for w in got["warnings"]), got["warnings"]
+
+
+def test_a_tag_fastckpt_0_1_committed_resumes_and_the_next_tag_commits_after_it(tmp_path):
+    """tests/fixtures/v0_1/deepspeed: 0.1's tag record (plain JSON, a seq) is a committed tag: a real
+    engine resumes from it without a warning, and a tag saved into the same folder afterwards gets
+    the record of this version with the next counter."""
+    import shutil
+
+    from fastckpt.store.tag_records import read_record
+    from support.paths import FIXTURES
+    save_dir = shutil.copytree(os.path.join(FIXTURES, "v0_1", "deepspeed"), tmp_path / "ck")
+    got = run("resume", save_dir, tmp_path / "a.pt", "--stage", "1", WIDTH="8")
+    assert got["loaded_steps"] == 3 and got["client"] == {"data_pos": 3, "note": "three steps"}
+    assert got["warnings"] == [] and got["path"].endswith(os.path.join("global_step3", "mp_rank_00_model_states.pt"))
+    run("train", save_dir, tmp_path / "b.pt", "--stage", "1", WIDTH="8")  # global_step3 again, over 0.1's
+    info = read_record(str(save_dir), "global_step3")
+    assert info.counter == 2 and {f.rank for f in info.files} == {0} and info.meta == {"tag": "global_step3"}
+    assert b'"body"' in (save_dir / "global_step3" / "fastckpt-tag.json").read_bytes()  # this version's record

@@ -1,0 +1,213 @@
+"""One commit for a set of files across ranks: every file durable first, then one record.
+
+A set is what the ranks write into one directory for one checkpoint: any number of files per
+rank (some ranks may write none), each a fastckpt save in flight (a Pending). Sets commit
+through the ordered commit (commit.ordered) in the order they were submitted, the same on
+every rank:
+
+  1. this rank's files of the set, durable (each waited for under the Deadline); `on_durable`
+     runs for each (a pool-backed file leaves its pointer where the framework looks);
+  2. once every rank's files are durable, rank 0 writes the one record (commit.record.write:
+     versioned JSON with its own CRC-32; each file's rank, size, CRC-32 and chunk CRCs) into
+     the set's directory under the name the caller's convention gives it, with a counter one
+     above any record under the same parent directory;
+  3. `after_record(info)`: what the convention writes once the set is real (DeepSpeed's
+     `fastckpt-latest`).
+
+The parent directory owns its sets: a framework removing it while sets of it are in flight
+(Lightning's ModelCheckpoint dropping a checkpoint it no longer keeps) withdraws it — those
+sets are not committed, their failures are no error, and the directory is deleted once the
+last of them lands. A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
+lies); the Checkpointer's own checkpoints (one file per rank) commit through
+fastckpt.checkpoint_commit, into the same record format through the same writer.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from typing import Callable, Optional
+
+from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..write.deadline import Deadline
+from . import record as commit
+from .agreement import Agreement
+from .ordered import CommitUnit, OrderedCommits
+from .record import CommitInfo, FileEntry
+
+
+class FileSets:
+    """Commits sets of files, each into its own directory, in the order they were submitted.
+
+    Args:
+        record_name: the file name of each set's record inside its directory.
+        agreement: how the ranks agree (fastckpt.commit.agreement.make_agreement).
+        deadline: bounds every wait (a file's write, the set before, the other ranks);
+            slack_s: how much longer than the deadline a wait for other ranks may take.
+        newest_counter(parent): the highest counter of a record already under parent (0: none);
+            by default read from the records `record_name` of parent's folders.
+        after_record(info): run on rank 0 once a set's record is durable.
+        on_durable(path): run for each file once it is durable.
+        report(error): what a failed set does at the next `raise_errors` (default: raise it).
+    """
+
+    def __init__(self, record_name: str, agreement: Agreement, deadline: Deadline, slack_s: float,
+                 newest_counter: Optional[Callable[[str], int]] = None,
+                 after_record: Optional[Callable[[CommitInfo], None]] = None,
+                 on_durable: Optional[Callable[[str], None]] = None,
+                 report: Optional[Callable[[BaseException], None]] = None, name: str = "fastckpt-set"):
+        self.record_name, self.agreement, self.deadline, self.slack_s = record_name, agreement, deadline, slack_s
+        self._newest_counter = newest_counter or self._newest_record
+        self.after_record, self.on_durable, self._report = after_record, on_durable, report
+        self._commits = OrderedCommits(agreement, deadline, slack_s, name=name)
+        self._cv = threading.Condition()
+        self._errors: list[BaseException] = []
+        self._owners: dict[str, int] = {}  # parent directory -> sets of it in flight
+        self._withdrawn: set[str] = set()  # parents to delete once their sets land
+        self._counters: dict[str, int] = {}  # parent -> the next counter (rank 0)
+
+    # -- submitting ------------------------------------------------------
+    def submit(self, directory: str, files: list, step: int, fmt: str = "torch", meta: Optional[dict] = None,
+               label: Optional[str] = None) -> None:
+        """files: [(path, Pending)], this rank's files of the set, each directly inside
+        `directory`; returns at once (the set commits on its own thread)."""
+        owner = _owner(directory)
+        with self._cv:
+            self._owners[owner] = self._owners.get(owner, 0) + 1
+        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label))
+
+    # -- waiting ---------------------------------------------------------
+    def wait_for(self, owner: str) -> None:
+        """Until no set under `owner` (a parent directory) is in flight here; raises nothing
+        but WriteStalled."""
+        key = os.path.abspath(owner)
+        self._until(f"the checkpoints in flight of {owner}", lambda: self._owners.get(key, 0) == 0)
+
+    def wait(self) -> None:
+        """Until every submitted set is committed (or failed); raises the first failure."""
+        self._until("the checkpoints in flight", lambda: not self._owners)
+        self.raise_errors()
+
+    def _until(self, what: str, condition: Callable[[], bool]) -> None:
+        def attempt(seconds: float) -> bool:
+            with self._cv:
+                return self._cv.wait_for(condition, seconds)
+        self.deadline.wait(what, attempt, slack=self.slack_s)
+
+    def raise_errors(self) -> None:
+        """Each failed set since the last call, through `report` (raises the first by default)."""
+        with self._cv:
+            errors, self._errors = self._errors, []
+        for e in errors:
+            if self._report is None:
+                raise e
+            self._report(e)
+
+    def close(self) -> None:
+        self.wait()
+
+    # -- withdrawing -----------------------------------------------------
+    def withdraw(self, owner: str) -> bool:
+        """owner is being removed: False if no set of it is in flight here (the caller deletes it
+        now); otherwise its sets in flight are not committed, their failures are no error, and
+        it is deleted here once the last of them lands."""
+        key = os.path.abspath(owner)
+        with self._cv:
+            if not self._owners.get(key):
+                return False
+            self._withdrawn.add(key)
+            return True
+
+    def is_withdrawn(self, owner: str) -> bool:
+        with self._cv:
+            return os.path.abspath(owner) in self._withdrawn
+
+    # -- the commit thread's side ------------------------------------------
+    def next_counter(self, parent: str) -> int:
+        """The counter of the next record written under parent (rank 0, commit thread)."""
+        key = os.path.abspath(parent)
+        counter = self._counters.get(key) or self._newest_counter(key) + 1
+        self._counters[key] = counter + 1
+        return counter
+
+    def _newest_record(self, parent: str) -> int:
+        newest = 0
+        for name in os.listdir(parent) if os.path.isdir(parent) else []:
+            try:
+                newest = max(newest, commit.read(os.path.join(parent, name), self.record_name, None,
+                                                 every_rank=False).counter)
+            except (OSError, CorruptCheckpointError):
+                continue
+        return newest
+
+    def landed(self, directory: str, error: Optional[BaseException]) -> None:
+        """One set landed; the last one of a withdrawn owner deletes it before anyone waiting
+        for that owner is woken."""
+        key = _owner(directory)
+        with self._cv:
+            withdrawn = key in self._withdrawn
+            if error is not None and not withdrawn:
+                self._errors.append(error)
+            remove = withdrawn and self._owners[key] == 1
+        if remove:
+            shutil.rmtree(key, ignore_errors=True)
+        with self._cv:
+            self._owners[key] -= 1
+            if not self._owners[key]:
+                del self._owners[key]
+                self._withdrawn.discard(key)
+            self._cv.notify_all()
+
+
+class FileSetCommit(CommitUnit):
+    """One set: this rank's files of it, each a fastckpt save in flight."""
+
+    def __init__(self, sets: FileSets, directory: str, files: list, step: int, fmt: str, meta: Optional[dict],
+                 label: Optional[str]):
+        self.sets, self.directory, self.files = sets, os.path.abspath(directory), files
+        self.step, self.format, self.meta = step, fmt, dict(meta or {})
+        self.label = label or f"the checkpoint in {directory}"
+
+    def finish(self) -> list:
+        s = self.sets
+        mine, error = [], None
+        for path, pending in self.files:
+            try:
+                s.deadline.wait(f"{path} of {self.label}", pending.wait_done, slack=s.slack_s)
+                info = pending.wait()
+                if os.path.dirname(os.path.abspath(path)) != self.directory:
+                    raise CheckpointWriteError(f"{path} is not a file of {self.directory}")
+                if s.on_durable is not None:
+                    s.on_durable(path)
+                f = info.files[0]
+                mine.append(FileEntry(os.path.basename(path), s.agreement.rank, info.bytes, f.crc32, f.spans,
+                                      f.records))
+            except BaseException as e:  # noqa: BLE001 - every file is waited for; the first error counts
+                error = error or e
+        if error is not None:
+            raise CheckpointWriteError(f"{self.label} failed on this rank ({error}); "
+                                       "the previous committed checkpoint is intact") from error
+        return mine
+
+    def record(self, parts: list, rank: int) -> Optional[CommitInfo]:
+        s = self.sets
+        if s.is_withdrawn(os.path.dirname(self.directory)):
+            return None
+        files = tuple(f for part in parts for f in part)
+        info = CommitInfo(self.step, self.directory, sum(f.bytes for f in files), 0, time.time(),
+                          s.agreement.world_size, self.format, files, self.meta)
+        if rank == 0:
+            info = CommitInfo(info.step, info.path, info.bytes, s.next_counter(os.path.dirname(self.directory)),
+                              info.time, info.world_size, info.format, info.files, info.meta)
+            commit.write(info, s.record_name)
+            if s.after_record is not None:
+                s.after_record(info)
+        return info
+
+    def landed(self, info, error) -> None:
+        self.sets.landed(self.directory, error)
+
+
+def _owner(directory: str) -> str:
+    return os.path.dirname(os.path.abspath(directory))
