@@ -103,10 +103,14 @@ def plain_name(name, path: str) -> str:
     return name
 
 
-def write(info: CommitInfo, name: str = COMMIT_NAME) -> None:
+def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
     """Commits info: its record, atomically and durably, at `info.path/name` (the files it
-    names must be durable already). The only writer of commit records."""
-    write_atomic(os.path.join(info.path, name), encode(info))
+    names must be durable already). The only writer of commit records. fs: an fsspec
+    filesystem (an object store: no rename, so the record is simply put last, after the data)."""
+    if fs is None:
+        write_atomic(os.path.join(info.path, name), encode(info))
+    else:
+        fs.pipe_file(f"{info.path}/{name}", encode(info))
 
 
 def file_size(path: str) -> Optional[int]:

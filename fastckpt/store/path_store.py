@@ -5,8 +5,8 @@ made durable, renamed over NAME and the directory fsync'ed, so NAME is the old c
 or the new one, complete — never a torn mix, and never there before it is durable.
 
 URLs (`s3://`, `gcs://`, `memory://`, ... through fsspec): the file is staged on local
-disk, uploaded, and then a commit record `NAME.fastckpt-commit` (size and whole-file CRC)
-is written last. Object stores have no atomic rename, so a reader checks NAME against that
+disk, uploaded, and then its commit record `NAME.fastckpt-commit` (fastckpt.commit.record's:
+the file's size, whole-file CRC and chunk CRCs) is written last. Object stores have no atomic rename, so a reader checks NAME against that
 record when it exists; a URL without one (a file fastckpt did not upload) is read as
 Lightning would read it, checked by its own CRCs. `file://` URLs are plain local paths.
 
@@ -22,11 +22,13 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Optional
 
 from ..commit import record as commit
-from ..commit.record import CommitInfo
+from ..commit.record import CommitInfo, FileEntry
 from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..format import sniff
 from ..fsutil import fsync_dir
 from .base import Store
 from .root_store import RootStore
@@ -137,25 +139,34 @@ def _upload(local: str, url: str, result) -> None:
         if fs.exists(marker):
             fs.rm(marker)  # the old record must not vouch for the new bytes mid-upload
         fs.put_file(local, url)
-        body = {"size": result.bytes, "crc32": f"{result.file_crc:08x}"}
-        with fs.open(marker, "wb") as f:
-            f.write(json.dumps(body).encode())
+        parent, name = url.rsplit("/", 1)
+        entry = FileEntry(name, 0, result.bytes, result.file_crc, [list(s) for s in result.spans], result.names or [])
+        commit.write(CommitInfo(-1, parent, result.bytes, 1, time.time(), 1, sniff(local), (entry,)),
+                     name + MARKER_SUFFIX, fs=fs)
     finally:
         _unlink_quietly(local)
 
 
 def read_marker(url: str) -> dict:
-    """The commit record of an uploaded checkpoint; CorruptCheckpointError if missing or bad."""
+    """The commit record of an uploaded checkpoint: {"size", "crc32"}; CorruptCheckpointError
+    if missing or bad. A record fastckpt 0.1 wrote (plain JSON: size, hex crc32) still reads."""
     fs = filesystem(url)
+    path = url + MARKER_SUFFIX
     try:
-        with fs.open(url + MARKER_SUFFIX, "rb") as f:
-            body = json.loads(f.read(4096))
-        return {"size": int(body["size"]), "crc32": int(body["crc32"], 16)}
+        with fs.open(path, "rb") as f:
+            raw = f.read(commit.MAX_RECORD + 1)
     except FileNotFoundError as e:
-        raise CorruptCheckpointError(f"{url} has no commit record ({url}{MARKER_SUFFIX}): "
-                                     "its upload never finished") from e
-    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpointError(f"{url} has no commit record ({path}): its upload never finished") from e
+    try:
+        body = json.loads(raw)
+        if isinstance(body, dict) and "body" not in body:  # 0.1
+            return {"size": int(body["size"]), "crc32": int(body["crc32"], 16)}
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise CorruptCheckpointError(f"the commit record of {url} is unreadable: {e}") from e
+    info = commit.decode(raw, path)
+    if len(info.files) != 1 or info.files[0].name != url.rsplit("/", 1)[1]:
+        raise CorruptCheckpointError(f"the commit record of {url} names other files: {[f.name for f in info.files]}")
+    return {"size": info.files[0].bytes, "crc32": info.files[0].crc32}
 
 
 def download(url: str, into_dir: str) -> tuple[str, int | None]:

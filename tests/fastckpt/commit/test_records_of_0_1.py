@@ -1,14 +1,19 @@
 """Checkpoints fastckpt 0.1 wrote (tests/fixtures/v0_1, checked in) still list, verify and load:
-a Checkpointer root's COMMIT record, and a DeepSpeed tag whose record is 0.1's plain JSON (read
-as a commit record whose counter is its `seq`; a new tag saved beside it gets the next one)."""
+a Checkpointer root's COMMIT record, a DeepSpeed tag whose record is 0.1's plain JSON (read as a
+commit record whose counter is its `seq`), and a file uploaded to a URL with 0.1's marker. (A
+DeepSpeed engine resuming from the 0.1 tag: tests/deepspeed_fastckpt/test_deepspeed_load.py.)"""
 from __future__ import annotations
 
 import os
 import shutil
 
+import pytest
+
 import torch
 
 from fastckpt import Checkpointer
+from fastckpt.errors import CorruptCheckpointError
+from fastckpt.named import NamedCheckpoints
 from fastckpt.store import tag_records
 from fastckpt.tools.cli import main
 from support.paths import FIXTURES
@@ -47,3 +52,20 @@ def test_fastckpt_ls_and_verify_read_both_folders_of_0_1(capsys):
         assert main(["verify", os.path.join(OLD, folder)]) == 0
         out = capsys.readouterr().out
         assert "CORRUPT" not in out and "ok" in out, out
+
+
+def test_a_file_uploaded_by_0_1_loads_checked_against_its_marker():
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    for name in ("last.ckpt", "last.ckpt.fastckpt-commit"):
+        with open(os.path.join(OLD, "url", name), "rb") as f:
+            fs.pipe_file(f"memory://v01-test/{name}", f.read())
+    torch.manual_seed(0)
+    expected = torch.randn(64, 8)
+    named = NamedCheckpoints({})
+    state = named.load("memory://v01-test/last.ckpt")
+    assert torch.equal(state["w"], expected) and state["note"] == "fastckpt 0.1"
+    fs.pipe_file("memory://v01-test/last.ckpt", fs.cat("memory://v01-test/last.ckpt") + b"\0")
+    with pytest.raises(CorruptCheckpointError, match="commit record says"):
+        named.load("memory://v01-test/last.ckpt")
+    fs.rm("memory://v01-test", recursive=True)
