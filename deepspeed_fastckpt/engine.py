@@ -5,7 +5,7 @@ Owns the mapping from DeepSpeed's calls to fastckpt: `create` opens a tag; each
 `torch.load` and `zero_to_fp32` read it; with `"pool"` a pool model named by the path, and a
 pointer file there); `commit` hands the tag to the ordered commit (tags.py) and does not
 block; `load(path)` waits for that path if it is in flight and never runs code from the file
-(fastckpt.store.deepspeed_types lists the DeepSpeed types it accepts). Tensors only the
+(safe_types lists the DeepSpeed types it accepts). Tensors only the
 optimizer update writes are copied in the background and each group's update waits for its
 copies (group_gate); every other tensor is copied before save returns. Errors of a background
 write are raised by the next `create`, by `wait()` and `close()` (or warned about with
@@ -20,12 +20,12 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store.deepspeed_types import deepspeed_safe_globals
-from fastckpt.store.tag_records import mark_open
 from fastckpt.training_saves import TrainingSaves
 
 from . import open_engines
 from .group_gate import GroupGate
+from .safe_types import deepspeed_safe_globals
+from .tag_records import mark_open
 from .settings import checkpointer_kwargs, entry_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter

@@ -18,7 +18,6 @@ import sys
 from .open_engines import withdraw_saves_into
 
 _MARK = "__fastckpt_defers__"
-_MODULES = ("lightning.pytorch.strategies.deepspeed", "pytorch_lightning.strategies.deepspeed")
 
 
 def _deferring(original):
@@ -34,8 +33,8 @@ def _deferring(original):
 
 def install() -> None:
     """Idempotent; a Lightning not imported (or without DeepSpeedStrategy) is left alone."""
-    for name in _MODULES:
-        module = sys.modules.get(name)
+    for module in (sys.modules.get("lightning.pytorch.strategies.deepspeed"),
+                   sys.modules.get("pytorch_lightning.strategies.deepspeed")):
         strategy = getattr(module, "DeepSpeedStrategy", None)
         if strategy is not None and not getattr(strategy.remove_checkpoint, _MARK, False):
             strategy.remove_checkpoint = _deferring(strategy.remove_checkpoint)

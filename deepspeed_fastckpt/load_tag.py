@@ -25,7 +25,8 @@ from typing import Optional
 
 from fastckpt.commit.agreement import Agreement
 from fastckpt.errors import CorruptCheckpointError
-from fastckpt.store.tag_records import SizeOf, newest_committed, read_latest, read_record, tag_status
+
+from .tag_records import SizeOf, newest_committed, read_latest, read_record, tag_status
 
 
 @dataclass

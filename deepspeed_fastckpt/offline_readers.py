@@ -9,7 +9,6 @@ of this process into the directory it reads has committed (any open engine's), a
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 
 _MARK = "__fastckpt_waits__"
@@ -35,17 +34,21 @@ def _parent(path) -> str:
 
 def register() -> None:
     """Wraps what exists in the installed DeepSpeed; a tool it lacks is left alone."""
+    try:
+        from deepspeed.checkpoint import ds_to_universal
+    except ImportError:
+        ds_to_universal = None
+    try:
+        from deepspeed.utils import zero_to_fp32
+    except ImportError:
+        zero_to_fp32 = None
     targets = [  # (module, attribute, the save_dir its call reads)
-        ("deepspeed.checkpoint.ds_to_universal", "_get_optim_files", lambda folder, *a, **k: _parent(folder)),
-        ("deepspeed.utils.zero_to_fp32", "get_fp32_state_dict_from_zero_checkpoint",
+        (ds_to_universal, "_get_optim_files", lambda folder, *a, **k: _parent(folder)),
+        (zero_to_fp32, "get_fp32_state_dict_from_zero_checkpoint",
          lambda checkpoint_dir, *a, **k: os.fspath(checkpoint_dir)),
     ]
-    for module_name, attr, save_dir_of in targets:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, attr):
+    for module, attr, save_dir_of in targets:
+        if module is not None and hasattr(module, attr):
             setattr(module, attr, _waiting(getattr(module, attr), save_dir_of))
     from deepspeed.checkpoint.deepspeed_checkpoint import DeepSpeedCheckpoint
     DeepSpeedCheckpoint.__init__ = _waiting(DeepSpeedCheckpoint.__init__, lambda self, folder, *a, **k: _parent(folder))

@@ -7,7 +7,7 @@ is durable, `save_dir/fastckpt-latest` names the tag (DeepSpeed's own `latest` i
 the training thread with a plain open()); a pool-backed file leaves a pointer where DeepSpeed
 globs for it; a save_dir withdrawn by its owner (Lightning's ModelCheckpoint) while tags of it
 are in flight is deleted once they land, and they are not committed. The layout and its
-readers: fastckpt.store.tag_records.
+readers: deepspeed_fastckpt.tag_records.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from fastckpt.commit.agreement import make_agreement
 from fastckpt.commit.file_sets import FileSets
 from fastckpt.config import DEFAULTS
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store.tag_records import TAG_RECORD, newest_counter, write_latest
 from fastckpt.write.deadline import Deadline
+
+from .tag_records import TAG_RECORD, newest_counter, write_latest
 
 
 class TagCommitter:

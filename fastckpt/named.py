@@ -11,7 +11,6 @@ ranks, so `root`, `store`, `keep`, `distributed` and `model` are never settings 
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -24,11 +23,11 @@ from .commit import record as commit
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig
 from .format import load_file
-from .fsutil import write_atomic
 from .pending import Pending
 from .save_load import load as load_single
 from .store import path_store
-from .store.tag_records import file_size, is_pool_pointer
+from .commit.record import file_size
+from .pmem.pointer import is_pool_pointer, write_pointer
 
 DECIDED_BY_CALLER = ("root", "store", "keep", "distributed", "model")  # paths, retention, ranks
 
@@ -126,9 +125,7 @@ class NamedCheckpoints:
 
     def leave_pointer(self, path: str) -> None:
         """At a pool-backed path whose version is current: a small file naming the pool and model."""
-        write_atomic(path, json.dumps({"fastckpt_pool": self.pool, "model": self.checkpointer.store.name_of(path),
-                                       "note": "the data is in the pool; `fastckpt export POOL OUT "
-                                               "--model MODEL --to torch` writes the file"}).encode())
+        write_pointer(path, self.pool, self.checkpointer.store.name_of(path))
 
     # -- loading ---------------------------------------------------------
     def load(self, path: str, map_location=None, verify: bool = True, weights_only: bool = True,

@@ -8,7 +8,6 @@ folder holds (which files, against which records) is fastckpt.tools.folders' to 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -87,9 +86,6 @@ def _bad_chunk(path: str, entry: FileEntry | None) -> str:
     return ""
 
 
-ONE_CHECKPOINT = ("checkpoint", "tag", "file")  # survey kinds where the user named one checkpoint
-
-
 def verify_survey(found) -> Report:
     """Every checkpoint `fastckpt ls` lists in found (folders.survey), every byte read. An
     incomplete one is skipped in a folder of many (it is never loaded) and reported when it is
@@ -97,10 +93,10 @@ def verify_survey(found) -> Report:
     from tqdm import tqdm
     report = Report()
     total = sum(os.path.getsize(p) for e in found.entries for p, _ in e.checks if os.path.isfile(p))
-    with _loadable_as(found.kind), tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None,
+    with found.loading(), tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None,
                                         leave=False) as bar:
         for e in found.entries:
-            if e.status == "incomplete" and found.kind in ONE_CHECKPOINT:
+            if e.status == "incomplete" and found.single:
                 report.bad(f"{e.path}: incomplete ({e.detail}): it cannot be loaded")
                 continue
             if e.status == "incomplete":
@@ -119,18 +115,8 @@ def verify_survey(found) -> Report:
     return report
 
 
-def _loadable_as(kind: str):
-    """DeepSpeed's files name a few of its plain-data types, which its engine allows when it
-    loads them (store.deepspeed_types): judged the same way here when DeepSpeed is installed."""
-    if kind in ("deepspeed", "tag"):
-        import torch
-        from .store.deepspeed_types import deepspeed_safe_globals
-        return torch.serialization.safe_globals(deepspeed_safe_globals())
-    return contextlib.nullcontext()
-
-
 def _verify_one(path: str, entry: FileEntry | None) -> str:
-    from .store.tag_records import is_pool_pointer
+    from .pmem.pointer import is_pool_pointer
     if is_pool_pointer(path):
         from .pmem.commands import verify_pointer
         return verify_pointer(path)

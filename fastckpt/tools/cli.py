@@ -20,6 +20,7 @@ def _nothing(cmd: str, found) -> int:
 
 
 def _ls(args) -> int:
+    from .folder_kinds import described
     from .folders import survey
     from ..pmem.commands import ls_pool
     found = survey(args.root)
@@ -27,7 +28,7 @@ def _ls(args) -> int:
         return ls_pool(found.path)
     if not found.entries:
         return _nothing("ls", found)
-    print(f"{found.path}: {KINDS[found.kind]}")
+    print(f"{found.path}: {KINDS.get(found.kind) or described(found.kind) or found.kind}")
     print(f"  {'name':<32} {'step':>8} {'size':>11} {'written':>19}  status")
     for e in found.entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)) if e.time else "-"
@@ -42,8 +43,7 @@ def _ls(args) -> int:
 
 
 KINDS = {"root": "a fastckpt checkpoint root", "checkpoint": "one checkpoint",
-         "deepspeed": "a DeepSpeed save folder", "tag": "one DeepSpeed tag",
-         "files": "a folder of checkpoint files", "file": "one checkpoint file"}
+         "files": "a folder of checkpoint files", "file": "one checkpoint file"}  # a plugin's own: folder_kinds
 
 
 def _size(n: int) -> str:
@@ -135,7 +135,7 @@ def _info(args) -> int:
         from ..pmem.pool import Pool
         found = survey(args.pool)
         if found.kind != "pool":
-            raise ConfigError(f"{found.path} is not a pool ({found.note or KINDS[found.kind]}); a pool is a file, "
+            raise ConfigError(f"{found.path} is not a pool ({found.note or KINDS.get(found.kind) or found.kind}); a pool is a file, "
                               "/dev/daxN.M, or a folder holding fastckpt.pool")
         pool = Pool(found.path, create=False)
         for k, v in pool.describe().items():

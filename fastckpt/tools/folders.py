@@ -4,8 +4,8 @@ survey(path) names the kind and lists its checkpoints, from records and names al
 (nothing but small headers is read):
   root        a Checkpointer's root (step-N.cK/ folders with COMMIT records, `latest`)
   checkpoint  one such folder, or a Lightning per-rank checkpoint folder (COMMIT inside)
-  deepspeed   a DeepSpeed save folder (tag folders, `latest`)
-  tag         one DeepSpeed tag folder
+  (a plugin's kinds: a folder of its checkpoints and one of them, e.g. `deepspeed` and `tag`,
+   declared by the plugin: fastckpt.tools.folder_kinds)
   files       a folder of checkpoint files (Lightning's ModelCheckpoint: *.ckpt)
   file        one checkpoint file (ours, torch.save's, safetensors, or a pool pointer)
   pool        a persistent-memory pool (a file, /dev/daxN.M, or a folder holding fastckpt.pool)
@@ -23,22 +23,22 @@ and its CRC-32s checked. `checks` lists what verify reads: (file, its record ent
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ..commit import record as commit
 from ..commit.record import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
-from ..store import tag_records as tags
+from ..pmem.pointer import is_pool_pointer
 from ..store.root_store import DIR_RE, RootStore
 from ..store.path_store import MARKER_SUFFIX
+from .folder_kinds import plugin_kinds
 
 CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
 TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # the path store's file in flight
-DS_FILE_RE = re.compile(r"(model_states|optim_states)\.pt$")
-DS_STEP_RE = re.compile(r"global_step(\d+)")
 HINT_DEPTH = 4
 
 
@@ -62,6 +62,8 @@ class Survey:
     entries: list[Entry] = field(default_factory=list)
     note: str = ""
     hints: list[str] = field(default_factory=list)
+    single: bool = False  # the path is one checkpoint (one the user asked about)
+    loading: Callable = contextlib.nullcontext  # the context its files are read in (a plugin kind's)
 
 
 def survey(path: str) -> Survey:
@@ -71,23 +73,29 @@ def survey(path: str) -> Survey:
     if _is_pool(path):
         return Survey("pool", path)
     if not os.path.isdir(path):
-        return Survey("file", path, [_file_entry(path)])
+        return Survey("file", path, [_file_entry(path)], single=True)
     names = sorted(os.listdir(path))
     if commit.COMMIT_NAME in names:
-        return Survey("checkpoint", path, [_commit_entry(path)])
+        return Survey("checkpoint", path, [_commit_entry(path)], single=True)
     if DIR_RE.match(os.path.basename(path)):
         return Survey("checkpoint", path, [Entry(os.path.basename(path), path, "incomplete",
-                                                 detail=f"never committed (no {commit.COMMIT_NAME} record)")])
+                                                 detail=f"never committed (no {commit.COMMIT_NAME} record)")],
+                      single=True)
     if _is_pool(os.path.join(path, "fastckpt.pool")):
         return Survey("pool", os.path.join(path, "fastckpt.pool"))
-    if _is_tag(path, names):
-        return Survey("tag", path, [_tag_entry(os.path.dirname(path), os.path.basename(path), None)])
     if any(DIR_RE.match(n) for n in names):
         return _root(path)
-    tag_names = [n for n in names if os.path.isdir(os.path.join(path, n))
-                 and _is_tag(os.path.join(path, n), _listdir(os.path.join(path, n)))]
-    if tag_names:
-        return _deepspeed(path, tag_names)
+    for kind in plugin_kinds():
+        if kind.is_one(path, names):
+            return Survey(kind.one, path, [kind.entry(os.path.dirname(path), os.path.basename(path), None)],
+                          single=True, loading=kind.loading)
+        ones = [n for n in names if os.path.isdir(os.path.join(path, n))
+                and kind.is_one(os.path.join(path, n), _listdir(os.path.join(path, n)))]
+        if ones:
+            latest = kind.latest(path)
+            entries = [kind.entry(path, n, latest) for n in ones]
+            entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
+            return Survey(kind.many, path, entries, loading=kind.loading)
     entries = [e for e in (_folder_entry(path, n) for n in names) if e is not None]
     if entries:
         entries.sort(key=lambda e: -(e.time or 0))
@@ -109,33 +117,6 @@ def _root(path: str) -> Survey:
     for e in entries:
         e.latest = latest is not None and os.path.basename(os.path.normpath(latest)) == e.name
     return Survey("root", path, entries)
-
-
-def _deepspeed(path: str, tag_names: list[str]) -> Survey:
-    latest = tags.read_latest(path, "latest") or tags.read_latest(path, tags.LATEST)
-    entries = [_tag_entry(path, t, latest) for t in tag_names]
-    entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
-    return Survey("deepspeed", path, entries)
-
-
-def _tag_entry(save_dir: str, tag: str, latest: Optional[str]) -> Entry:
-    tag_dir = os.path.join(save_dir, tag)
-    status, why = tags.tag_status(save_dir, tag, tags.file_size)
-    files = [os.path.join(tag_dir, n) for n in _listdir(tag_dir) if DS_FILE_RE.search(n)]
-    entry = Entry(tag, tag_dir, {"torn": "incomplete", "damaged": "invalid", "empty": "incomplete",
-                                 "missing": "incomplete"}.get(status, status), detail=why,
-                  time=os.path.getmtime(tag_dir), latest=tag == latest)
-    named = DS_STEP_RE.fullmatch(tag)  # DeepSpeed's default tag names the step
-    entry.step = int(named.group(1)) if named else None
-    if status == "committed":
-        info = tags.read_record(save_dir, tag)
-        n = info.world_size
-        entry.detail = f"commit {info.counter}" + (f", {n} rank{'s' if n > 1 else ''}" if n else "")
-        entry.checks = [(os.path.join(tag_dir, f.name), f) for f in info.files]
-    else:
-        entry.checks = [(f, None) for f in files]
-    entry.bytes = sum(tags.file_size(p) or 0 for p, _ in entry.checks)
-    return entry
 
 
 def _folder_entry(folder: str, name: str) -> Optional[Entry]:
@@ -172,7 +153,7 @@ def _file_entry(path: str) -> Entry:
     name = os.path.basename(path)
     entry = Entry(name, path, "complete", bytes=os.path.getsize(path), time=os.path.getmtime(path),
                   checks=[(path, None)])
-    if tags.is_pool_pointer(path):
+    if is_pool_pointer(path):
         entry.detail = "a pointer: the data is in a pool (`fastckpt ls POOL`)"
         return entry
     try:
@@ -207,10 +188,6 @@ def _is_pool(path: str) -> bool:
     return os.path.exists(path) and not os.path.isdir(path) and is_pool(path)
 
 
-def _is_tag(path: str, names: list[str]) -> bool:
-    return tags.TAG_RECORD in names or tags.TAG_OPEN in names or any(DS_FILE_RE.search(n) for n in names)
-
-
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -237,8 +214,7 @@ def _hints(path: str) -> list[str]:
 def _holds_checkpoints(path: str) -> bool:
     """Whether a folder directly holds checkpoints of any kind (for hints: names only)."""
     names = _listdir(path)
-    return (commit.COMMIT_NAME in names or _is_tag(path, names) or any(DIR_RE.match(n) for n in names)
+    return (commit.COMMIT_NAME in names or any(DIR_RE.match(n) for n in names)
             or any(n.endswith(CHECKPOINT_EXT) and not n.startswith(".") for n in names)
-            or any(os.path.isdir(os.path.join(path, n)) and _is_tag(os.path.join(path, n),
-                                                                    _listdir(os.path.join(path, n)))
-                   for n in names))
+            or any(kind.is_one(path, names) or any(os.path.isdir(os.path.join(path, n)) and kind.is_one(
+                os.path.join(path, n), _listdir(os.path.join(path, n))) for n in names) for kind in plugin_kinds()))

@@ -20,7 +20,7 @@ pytest.importorskip("deepspeed")
 from support.deepspeed_runs import assert_resumed_exactly, launch, run
 from support.paths import ROOT
 
-from fastckpt.store.tag_records import read_record
+from deepspeed_fastckpt.tag_records import read_record
 
 
 @pytest.mark.parametrize("stage,dtype", [(0, "fp32"), (1, "fp32"), (2, "bf16"), (3, "fp32")])

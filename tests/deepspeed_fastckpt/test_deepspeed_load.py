@@ -5,6 +5,7 @@ finished is never loaded. Real deepspeed.initialize engines, 2 gloo ranks."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import fastckpt
 
 from support.deepspeed_runs import assert_resumed_exactly, run
+from support.paths import FIXTURES
 
 pytest.importorskip("deepspeed")
 
@@ -72,7 +74,7 @@ def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage,
 def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
     """The same complete fastckpt file: in a tag a fastckpt save opened and never committed it is
     torn (never loaded); copied into a tag no fastckpt save opened it is another writer's."""
-    from fastckpt.store.tag_records import file_size, mark_open, tag_status
+    from deepspeed_fastckpt.tag_records import file_size, mark_open, tag_status
     for tag in ("begun", "copied"):
         (tmp_path / tag).mkdir()
         fastckpt.save({"w": torch.ones(3)}, tmp_path / tag / "mp_rank_00_model_states.pt")
@@ -88,14 +90,35 @@ def test_nothing_to_load_is_said_not_silent(tmp_path):
     assert any("nothing was loaded" in w for w in got["warnings"]), got["warnings"]
 
 
+def test_a_deepspeed_tag_record_of_0_1_is_committed_with_its_seq_as_counter(tmp_path, capsys):
+    """tests/fixtures/v0_1/deepspeed: 0.1's tag record (plain JSON, no CRC of its own) reads as a
+    commit record whose counter is its `seq`; its files' sizes are still checked; `fastckpt ls`
+    and `verify` read the folder."""
+    from deepspeed_fastckpt.tag_records import file_size, newest_committed, newest_counter, read_record, tag_status
+    save_dir = str(shutil.copytree(os.path.join(FIXTURES, "v0_1", "deepspeed"), tmp_path / "ds"))
+    info = read_record(save_dir, "global_step3")
+    assert info.counter == 1 and info.world_size == 1
+    assert sorted(f.name for f in info.files) == ["mp_rank_00_model_states.pt",
+                                                  "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert tag_status(save_dir, "global_step3", file_size) == ("committed", "")
+    assert newest_committed(save_dir) == "global_step3" and newest_counter(save_dir) == 1
+    with open(os.path.join(save_dir, "global_step3", "mp_rank_00_model_states.pt"), "ab") as f:
+        f.write(b"\0")  # its sizes are still checked
+    assert tag_status(save_dir, "global_step3", file_size)[0] == "damaged"
+    from fastckpt.tools.cli import main
+    shutil.rmtree(save_dir)
+    save_dir = os.path.join(FIXTURES, "v0_1", "deepspeed")
+    assert main(["ls", save_dir]) == 0 and "committed" in capsys.readouterr().out
+    assert main(["verify", save_dir]) == 0
+    out = capsys.readouterr().out
+    assert "CORRUPT" not in out and "ok" in out, out
+
+
 def test_a_tag_fastckpt_0_1_committed_resumes_and_the_next_tag_commits_after_it(tmp_path):
     """tests/fixtures/v0_1/deepspeed: 0.1's tag record (plain JSON, a seq) is a committed tag: a real
     engine resumes from it without a warning, and a tag saved into the same folder afterwards gets
     the record of this version with the next counter."""
-    import shutil
-
-    from fastckpt.store.tag_records import read_record
-    from support.paths import FIXTURES
+    from deepspeed_fastckpt.tag_records import read_record
     save_dir = shutil.copytree(os.path.join(FIXTURES, "v0_1", "deepspeed"), tmp_path / "ck")
     got = run("resume", save_dir, tmp_path / "a.pt", "--stage", "1", WIDTH="8")
     assert got["loaded_steps"] == 3 and got["client"] == {"data_pos": 3, "note": "three steps"}

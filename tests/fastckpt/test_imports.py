@@ -1,6 +1,8 @@
 """The package's import graph, read from the sources: no import loop anywhere in the packages,
 no module taking another's private names, the backend imports no framework, the two plugins
-never import each other.
+never import each other — neither by an import statement nor at run time (importlib.import_module,
+__import__, importlib.util.find_spec, sys.modules lookups: a module named by a string, or by a
+value the reader cannot see, counts as reaching for a framework).
 
 Module-level and function-level imports both count (a loop broken only by a deferred import
 is still a loop in the design).
@@ -120,3 +122,72 @@ def test_native_features_say_only_what_this_build_has():
     feats = dict(_native.features())
     assert set(feats) == {"o_direct", "libpmem2", "pmem_flush", "crc32", "hardware_threads"}
     assert feats["hardware_threads"] == os.cpu_count() or feats["hardware_threads"] > 0
+
+
+BANNED = {"fastckpt": ("lightning", "pytorch_lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt"),
+          "lightning_fastckpt": ("deepspeed", "deepspeed_fastckpt"),
+          "deepspeed_fastckpt": ("lightning_fastckpt",)}
+DYNAMIC = ("import_module", "__import__", "find_spec", "find_loader", "load_module")
+
+
+def runtime_reaches(source: str, banned: tuple[str, ...]) -> list[str]:
+    """What a module's source reaches at run time without an import statement: a call of
+    importlib.import_module / __import__ / find_spec, or a sys.modules lookup, naming a banned
+    package — or naming a module by a value that is not a literal (which could be anything)."""
+    found = []
+
+    def judge(node, arg) -> None:
+        where = f"line {node.lineno}"
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            if arg.value.split(".")[0] in banned:
+                found.append(f"{where}: {arg.value!r}")
+        else:
+            found.append(f"{where}: a module named at run time ({ast.unparse(arg)})")
+
+    def is_sys_modules(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "modules" and \
+            isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in DYNAMIC and node.args:
+                judge(node, node.args[0])
+            elif isinstance(f, ast.Attribute) and f.attr in ("get", "pop", "setdefault") and is_sys_modules(f.value) \
+                    and node.args:
+                judge(node, node.args[0])
+        elif isinstance(node, ast.Subscript) and is_sys_modules(node.value):
+            judge(node, node.slice)
+        elif isinstance(node, ast.Compare) and any(is_sys_modules(c) for c in node.comparators):
+            judge(node, node.left)  # "deepspeed" in sys.modules
+    return found
+
+
+def test_no_package_reaches_a_framework_it_may_not_import_at_run_time():
+    for pkg, banned in BANNED.items():
+        for d, _, names in os.walk(os.path.join(ROOT, pkg)):
+            for n in (n for n in names if n.endswith(".py")):
+                path = os.path.join(d, n)
+                reached = runtime_reaches(open(path).read(), banned)
+                assert not reached, f"{os.path.relpath(path, ROOT)} reaches at run time: {reached}"
+
+
+def test_a_framework_reached_through_importlib_or_sys_modules_is_caught():
+    """Planted: each way the old fastckpt/store/deepspeed_types.py (importlib over a tuple of
+    names) and deepspeed_fastckpt/lightning_removal.py (sys.modules) reached a framework."""
+    banned = BANNED["fastckpt"]
+    planted = {
+        "import importlib\nm = importlib.import_module('deepspeed.runtime.zero.config')": "'deepspeed.runtime",
+        "from importlib import import_module\nfor mod in NAMES:\n    import_module(mod)": "named at run time",
+        "ds = __import__('deepspeed')": "'deepspeed'",
+        "import sys\nm = sys.modules.get('lightning.pytorch.strategies.deepspeed')": "'lightning.pytorch",
+        "import sys\nm = sys.modules['pytorch_lightning']": "'pytorch_lightning'",
+        "import sys\nif 'deepspeed' in sys.modules: pass": "'deepspeed'",
+        "import importlib.util\nimportlib.util.find_spec('lightning_fastckpt')": "'lightning_fastckpt'",
+    }
+    for source, said in planted.items():
+        reached = runtime_reaches(source, banned)
+        assert reached and said in reached[0], (source, reached)
+    assert runtime_reaches("import importlib\nimportlib.import_module('json')", banned) == []
+    assert runtime_reaches("from importlib.metadata import entry_points", banned) == []

@@ -1,7 +1,6 @@
 """Checkpoints fastckpt 0.1 wrote (tests/fixtures/v0_1, checked in) still list, verify and load:
-a Checkpointer root's COMMIT record, a DeepSpeed tag whose record is 0.1's plain JSON (read as a
-commit record whose counter is its `seq`), and a file uploaded to a URL with 0.1's marker. (A
-DeepSpeed engine resuming from the 0.1 tag: tests/deepspeed_fastckpt/test_deepspeed_load.py.)"""
+a Checkpointer root's COMMIT record and a file uploaded to a URL with 0.1's marker. (0.1's
+DeepSpeed tags: tests/deepspeed_fastckpt/test_deepspeed_load.py.)"""
 from __future__ import annotations
 
 import os
@@ -14,7 +13,6 @@ import torch
 from fastckpt import Checkpointer
 from fastckpt.errors import CorruptCheckpointError
 from fastckpt.named import NamedCheckpoints
-from fastckpt.store import tag_records
 from fastckpt.tools.cli import main
 from support.paths import FIXTURES
 
@@ -32,21 +30,8 @@ def test_a_checkpointer_root_of_0_1_loads_the_state_it_saved(tmp_path):
     assert torch.equal(state["w"], expected) and state["step"] == 3 and state["note"] == "fastckpt 0.1"
 
 
-def test_a_deepspeed_tag_record_of_0_1_is_committed_with_its_seq_as_counter(tmp_path):
-    save_dir = str(shutil.copytree(os.path.join(OLD, "deepspeed"), tmp_path / "ds"))
-    info = tag_records.read_record(save_dir, "global_step3")
-    assert info.counter == 1 and info.world_size == 1
-    assert sorted(f.name for f in info.files) == ["mp_rank_00_model_states.pt",
-                                                  "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
-    assert tag_records.tag_status(save_dir, "global_step3", tag_records.file_size) == ("committed", "")
-    assert tag_records.newest_committed(save_dir) == "global_step3" and tag_records.newest_counter(save_dir) == 1
-    with open(os.path.join(save_dir, "global_step3", "mp_rank_00_model_states.pt"), "ab") as f:
-        f.write(b"\0")  # its sizes are still checked
-    assert tag_records.tag_status(save_dir, "global_step3", tag_records.file_size)[0] == "damaged"
-
-
-def test_fastckpt_ls_and_verify_read_both_folders_of_0_1(capsys):
-    for folder in ("root", "deepspeed"):
+def test_fastckpt_ls_and_verify_read_a_root_of_0_1(capsys):
+    for folder in ("root",):
         assert main(["ls", os.path.join(OLD, folder)]) == 0
         assert "committed" in capsys.readouterr().out
         assert main(["verify", os.path.join(OLD, folder)]) == 0

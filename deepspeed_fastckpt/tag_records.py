@@ -1,4 +1,4 @@
-"""DeepSpeed-style tag folders on disk: the commit record fastckpt writes into a tag, the
+"""DeepSpeed's tag folders on disk: the commit record fastckpt writes into a tag, the
 mark it leaves first, and what a tag folder holds.
 
 A DeepSpeed tag (`save_dir/tag/`) is several files per rank (model states, ZeRO optimizer
@@ -23,7 +23,7 @@ A tag is (tag_status)
   foreign    checkpoint files another engine wrote or put there, with no record to check;
   empty      a directory without checkpoint files (a save cut short before any file);
   missing    no such directory.
-The engine (deepspeed_fastckpt) and the `fastckpt` command both read tags through here.
+The engine and the `fastckpt` command (through deepspeed_fastckpt.folders) read tags through here.
 """
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ import json
 import os
 from typing import Callable, Optional
 
-from ..commit import record as commit
-from ..commit.record import CommitInfo, file_size
-from ..errors import CorruptCheckpointError
-from ..fsutil import read_regular, write_atomic
+from fastckpt.commit import record as commit
+from fastckpt.commit.record import CommitInfo, file_size
+from fastckpt.errors import CorruptCheckpointError
+from fastckpt.fsutil import read_regular, write_atomic
+from fastckpt.pmem.pointer import is_pool_pointer
 
 SizeOf = Callable[[str], Optional[int]]
 
@@ -139,15 +140,6 @@ def files_of(tag_dir: str) -> tuple[bool, bool]:
             elif name.endswith(".pt"):
                 foreign = True
     return ours, foreign
-
-
-def is_pool_pointer(path: str) -> bool:
-    """Whether path is the small file a pool-backed engine leaves where a tag's file would be."""
-    try:
-        body = json.loads(read_regular(path, 4096))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(body, dict) and "fastckpt_pool" in body
 
 
 def tag_status(save_dir: str, tag: str, size_of: SizeOf) -> tuple[str, str]:
