@@ -7,7 +7,7 @@ Contenders, each on a long-lived Checkpointer (as in training) and warmed up onc
   pool msync   store="pmem" on /dev/shm, persisted by msync (what ordinary memory gets)
   pool fence   the same pool with persist="fence": non-temporal stores + cache-line
                write-back + store fence, the path real PMEM (MAP_SYNC / device-dax) takes
-  file store   store="file" on the benchmark's disk directory (strategy c, O_DIRECT)
+  file store   the root store (store="root") on the benchmark's disk directory (strategy c, O_DIRECT)
   torch.save   + fsync, on disk and on /dev/shm
 For each: the time the caller is blocked (save + gate: until the tensors may change) and
 the time until durable and committed; loads are verified (every CRC). Medians of --runs.

@@ -37,9 +37,6 @@ log = logging.getLogger("fastckpt")
 _REFUSED = ("the filesystem of {} refused O_DIRECT: checkpoints there are written through the page cache "
             "(buffered: slower, and they evict other cached data); stats['o_direct_refused'] counts them, "
             "direct_io=False says this is intended")
-_POOL_STRATEGY = ("fastckpt: store='pmem' stores every snapshot straight into the pool (the pool is the "
-                  "staging: no staging chunks, no spare-memory copy; the gate waits until the tensors are in "
-                  "the pool), so strategy={!r} changes nothing there (left at its default, 'c', it is not said)")
 D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
@@ -54,11 +51,9 @@ class Checkpointer:
                  commit_timeout_s: float = D.commit_timeout_s, distributed: bool | None = D.distributed,
                  model: str | None = D.model, pool_mb: int | None = D.pool_mb, persist: str = D.persist,
                  on_error: str = D.on_error, stall_timeout_s: float = D.stall_timeout_s):
-        store = CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep,
-                                   verify, policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist,
-                                   on_error, stall_timeout_s).validate().store  # "file" read as "root"
-        if store == "pmem" and strategy != "c":
-            warnings.warn(_POOL_STRATEGY.format(strategy), stacklevel=2)
+        config = CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep,
+                                    verify, policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist,
+                                    on_error, stall_timeout_s).validate()
         self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
         self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
         self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
@@ -72,12 +67,13 @@ class Checkpointer:
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
-        pool = {"model": model, "pool_mb": pool_mb, "persist": persist, "concurrency": concurrency,
-                 "rank": self.rank, "world_size": self.world_size} if store == "pmem" else {}
-        self.store = open_store(store, root, per_rank=self.world_size > 1, **pool)
-        self.store_kind = store
+        self.store = open_store(config, self.rank, self.world_size)
+        note = self.store.strategy_note(strategy)
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
+        self.store_kind = self.store.kind
         self.root = self.store.root
-        self._named_paths = store == "path" or (store == "pmem" and model is None)
+        self._named_paths = self.store.names_by_path
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
         self._inflight = InFlight(self._deadline, commit_timeout_s)

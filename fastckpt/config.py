@@ -40,10 +40,6 @@ class CheckpointerConfig:
     on_error: str = "raise"
     stall_timeout_s: float = DEFAULT_STALL_S
 
-    def __post_init__(self) -> None:
-        from .store import store_name
-        self.store = store_name(self.store)  # an earlier spelling ("file") is the same store
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -59,10 +55,12 @@ class CheckpointerConfig:
         from .pmem.pool import PERSIST, check_device_path
         from .store import STORES
         from .write import STRATEGIES
-        for name, choices in (("strategy", STRATEGIES), ("store", STORES), ("format", FORMATS),
+        for name, choices in (("strategy", STRATEGIES), ("store", tuple(STORES)), ("format", FORMATS),
                               ("policy", POLICIES), ("on_error", ON_ERROR), ("persist", PERSIST)):
             if getattr(self, name) not in choices:
-                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; choose one of: {', '.join(choices)}")
+                renamed = " (store='file' is store='root' since 0.2)" if (name, self.store) == ("store", "file") else ""
+                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; choose one of: {', '.join(choices)}"
+                                  + renamed)
         for name, low in (("concurrency", 1), ("writers", 1), ("chunk_mb", 1), ("keep", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:

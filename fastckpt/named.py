@@ -12,22 +12,15 @@ ranks, so `root`, `store`, `keep`, `distributed` and `model` are never settings 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import warnings
 from typing import Any, Callable, Optional
 
 import torch
 
-from .commit import record as commit
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig
-from .format import load_file
 from .pending import Pending
-from .save_load import load as load_single
-from .store import path_store
-from .commit.record import file_size
-from .pmem.pointer import is_pool_pointer, write_pointer
+from .pmem.pointer import write_pointer
+from .store import ByPath, open_store, path_store
 
 DECIDED_BY_CALLER = ("root", "store", "keep", "distributed", "model")  # paths, retention, ranks
 
@@ -69,6 +62,7 @@ class NamedCheckpoints:
         self.pool_pointers = pool_pointers
         self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
+        self._reader: Optional[ByPath] = None  # a store opened to read while no Checkpointer is
         self._by_path: dict[str, Pending] = {}
         self._order: dict[str, int] = {}  # path -> when it was last saved (counters restart on reconfigure)
         self._saves = 0
@@ -78,12 +72,34 @@ class NamedCheckpoints:
     def checkpointer(self) -> Checkpointer:
         """The Checkpointer behind every path, opened at first use (and after close())."""
         if self._ck is None:
+            self._close_reader()  # one store of the place open at a time
             self._ck = Checkpointer(distributed=self.distributed, **checkpointer_kwargs(self.settings, self.pool))
+            self._ck.store.pointers = self.pool_pointers
         return self._ck
 
     @property
     def opened(self) -> bool:
         return self._ck is not None
+
+    @property
+    def _store(self) -> ByPath:
+        """The store behind every path: the open Checkpointer's, or else one opened only to read,
+        size and remove by path (reading opens no Checkpointer)."""
+        if self._ck is not None:
+            return self._ck.store
+        if self._reader is None:
+            dist = torch.distributed
+            spread = self.distributed is not False and dist.is_initialized()
+            rank, world = (dist.get_rank(), dist.get_world_size()) if spread else (0, 1)
+            config = CheckpointerConfig(**checkpointer_kwargs(self.settings, self.pool)).validate()
+            self._reader = open_store(config, rank, world)
+            self._reader.pointers = self.pool_pointers
+        return self._reader
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
     # -- saving ----------------------------------------------------------
     def save(self, state, path: str, step: int, held: bool = False, watch=None) -> Pending:
@@ -93,8 +109,7 @@ class NamedCheckpoints:
         key = key_of(path)
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
         self.remove_deferred()
-        if self.pool is None:
-            _make_parent(path)
+        self.checkpointer.store.prepare_path(path)
         pending = self.checkpointer.save(state, step=step, path=path, held=held, watch=watch)
         self._saves += 1
         self._by_path[key], self._order[key] = pending, self._saves
@@ -133,24 +148,12 @@ class NamedCheckpoints:
         """What `path` holds, once a save of it in flight here has landed."""
         path = os.fspath(path)
         self.settle(path)
-        if self.pool is not None and (not self.pool_pointers or is_pool_pointer(path)):
-            rank = torch.distributed.get_rank() if self.distributed is None and torch.distributed.is_initialized() else 0
-            return self.checkpointer.store.load_named(path, rank, map_location, verify, weights_only)
-        if path_store.is_remote(path):
-            return _load_url(path, map_location, verify, weights_only)
-        local = path_store.local_path(path)
-        if os.path.isdir(local):  # per-rank checkpoint directory
-            info = commit.read(local)
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            return load_file(info.file_for(rank), map_location, verify, weights_only,
-                             expect_crc=info.entry_for(rank).crc32 if verify else None)
-        if not os.path.exists(local):
-            raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's own words
-        return load_single(local, map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return self._store.load_path(path, rank, map_location, verify, weights_only, mmap)
 
     def size(self, path: str) -> Optional[int]:
         """Bytes saved at path: the file, or the pool's current version of it (None: nothing)."""
-        return self.checkpointer.store.named_size(path) if self.pool is not None else file_size(path)
+        return self._store.size_of(path)
 
     # -- removing --------------------------------------------------------
     def remove(self, path: str) -> None:
@@ -183,10 +186,7 @@ class NamedCheckpoints:
                    and p.error is None and not p.skipped for k, p in self._by_path.items())
 
     def _remove_now(self, path: str) -> None:
-        if self.pool is not None:
-            self.checkpointer.store.drop_named(path)
-        if self.pool is None or os.path.lexists(path_store.local_path(path)) or path_store.is_remote(path):
-            path_store.remove(path, later=self.free)
+        self._store.remove_path(path, later=self.free)
 
     # -- the Checkpointer's life -----------------------------------------
     def gate(self) -> None:
@@ -220,6 +220,7 @@ class NamedCheckpoints:
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()
+        self._close_reader()
         self.settings = new  # what was saved stays tracked: its removals still wait for a newer commit
 
     def close(self) -> None:
@@ -231,25 +232,8 @@ class NamedCheckpoints:
             if ck is not None:
                 ck.close()
         finally:
-            self.remove_deferred()
+            try:
+                self.remove_deferred()
+            finally:
+                self._close_reader()
             self._keep_tracking(lambda k, p: k in self._deferred)
-
-
-def _load_url(url: str, map_location, verify: bool, weights_only: bool):
-    tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
-    try:
-        local, crc = path_store.download(url, tmp)
-        if crc is None:
-            warnings.warn(f"fastckpt: {url} has no fastckpt commit record ({url}{path_store.MARKER_SUFFIX}): "
-                          "it was not uploaded by fastckpt (or its upload was cut short after the data); "
-                          "loaded as Lightning would, checked only by its own CRCs", stacklevel=4)
-        return load_file(local, map_location, verify, weights_only, expect_crc=crc, mmap=False)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _make_parent(path: str) -> None:
-    if path_store.is_remote(path):
-        path_store.filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(path_store.local_path(path)), exist_ok=True)

@@ -1,36 +1,30 @@
-"""Where checkpoints live.
+"""Where checkpoints live: every store implements the protocol of protocol.py.
 
-"root": fastckpt names each checkpoint: a directory per checkpoint under the root, and a `latest` pointer
-        (the Checkpointer's own layout; "file" is its earlier name, still accepted).
-"path": every save names its own path (local file, per-rank directory, or fsspec URL), as Lightning does.
-"pmem": versions of a model in a persistent-memory pool (a DAX device or file, or a file on /dev/shm).
+  protocol.py    the store seam, its calls numbered (Store), and the optional ByPath
+  root_store.py  "root": fastckpt names each checkpoint, a directory per checkpoint under the root
+                 and a `latest` pointer (the Checkpointer's own layout)
+  path_store.py  "path": every save names its own path (a local file, a per-rank directory, an
+                 fsspec URL), as Lightning does
+  pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,
+                 or a file on /dev/shm); with model=None, models named by path
 """
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .root_store import RootStore
 from .path_store import PathStore
+from .pmem_store import PoolStore
+from .protocol import ByPath, Store
+from .root_store import RootStore
 
-STORES = ("root", "path", "pmem")
-EARLIER_NAMES = {"file": "root"}  # a store's earlier name -> its name
-
-
-def store_name(kind):
-    """The store's name, for an earlier spelling of it too (store="file" is store="root");
-    CheckpointerConfig reads every store setting through it."""
-    return EARLIER_NAMES.get(kind, kind) if isinstance(kind, str) else kind
+STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PoolStore)}
 
 
-def open_store(kind: str, root, per_rank: bool = False, **pool):
-    """pool: model, pool_mb, persist, concurrency, rank, world_size (store='pmem' only)."""
-    if kind == "root":
-        if root is None:
-            raise ConfigError("store='root' needs a root directory")
-        return RootStore(root)
-    if kind == "path":
-        return PathStore(per_rank=per_rank)
-    if kind == "pmem":
-        from .pmem_store import PoolStore
-        return PoolStore(root, **pool)
-    raise ConfigError(f"unknown store {kind!r}; available here: {', '.join(STORES)} "
-                      "(the gds store is a separate issue of the roadmap)")
+def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
+    """The store a validated CheckpointerConfig names, for this rank of world_size."""
+    cls = STORES.get(config.store)
+    if cls is None:
+        raise ConfigError(f"unknown store {config.store!r}; available here: {', '.join(STORES)}")
+    return cls.open(config, rank, world_size)
+
+
+__all__ = ["STORES", "ByPath", "PathStore", "PoolStore", "RootStore", "Store", "open_store"]

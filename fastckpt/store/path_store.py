@@ -23,14 +23,15 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from typing import Any, Callable, Optional
 
 from ..commit import record as commit
-from ..commit.record import CommitInfo, FileEntry
+from ..commit.record import CommitInfo, FileEntry, file_size
 from ..errors import CheckpointWriteError, CorruptCheckpointError
-from ..format import sniff
+from ..format import load_file, sniff
 from ..fsutil import fsync_dir
-from .base import Store
+from .protocol import ByPath, Store
 from .root_store import RootStore
 
 MARKER_SUFFIX = ".fastckpt-commit"
@@ -55,14 +56,37 @@ def filesystem(url: str):
     return fs
 
 
-class PathStore(Store):
-    """Store protocol (see RootStore) for caller-named paths; no retention, no `latest`."""
+class PathStore(Store, ByPath):
+    """The store protocol for caller-named paths; no retention, no `latest`."""
 
+    kind = "path"
     root = None
+    names_by_path = True
 
     def __init__(self, per_rank: bool = False):
         self.per_rank = per_rank
         self._staging = None
+
+    @classmethod
+    def open(cls, config, rank: int, world_size: int) -> "PathStore":
+        return cls(per_rank=world_size > 1)
+
+    # -- ByPath ------------------------------------------------------------
+    def prepare_path(self, path: str) -> None:
+        if is_remote(path):
+            filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(local_path(path)), exist_ok=True)
+
+    def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+                  mmap: Optional[bool] = None):
+        return read_path(path, rank, map_location, verify, weights_only, mmap)
+
+    def size_of(self, path: str) -> Optional[int]:
+        return file_size(local_path(path)) if not is_remote(path) else None
+
+    def remove_path(self, path: str, later=None) -> None:
+        remove(path, later)
 
     def prepare(self) -> None:
         pass
@@ -145,6 +169,35 @@ def _upload(local: str, url: str, result) -> None:
                      name + MARKER_SUFFIX, fs=fs)
     finally:
         _unlink_quietly(local)
+
+
+def read_path(path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+              mmap: Optional[bool] = None):
+    """What a path holds, read back: a URL (checked against its commit record when it has one), a
+    per-rank folder (this rank's file, as its COMMIT names it), or a plain file."""
+    if is_remote(path):
+        return _load_url(path, map_location, verify, weights_only)
+    local = local_path(path)
+    if os.path.isdir(local):  # per-rank checkpoint directory
+        info = commit.read(local)
+        return load_file(info.file_for(rank), map_location, verify, weights_only,
+                         expect_crc=info.entry_for(rank).crc32 if verify else None)
+    if not os.path.exists(local):
+        raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's own words
+    return load_file(local, map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
+
+
+def _load_url(url: str, map_location, verify: bool, weights_only: bool):
+    tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
+    try:
+        local, crc = download(url, tmp)
+        if crc is None:
+            warnings.warn(f"fastckpt: {url} has no fastckpt commit record ({url}{MARKER_SUFFIX}): "
+                          "it was not uploaded by fastckpt (or its upload was cut short after the data); "
+                          "loaded as Lightning would, checked only by its own CRCs", stacklevel=6)
+        return load_file(local, map_location, verify, weights_only, expect_crc=crc, mmap=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_marker(url: str) -> dict:

@@ -21,22 +21,31 @@ import os
 import threading
 import time
 import zlib
+from typing import Optional
 
 from ..commit.record import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
 from ..pmem.pool import Pool, Version, check_device_path
+from ..pmem.pointer import is_pool_pointer
 from ..write.pinning import unregister
 from ..write.protocol import MappedSink, WriteResult
-from .base import Store
+from . import path_store
+from .protocol import ByPath, Store
 
 
 POOL_NAME = "fastckpt.pool"  # the pool's name when root is a directory
 HEADROOM = 1.25  # a pool sized at the first save holds the slots' versions and this much more
 
 
-class PoolStore(Store):
+STRATEGY_NOTE = ("fastckpt: store='pmem' stores every snapshot straight into the pool (the pool is the "
+                 "staging: no staging chunks, no spare-memory copy; the gate waits until the tensors are in "
+                 "the pool), so strategy={!r} changes nothing there (left at its default, 'c', it is not said)")
+
+
+class PoolStore(Store, ByPath):
+    kind = "pmem"
     layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
     sink_kind = "mapped"  # tensors go straight into the pool: no staging
     allow_pickle = True  # like torch.save: other values are pickled, loaded by the restricted unpickler
@@ -55,13 +64,40 @@ class PoolStore(Store):
         self.model, self.pool_mb, self.persist = model, pool_mb, persist
         self.slots = concurrency + 1
         self.world_size = world_size
-        self.named = model is None
+        self.named = self.names_by_path = model is None
         if not self.named:
             L.encode_name(self.model_of(world_size - 1))  # a bad name fails here, not at the first save
         self.pool: Pool | None = None
         self._busy: dict[int, set[int]] = {}  # entry -> slots in flight
         self._claims: dict[str, tuple[int, int, L.Slot, bytes]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, config, rank: int, world_size: int) -> "PoolStore":
+        return cls(config.root, model=config.model, pool_mb=config.pool_mb, persist=config.persist,
+                   concurrency=config.concurrency, rank=rank, world_size=world_size)
+
+    def strategy_note(self, strategy: str) -> Optional[str]:
+        return STRATEGY_NOTE.format(strategy) if strategy != "c" else None
+
+    # -- ByPath: the pool's models named by path ---------------------------------
+    def prepare_path(self, path: str) -> None:
+        pass  # the model is made by the save
+
+    def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+                  mmap: Optional[bool] = None):
+        if self.pointers and not is_pool_pointer(path):  # a file another writer left there
+            return path_store.read_path(path, rank, map_location, verify, weights_only, mmap)
+        return self.load_named(path, rank, map_location, verify, weights_only)
+
+    def size_of(self, path: str) -> Optional[int]:
+        return self.named_size(path)
+
+    def remove_path(self, path: str, later=None) -> None:
+        """The model dropped; a pointer file (or any file) at path removed too."""
+        self.drop_named(path)
+        if path_store.is_remote(path) or os.path.lexists(path_store.local_path(path)):
+            path_store.remove(path, later)
 
     def model_of(self, rank: int, world_size: int | None = None, model: str | None = None) -> str:
         model = self.model if model is None else model

@@ -14,9 +14,9 @@ import shutil
 
 from ..commit import record as commit
 from ..commit.record import CommitInfo
-from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
-from .base import Store
+from .protocol import Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
 LATEST = "latest"
@@ -24,8 +24,16 @@ EXT = {"torch": "pt", "safetensors": "safetensors"}
 
 
 class RootStore(Store):
+    kind = "root"
+
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
+
+    @classmethod
+    def open(cls, config, rank: int, world_size: int) -> "RootStore":
+        if config.root is None:
+            raise ConfigError("store='root' needs a root directory")
+        return cls(config.root)
 
     # -- writing ---------------------------------------------------------
     def prepare(self) -> None:

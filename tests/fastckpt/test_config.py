@@ -163,15 +163,13 @@ def test_every_entry_checks_values_before_building_anything(tmp_path):
     assert not os.path.exists(tmp_path / "ck")
 
 
-def test_the_root_store_answers_to_its_earlier_name_file(tmp_path):
-    """store="root" was called store="file": configs and calls that say so keep working, as the
-    same store (its checkpoints, its `latest`)."""
-    with fastckpt.Checkpointer(tmp_path / "a", store="file") as old:
-        assert old.store_kind == "root"
-        old.save({"w": 1}, step=1).wait()
-    with fastckpt.Checkpointer(tmp_path / "a", store="root") as new:
-        assert new.latest().step == 1 and new.load()["w"] == 1
-    assert CheckpointerConfig(root=str(tmp_path), store="file").validate().store == "root"
-    ck = instantiate(make([f"root={tmp_path / 'b'}", "store=file"]))
-    assert ck.store_kind == "root"
-    ck.close()
+def test_the_earlier_name_of_the_root_store_is_refused_with_its_new_name(tmp_path):
+    """store="file" was the root store's name in 0.1; 0.2 dropped the alias (CHANGELOG.md): a
+    config that still says so is a one-line error naming "root", and nothing is created."""
+    with pytest.raises(fastckpt.ConfigError, match=r"unknown store 'file'.*store='root'"):
+        fastckpt.Checkpointer(tmp_path / "a", store="file")
+    with pytest.raises(MissingConfigException, match="Could not find 'store/file'"):  # Hydra's own words
+        make([f"root={tmp_path / 'b'}", "store=file"])
+    with pytest.raises(fastckpt.ConfigError, match=r"unknown store 'file'.*store='root'"):
+        instantiate({"root": str(tmp_path / "b"), "store": "file"})
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")

@@ -1,0 +1,156 @@
+"""The store seam: where a checkpoint's bytes go, how one becomes committed, how the committed
+ones are listed, read back and removed — declared once; every store implements Store, and the
+Checkpointer, NamedCheckpoints and the `fastckpt` command call nothing else of it (one
+conformance suite, tests/fastckpt/store/, runs the same cases over every store).
+
+A store is made from the validated settings (`open(config, rank, world_size)`). The calls, in
+the order of a checkpoint's life (write side: the Checkpointer and its commit thread):
+
+  0. `prepare()` before the first save: the place exists and can be written (raises
+     CheckpointWriteError naming it otherwise); then on rank 0 `remove_uncommitted()` drops
+     what a dead writer left, and `next_counter()` says where counters go on;
+  1. `begin(step, counter, rank, fmt, target, plan, meta)` -> (ckpt_id, part): a new
+     checkpoint (target: the caller's path when `names_by_path`), and where this rank's part goes;
+  2. `sink(part, direct_io)`: what the write puts the part's bytes into; then, on the commit
+     thread, `finish_write(write, part)`: the WriteResult once the part is durable;
+  3. `commit_file(ckpt_id, part, result)` -> the part's final name, in commit order (after the
+     checkpoint issued before it landed: a rename over a path saved twice lands last);
+  4. `commit_rank(ckpt_id, info)` on every rank once every rank's part is durable, then
+     `commit(info)` on rank 0: the one record whose durable presence makes it real
+     (fastckpt.commit.record.write); instead of 3-4 for a checkpoint that failed:
+     `abort(ckpt_id, part, rank, stuck)` (nothing of it is ever listed as committed);
+  5. `committed(problems)`: committed checkpoints, newest first (record intact, sizes as
+     recorded; why others were passed over is appended to problems);
+  6. `load(info, rank, ...)`, `verify(info)`: a committed checkpoint read back, CRCs checked;
+  7. `retain(keep, in_flight)` (rank 0, after a commit): beyond the newest `keep` committed
+     checkpoints, and dead partial ones, removed — never one in flight;
+  8. `close()`.
+
+Checkpoints named by path (every save names its own, as Lightning and DeepSpeed do:
+`names_by_path`) are also read, sized and removed by that path: the optional protocol ByPath.
+"""
+from __future__ import annotations
+
+import abc
+import os
+from typing import Any, Callable, Optional
+
+from ..commit.record import CommitInfo
+from ..format import load_file
+from ..verify import verify_file
+from ..write.protocol import FileSink
+
+
+class Store(abc.ABC):
+    kind: str = ""  # its name in the settings (store="root")
+    root: Optional[str] = None  # where its checkpoints live (None: each save names its own path)
+    names_by_path = False  # save(..., path=...) names each checkpoint
+    layout_format: Optional[str] = None  # None: the Checkpointer's own format
+    sink_kind = "file"  # what sink() returns: write.select picks the write implementation by it
+    allow_pickle = False  # safetensors layouts: non-JSON values are an error
+
+    @classmethod
+    @abc.abstractmethod
+    def open(cls, config, rank: int, world_size: int) -> "Store":
+        """The store the validated settings (a CheckpointerConfig) ask for; touches no disk."""
+
+    def strategy_note(self, strategy: str) -> Optional[str]:
+        """A warning when this store makes the copy strategy change nothing (None: it applies)."""
+        return None
+
+    # -- 0. opening ------------------------------------------------------
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """(0) Before the first save: the place exists and is writable."""
+
+    @abc.abstractmethod
+    def remove_uncommitted(self) -> None:
+        """(0) Rank 0, before the first save: what a dead writer left is removed."""
+
+    @abc.abstractmethod
+    def next_counter(self) -> int:
+        """(0) The counter of the next checkpoint: above every one committed here."""
+
+    # -- 1-2. writing ----------------------------------------------------
+    @abc.abstractmethod
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
+              meta=None) -> tuple[str, str]:
+        """(1) (checkpoint id, where this rank's part goes) for a new checkpoint."""
+
+    def sink(self, part: str, direct_io: bool):
+        """(2) What the write of the part begun as `part` puts its bytes into."""
+        return FileSink(part, direct_io)
+
+    def finish_write(self, write, part: str):
+        """(2) The commit thread: the part durable; its WriteResult."""
+        return write.finish()
+
+    # -- 3-4. committing -------------------------------------------------
+    @abc.abstractmethod
+    def commit_file(self, ckpt_id: str, part: str, result) -> str:
+        """(3) Each rank, in commit order: the durable part at its final name (returned)."""
+
+    def commit_rank(self, ckpt_id: str, info: CommitInfo) -> None:
+        """(4) Every rank, once every rank's part is durable, before rank 0's commit()."""
+
+    @abc.abstractmethod
+    def commit(self, info: CommitInfo) -> None:
+        """(4) Rank 0: the record that makes the checkpoint real."""
+
+    @abc.abstractmethod
+    def abort(self, ckpt_id: Optional[str], part: Optional[str], rank: int, stuck: bool = False) -> None:
+        """(4') A checkpoint that failed: what it wrote is removed (stuck: its write may still
+        store into its part, which must then stay out of reach)."""
+
+    # -- 5-6. listing and reading ------------------------------------------
+    @abc.abstractmethod
+    def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
+        """(5) Committed checkpoints, newest first; why others were passed over goes to problems."""
+
+    def verify(self, info: CommitInfo) -> None:
+        """(6) Every byte of a committed checkpoint (all ranks) read and checked against its
+        CRC-32s; CorruptCheckpointError (or OSError) names what is wrong."""
+        for f in info.files:
+            verify_file(os.path.join(info.path, f.name), f)
+
+    def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+             mmap=None):
+        """(6) This rank's part of a committed checkpoint, read back."""
+        return load_file(info.file_for(rank), map_location, verify, weights_only,
+                         expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+
+    # -- 7-8. removing, closing ----------------------------------------------
+    @abc.abstractmethod
+    def retain(self, keep: int, in_flight: set) -> None:
+        """(7) Rank 0 after a commit: committed checkpoints beyond the newest `keep` and dead
+        partial ones removed, never one whose id is in in_flight (keep=0: all kept)."""
+
+    def close(self) -> None:
+        """(8) Resources released; nothing written after."""
+
+
+class ByPath(abc.ABC):
+    """The optional protocol of a store whose checkpoints are named by path (`names_by_path`):
+    NamedCheckpoints saves, reads, sizes and removes them by that path, whatever the store."""
+
+    pointers = False  # a path is this store's only where it holds the pointer file a save leaves
+    #                   there (fastckpt.pmem.pointer; a framework that globs for files): any other
+    #                   file at a path is read as a plain file
+
+    @abc.abstractmethod
+    def prepare_path(self, path: str) -> None:
+        """Before a save of path: what the path needs (its folder made)."""
+
+    @abc.abstractmethod
+    def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+                  mmap: Optional[bool] = None):
+        """What was committed at path (FileNotFoundError: nothing)."""
+
+    @abc.abstractmethod
+    def size_of(self, path: str) -> Optional[int]:
+        """Bytes committed at path (None: nothing)."""
+
+    @abc.abstractmethod
+    def remove_path(self, path: str, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:
+        """What was committed at path removed: its name gone when this returns (the freeing of
+        its space may run through later(fn))."""
