@@ -83,7 +83,14 @@ class PathStore(Store, ByPath):
         return read_path(path, rank, map_location, verify, weights_only, mmap)
 
     def size_of(self, path: str) -> Optional[int]:
-        return file_size(local_path(path)) if not is_remote(path) else None
+        """The file's size; at a URL, what its commit record says (the object's own size when
+        another writer put it there without one)."""
+        if not is_remote(path):
+            return file_size(local_path(path))
+        fs = filesystem(path)
+        if fs.exists(path + MARKER_SUFFIX):
+            return read_marker(path)["size"]
+        return fs.size(path) if fs.exists(path) else None
 
     def remove_path(self, path: str, later=None) -> None:
         remove(path, later)
