@@ -20,6 +20,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -31,11 +32,13 @@ from ..commit.record import CommitInfo, FileEntry, file_size
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..format import load_file, sniff
 from ..fsutil import fsync_dir
-from .protocol import ByPath, Store
+from .protocol import ByPath, Listed, Store
 from .root_store import RootStore
 
 MARKER_SUFFIX = ".fastckpt-commit"
 TMP_GLOB = ".*.fastckpt-*.tmp"
+TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # a file in flight (or a dead writer's)
+CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")  # what a folder of checkpoint files holds
 _removals = itertools.count()
 
 
@@ -60,16 +63,51 @@ class PathStore(Store, ByPath):
     """The store protocol for caller-named paths; no retention, no `latest`."""
 
     kind = "path"
+    survey_kind = "files"
     root = None
     names_by_path = True
+
+    places_loosely = True  # any folder of checkpoint files
 
     def __init__(self, per_rank: bool = False):
         self.per_rank = per_rank
         self._staging = None
+        self.folder: Optional[str] = None  # opened at a folder to read it (place_at)
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "PathStore":
         return cls(per_rank=world_size > 1)
+
+    # -- the command's view --------------------------------------------------
+    @classmethod
+    def place_at(cls, path: str) -> Optional["PathStore"]:
+        """A folder of checkpoint files (Lightning's ModelCheckpoint: *.ckpt, per-rank folders)."""
+        store = cls()
+        store.folder = store.place = path
+        return store if os.path.isdir(path) and store.listing() else None
+
+    def listing(self) -> list[Listed]:
+        rows = []
+        for name in sorted(os.listdir(self.folder)):
+            path = os.path.join(self.folder, name)
+            tmp = TMP_RE.match(name)
+            if tmp:
+                rows.append(Listed(tmp.group(1), path, "incomplete", "a save in flight, or one cut short",
+                                   time=os.path.getmtime(path)))
+            elif name.endswith(MARKER_SUFFIX) or not name.endswith(CHECKPOINT_EXT):
+                continue
+            elif os.path.isdir(path) and os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+                try:
+                    info = commit.read(path)
+                    rows.append(Listed(name, path, "committed", info=info, time=info.time))
+                except (CorruptCheckpointError, OSError) as e:
+                    rows.append(Listed(name, path, "invalid", str(e), time=os.path.getmtime(path)))
+            elif os.path.isdir(path):
+                rows.append(Listed(name, path, "incomplete", "a per-rank checkpoint folder without its COMMIT record",
+                                   time=os.path.getmtime(path)))
+            elif os.path.isfile(path):
+                rows.append(Listed(name, path, "complete", time=os.path.getmtime(path)))
+        return sorted(rows, key=lambda r: -(r.time or 0))
 
     # -- ByPath ------------------------------------------------------------
     def prepare_path(self, path: str) -> None:

@@ -46,6 +46,7 @@ STRATEGY_NOTE = ("fastckpt: store='pmem' stores every snapshot straight into the
 
 class PoolStore(Store, ByPath):
     kind = "pmem"
+    survey_kind = "pool"  # `fastckpt ls` lists a pool's models itself (fastckpt.pmem.commands)
     layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
     sink_kind = "mapped"  # tensors go straight into the pool: no staging
     allow_pickle = True  # like torch.save: other values are pickled, loaded by the restricted unpickler
@@ -79,6 +80,18 @@ class PoolStore(Store, ByPath):
 
     def strategy_note(self, strategy: str) -> Optional[str]:
         return STRATEGY_NOTE.format(strategy) if strategy != "c" else None
+
+    # -- the command's view: a pool is listed by fastckpt.pmem.commands ---------------
+    @classmethod
+    def place_at(cls, path: str) -> Optional["PoolStore"]:
+        """A pool: the file (or DAX device), or a folder holding fastckpt.pool."""
+        from ..pmem.commands import is_pool
+        for candidate in (path, os.path.join(path, POOL_NAME)):
+            if os.path.exists(candidate) and not os.path.isdir(candidate) and is_pool(candidate):
+                store = cls(candidate, model=None)
+                store.place = store.root
+                return store
+        return None
 
     # -- ByPath: the pool's models named by path ---------------------------------
     def prepare_path(self, path: str) -> None:

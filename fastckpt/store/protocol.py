@@ -26,6 +26,12 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
      checkpoints, and dead partial ones, removed — never one in flight;
   8. `close()`.
 
+The `fastckpt` command reads a place without writing (fastckpt.tools.folders):
+  9. `place_at(path)` (a class method): the store whose place path is, opened only to read
+     (None: it is not one); `places_loosely` stores (any folder of checkpoint files) are asked
+     after every other kind of folder;
+ 10. `listing()`: every checkpoint there, committed or not, newest first, as Listed rows.
+
 Checkpoints named by path (every save names its own, as Lightning and DeepSpeed do:
 `names_by_path`) are also read, sized and removed by that path: the optional protocol ByPath.
 """
@@ -33,12 +39,26 @@ from __future__ import annotations
 
 import abc
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..commit.record import CommitInfo
 from ..format import load_file
 from ..verify import verify_file
 from ..write.protocol import FileSink
+
+
+@dataclass
+class Listed:
+    """One checkpoint at a store's place, as `fastckpt ls` shows it."""
+
+    name: str
+    path: str
+    status: str  # committed | complete (a file renamed into place whole) | incomplete | invalid
+    detail: str = ""
+    info: Optional[CommitInfo] = None  # its record, when committed
+    latest: bool = False  # the place's own pointer names it
+    time: Optional[float] = None
 
 
 class Store(abc.ABC):
@@ -127,6 +147,21 @@ class Store(abc.ABC):
 
     def close(self) -> None:
         """(8) Resources released; nothing written after."""
+
+    # -- 9-10. the command's view ------------------------------------------
+    places_loosely = False  # its place is any folder of checkpoint files: asked last
+    survey_kind = ""  # what `fastckpt ls` calls its place ("root", "pool", "files")
+    place: Optional[str] = None  # what place_at opened it at (the pool file for a pool's folder)
+    single = False  # place_at opened it at one checkpoint of its place
+
+    @classmethod
+    def place_at(cls, path: str) -> Optional["Store"]:
+        """(9) The store whose place path is, opened only to read; None when it is not one."""
+        return None
+
+    def listing(self) -> list[Listed]:
+        """(10) Every checkpoint at the place, committed or not, newest first."""
+        return []
 
 
 class ByPath(abc.ABC):

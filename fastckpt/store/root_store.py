@@ -11,12 +11,13 @@ import json
 import os
 import re
 import shutil
+from typing import Optional
 
 from ..commit import record as commit
 from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
-from .protocol import Store
+from .protocol import Listed, Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
 LATEST = "latest"
@@ -24,10 +25,11 @@ EXT = {"torch": "pt", "safetensors": "safetensors"}
 
 
 class RootStore(Store):
-    kind = "root"
+    kind = survey_kind = "root"
 
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
+        self.only: Optional[str] = None  # opened at one checkpoint folder (place_at)
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "RootStore":
@@ -155,15 +157,37 @@ class RootStore(Store):
                     problems.append(str(e))  # names the checkpoint's folder
         return out
 
-    def listing(self) -> list[tuple[str, CommitInfo | None, str]]:
-        """Every checkpoint directory: (path, info or None, status text)."""
+    @classmethod
+    def place_at(cls, path: str) -> Optional["RootStore"]:
+        """A root (it holds step-N.cK folders), or one checkpoint folder of a root."""
+        if DIR_RE.match(os.path.basename(path)) and os.path.isdir(path):
+            store = cls(os.path.dirname(path))
+            store.only, store.single, store.place = os.path.basename(path), True, path
+            return store
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return None
+        if not any(DIR_RE.match(n) for n in names):
+            return None
+        store = cls(path)
+        store.place = path
+        return store
+
+    def listing(self) -> list[Listed]:
+        """Every checkpoint directory (one, when opened at one), newest first."""
+        latest = (self.read_latest() or {}).get("dir")
         rows = []
         for _, _, path in sorted(self._dirs(), key=lambda d: -d[1]):
+            name = os.path.basename(path)
+            if self.only is not None and name != self.only:
+                continue
+            is_latest = latest is not None and os.path.basename(os.path.normpath(str(latest))) == name
             if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
-                rows.append((path, None, "incomplete (never committed)"))
+                rows.append(Listed(name, path, "incomplete", f"never committed (no {commit.COMMIT_NAME} record)"))
                 continue
             try:
-                rows.append((path, commit.read(path), "committed"))
+                rows.append(Listed(name, path, "committed", info=commit.read(path), latest=is_latest))
             except (CorruptCheckpointError, OSError) as e:
-                rows.append((path, None, f"invalid: {e}"))
+                rows.append(Listed(name, path, "invalid", str(e), latest=is_latest))
         return rows

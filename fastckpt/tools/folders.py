@@ -1,7 +1,8 @@
 """What a path holds, as the `fastckpt` command sees it: every folder a plugin writes.
 
 survey(path) names the kind and lists its checkpoints, from records and names alone
-(nothing but small headers is read):
+(nothing but small headers is read). Which store's place a path is, and what is there, each
+store says itself (the store protocol's place_at and listing); this module only renders it:
   root        a Checkpointer's root (step-N.cK/ folders with COMMIT records, `latest`)
   checkpoint  one such folder, or a Lightning per-rank checkpoint folder (COMMIT inside)
   (a plugin's kinds: a folder of its checkpoints and one of them, e.g. `deepspeed` and `tag`,
@@ -15,7 +16,7 @@ survey(path) names the kind and lists its checkpoints, from records and names al
 Each Entry's status says how far it was checked without reading its bytes:
   committed   a commit record names it and its files have the sizes the record says
   complete    a file renamed into place whole (atomically); no record to compare it with
-  foreign     another engine's DeepSpeed tag: no fastckpt record
+  foreign     a plugin's folder another engine wrote (a DeepSpeed tag): no fastckpt record
   incomplete  a save in flight, or one cut short (never loaded)
   invalid     its record is damaged or disagrees with its files (never loaded)
 "Verified" is stronger and only `fastckpt verify` (fastckpt.verify) says it: every byte read
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -33,12 +33,9 @@ from ..commit import record as commit
 from ..commit.record import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..pmem.pointer import is_pool_pointer
-from ..store.root_store import DIR_RE, RootStore
-from ..store.path_store import MARKER_SUFFIX
+from ..store import STORES
 from .folder_kinds import plugin_kinds
 
-CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
-TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # the path store's file in flight
 HINT_DEPTH = 4
 
 
@@ -67,24 +64,22 @@ class Survey:
 
 
 def survey(path: str) -> Survey:
+    """What path holds: each store says whether path is its place and lists it (the store
+    protocol's place_at and listing); a plugin's own kinds of folder are asked before the
+    loosest store (any folder of checkpoint files)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return Survey("missing", path, note=f"{path} does not exist")
-    if _is_pool(path):
-        return Survey("pool", path)
+    firm = [cls for cls in STORES.values() if not cls.places_loosely]
+    loose = [cls for cls in STORES.values() if cls.places_loosely]
+    found = _store_survey(path, firm)
+    if found is not None:
+        return found
     if not os.path.isdir(path):
         return Survey("file", path, [_file_entry(path)], single=True)
     names = sorted(os.listdir(path))
-    if commit.COMMIT_NAME in names:
+    if commit.COMMIT_NAME in names:  # one checkpoint folder with its record (a per-rank folder)
         return Survey("checkpoint", path, [_commit_entry(path)], single=True)
-    if DIR_RE.match(os.path.basename(path)):
-        return Survey("checkpoint", path, [Entry(os.path.basename(path), path, "incomplete",
-                                                 detail=f"never committed (no {commit.COMMIT_NAME} record)")],
-                      single=True)
-    if _is_pool(os.path.join(path, "fastckpt.pool")):
-        return Survey("pool", os.path.join(path, "fastckpt.pool"))
-    if any(DIR_RE.match(n) for n in names):
-        return _root(path)
     for kind in plugin_kinds():
         if kind.is_one(path, names):
             return Survey(kind.one, path, [kind.entry(os.path.dirname(path), os.path.basename(path), None)],
@@ -96,43 +91,35 @@ def survey(path: str) -> Survey:
             entries = [kind.entry(path, n, latest) for n in ones]
             entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
             return Survey(kind.many, path, entries, loading=kind.loading)
-    entries = [e for e in (_folder_entry(path, n) for n in names) if e is not None]
-    if entries:
-        entries.sort(key=lambda e: -(e.time or 0))
-        return Survey("files", path, entries)
+    found = _store_survey(path, loose)
+    if found is not None:
+        return found
     return Survey("nothing", path, note=f"no checkpoints in {path}", hints=_hints(path))
 
 
-# -- kinds ----------------------------------------------------------------
-def _root(path: str) -> Survey:
-    store = RootStore(path)
-    latest = (store.read_latest() or {}).get("dir")
-    entries = []
-    for ckpt_dir, info, status in store.listing():
-        if info is None:  # "incomplete (never committed)" or "invalid: why"
-            word, _, why = status.partition(": ") if status.startswith("invalid") else status.partition(" (")
-            entries.append(Entry(os.path.basename(ckpt_dir), ckpt_dir, word, detail=why.rstrip(")")))
-        else:
-            entries.append(_info_entry(os.path.basename(ckpt_dir), info))
-    for e in entries:
-        e.latest = latest is not None and os.path.basename(os.path.normpath(latest)) == e.name
-    return Survey("root", path, entries)
+def _store_survey(path: str, stores: list) -> Optional[Survey]:
+    for cls in stores:
+        store = cls.place_at(path)
+        if store is None:
+            continue
+        try:
+            entries = [_listed_entry(row) for row in store.listing()]
+        finally:
+            store.close()
+        kind = "checkpoint" if store.single else store.survey_kind
+        return Survey(kind, store.place, entries, single=store.single)
+    return None
 
 
-def _folder_entry(folder: str, name: str) -> Optional[Entry]:
-    path = os.path.join(folder, name)
-    tmp = TMP_RE.match(name)
-    if tmp:
-        return Entry(tmp.group(1), path, "incomplete", detail="a save in flight, or one cut short",
-                     time=os.path.getmtime(path))
-    if name.endswith(MARKER_SUFFIX) or not name.endswith(CHECKPOINT_EXT):
-        return None
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
-            return _commit_entry(path)
-        return Entry(name, path, "incomplete", detail="a per-rank checkpoint folder without its COMMIT record",
-                     time=os.path.getmtime(path))
-    return _file_entry(path) if os.path.isfile(path) else None
+def _listed_entry(row) -> Entry:
+    if row.status == "committed":
+        entry = _info_entry(row.name, row.info)
+    elif row.status == "complete":
+        entry = _file_entry(row.path)
+    else:
+        entry = Entry(row.name, row.path, row.status, detail=row.detail, time=row.time)
+    entry.latest = row.latest
+    return entry
 
 
 def _commit_entry(ckpt_dir: str) -> Entry:
@@ -183,9 +170,11 @@ def _describe_file(path: str) -> tuple[str, Optional[int]]:
 
 
 # -- helpers --------------------------------------------------------------
-def _is_pool(path: str) -> bool:
-    from ..pmem.commands import is_pool
-    return os.path.exists(path) and not os.path.isdir(path) and is_pool(path)
+def _places(cls, path: str) -> bool:
+    store = cls.place_at(path)
+    if store is not None:
+        store.close()
+    return store is not None
 
 
 def _listdir(path: str) -> list[str]:
@@ -214,7 +203,6 @@ def _hints(path: str) -> list[str]:
 def _holds_checkpoints(path: str) -> bool:
     """Whether a folder directly holds checkpoints of any kind (for hints: names only)."""
     names = _listdir(path)
-    return (commit.COMMIT_NAME in names or any(DIR_RE.match(n) for n in names)
-            or any(n.endswith(CHECKPOINT_EXT) and not n.startswith(".") for n in names)
+    return (commit.COMMIT_NAME in names or any(_places(cls, path) for cls in STORES.values())
             or any(kind.is_one(path, names) or any(os.path.isdir(os.path.join(path, n)) and kind.is_one(
                 os.path.join(path, n), _listdir(os.path.join(path, n))) for n in names) for kind in plugin_kinds()))
