@@ -26,7 +26,7 @@ from . import open_engines
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .tag_records import mark_open
-from .settings import checkpointer_kwargs, entry_of
+from .settings import checkpointer_config, entry_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
@@ -39,10 +39,9 @@ class FastckptEngine(CheckpointEngine):
     def __init__(self, config_params=None, settings: Optional[dict] = None):
         super().__init__(config_params)
         self.name = ENGINE_NAME
-        kwargs = checkpointer_kwargs(settings if settings is not None else entry_of(config_params))
-        self.verify = kwargs.get("verify", True)
-        self.pool = kwargs.pop("pool", None)
-        self.named = NamedCheckpoints(kwargs, pool=self.pool, distributed=False, pool_pointers=True)
+        config, self.pool = checkpointer_config(settings if settings is not None else entry_of(config_params))
+        self.verify = config.verify
+        self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True)
         self.committer = TagCommitter(self.named, report=lambda e: self.named.checkpointer.report_failure(e))
         self._files: list = []
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()

@@ -1,8 +1,8 @@
 """The `"fastckpt": {...}` entry of a DeepSpeed JSON config: what it may hold, checked once.
 
-DeepSpeed keeps unknown top-level keys in `engine.config`; this module turns that entry
-into Checkpointer keyword arguments and refuses keys it does not know, naming the valid
-ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
+DeepSpeed keeps unknown top-level keys in `engine.config`; this module checks that entry once
+and turns it into the one CheckpointerConfig the engine's saves use, refusing keys it does not
+know, naming the valid ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
 `distributed` and `model` are not settings here. `pool` (with `pool_mb`, `persist`) puts
 the tag's files into a persistent-memory pool as models named by their paths. `offload`
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
@@ -36,8 +36,9 @@ def entry_of(config_params) -> Optional[dict]:
     return raw.get(CONFIG_KEY)
 
 
-def checkpointer_kwargs(entry: Any) -> dict:
-    """Validated Checkpointer kwargs from the entry (True or {} means all defaults)."""
+def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
+    """The entry checked once, here, where it enters: (the CheckpointerConfig every file of every
+    tag is saved with, the pool or None). True or {} means all defaults."""
     if entry is True or entry is None:
         entry = {}
     if not isinstance(entry, dict):
@@ -46,14 +47,11 @@ def checkpointer_kwargs(entry: Any) -> dict:
     if unknown:
         raise ConfigError(f'unknown key(s) {unknown} in the "{CONFIG_KEY}" entry of the DeepSpeed config; '
                           f"valid: {sorted(VALID)}")
-    kwargs = dict(entry)
-    OffloadConfig.from_node(kwargs.pop("offload", None))  # its errors now, before anything is built
-    interval_of(kwargs)
-    kwargs.pop("interval", None)
-    kwargs.pop("tune", None)
-    values = {k: v for k, v in kwargs.items() if k != "pool"}
-    CheckpointerConfig(**named_checkpointer_kwargs(values, kwargs.get("pool"))).validate()
-    return kwargs
+    OffloadConfig.from_node(entry.get("offload"))  # its errors now, before anything is built
+    interval_of(entry)
+    values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune")}
+    pool = entry.get("pool")
+    return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)).validate(), pool
 
 
 def offload_node(entry: Any) -> Any:

@@ -16,7 +16,6 @@ from typing import Callable, Optional
 
 from fastckpt.commit.agreement import make_agreement
 from fastckpt.commit.file_sets import FileSets
-from fastckpt.config import DEFAULTS
 from fastckpt.named import NamedCheckpoints
 from fastckpt.write.deadline import Deadline
 
@@ -30,9 +29,10 @@ class TagCommitter:
     """
 
     def __init__(self, named: NamedCheckpoints, report: Optional[Callable[[BaseException], None]] = None):
-        slack_s = named.settings.get("commit_timeout_s", DEFAULTS.commit_timeout_s)
-        deadline = Deadline(named.settings.get("stall_timeout_s", DEFAULTS.stall_timeout_s), named.progress)
-        self.format = "safetensors" if named.pool else named.settings.get("format", DEFAULTS.format)
+        config = named.config  # the engine's one settings object: its deadline, its format
+        slack_s = config.commit_timeout_s
+        deadline = Deadline(config.stall_timeout_s, named.progress)
+        self.format = "safetensors" if named.pool else config.format
         self.sets = FileSets(TAG_RECORD, make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
                              after_record=_name_latest, on_durable=named.leave_pointer if named.pool else None,
                              report=report, name="fastckpt-tag")

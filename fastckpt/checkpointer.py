@@ -51,33 +51,47 @@ class Checkpointer:
                  commit_timeout_s: float = D.commit_timeout_s, distributed: bool | None = D.distributed,
                  model: str | None = D.model, pool_mb: int | None = D.pool_mb, persist: str = D.persist,
                  on_error: str = D.on_error, stall_timeout_s: float = D.stall_timeout_s):
-        config = CheckpointerConfig(root, strategy, concurrency, writers, chunk_mb, staging_mb, store, format, keep,
-                                    verify, policy, direct_io, commit_timeout_s, distributed, model, pool_mb, persist,
-                                    on_error, stall_timeout_s).validate()
-        self.strategy, self.concurrency, self.writers = strategy, concurrency, writers
-        self.chunk_mb, self.staging_mb, self.format = chunk_mb, staging_mb, format
-        self.keep, self.verify, self.policy, self.direct_io = keep, verify, policy, direct_io
+        self._open(CheckpointerConfig(
+            root=root, strategy=strategy, concurrency=concurrency, writers=writers, chunk_mb=chunk_mb,
+            staging_mb=staging_mb, store=store, format=format, keep=keep, verify=verify, policy=policy,
+            direct_io=direct_io, commit_timeout_s=commit_timeout_s, distributed=distributed, model=model,
+            pool_mb=pool_mb, persist=persist, on_error=on_error, stall_timeout_s=stall_timeout_s).validate())
+
+    @classmethod
+    def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
+        """A Checkpointer of settings already checked where they entered (CheckpointerConfig.validate:
+        keyword arguments, a Hydra config, a plugin's settings); nothing is checked again."""
+        ck = cls.__new__(cls)
+        ck._open(config)
+        return ck
+
+    def _open(self, config: CheckpointerConfig) -> None:
+        self.config = config
+        c = config
+        self.strategy, self.concurrency, self.writers = c.strategy, c.concurrency, c.writers
+        self.chunk_mb, self.staging_mb, self.format = c.chunk_mb, c.staging_mb, c.format
+        self.keep, self.verify, self.policy, self.direct_io = c.keep, c.verify, c.policy, c.direct_io
         # on_error="warn": a failed checkpoint is reported (warning + log) and dropped, and training
         # goes on with the previous one intact; "raise" stops the caller at its next call.
-        self.on_error = on_error
-        self.commit_timeout_s = commit_timeout_s
+        self.on_error = c.on_error
+        self.commit_timeout_s = c.commit_timeout_s
         # every wait of the write path fails (WriteStalled) after this long without progress
-        self._deadline = Deadline(stall_timeout_s, _progress_of(weakref.ref(self)))
+        self._deadline = Deadline(c.stall_timeout_s, _progress_of(weakref.ref(self)))
         # distributed=None: every rank of an initialised process group saves and commits together;
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
-        self._agree = make_agreement(commit_timeout_s) if distributed is not False else Agreement()
+        self._agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
         self.store = open_store(config, self.rank, self.world_size)
-        note = self.store.strategy_note(strategy)
+        note = self.store.strategy_note(c.strategy)
         if note is not None:
-            warnings.warn(note, stacklevel=2)
+            warnings.warn(note, stacklevel=3)
         self.store_kind = self.store.kind
         self.root = self.store.root
         self._named_paths = self.store.names_by_path
-        self._slots = threading.Semaphore(concurrency)
+        self._slots = threading.Semaphore(c.concurrency)
         self._lock = threading.Lock()
-        self._inflight = InFlight(self._deadline, commit_timeout_s)
-        self._commits = OrderedCommits(self._agree, self._deadline, commit_timeout_s)
+        self._inflight = InFlight(self._deadline, c.commit_timeout_s)
+        self._commits = OrderedCommits(self._agree, self._deadline, c.commit_timeout_s)
         self._engine = None
         self._staging: Staging | None = None
         self._started = False
@@ -85,8 +99,11 @@ class Checkpointer:
         self._closed = False
         # o_direct: files whose data went through O_DIRECT; o_direct_refused: files whose filesystem
         # refused O_DIRECT, written through the page cache instead (warned about once)
+        # modes: how each checkpoint's bytes moved (its write's mode: a strategy changed on the way
+        # shows here — "device-copy" for a 'c' save that went through spare memory, "pinned-staging"
+        # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
-                      "o_direct_refused": 0}
+                      "o_direct_refused": 0, "modes": {}}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -159,6 +176,11 @@ class Checkpointer:
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
                                          f"{e}; the previous checkpoint is intact")
         pending.write, pending.plan, pending.watch = write, plan, watch
+        pending.strategy = strategy  # what this save was written with (c -> g while staging grows)
+        if write is not None:
+            pending.mode = write.mode
+            with self._lock:
+                self.stats["modes"][write.mode] = self.stats["modes"].get(write.mode, 0) + 1
         unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
                                 self.world_size, landed=self._landed, retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))

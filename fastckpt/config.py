@@ -69,9 +69,7 @@ class CheckpointerConfig:
             raise ConfigError(f"staging_mb must be null/None or an integer >= chunk_mb ({self.chunk_mb}), "
                               f"got {self.staging_mb!r}")
         for name in ("commit_timeout_s", "stall_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+            check_seconds(name, getattr(self, name))
         if self.pool_mb is not None and (not isinstance(self.pool_mb, int) or self.pool_mb <= 0):
             raise ConfigError(f"pool_mb must be null/None or an integer > 0, got {self.pool_mb!r}")
         for name in ("verify", "direct_io"):
@@ -80,6 +78,12 @@ class CheckpointerConfig:
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
         return self
+
+
+def check_seconds(name: str, value) -> None:
+    """A setting that is a number of seconds > 0 (a ConfigError naming it otherwise)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 DEFAULTS = CheckpointerConfig()

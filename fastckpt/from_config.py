@@ -7,8 +7,6 @@ check(cfg): all three groups checked, nothing built.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from .tune.auto_interval import AutoInterval
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig, flatten, to_plain
@@ -22,7 +20,7 @@ def instantiate(cfg):
         c = cfg.validate()
     else:
         c = CheckpointerConfig.from_dict(flatten(cfg))
-    return Checkpointer(**dataclasses.asdict(c))
+    return Checkpointer.from_config(c)
 
 
 def check(cfg) -> CheckpointerConfig:

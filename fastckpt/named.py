@@ -11,6 +11,7 @@ ranks, so `root`, `store`, `keep`, `distributed` and `model` are never settings 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable, Optional
 
@@ -42,7 +43,8 @@ class NamedCheckpoints:
 
     Args:
         settings: Checkpointer settings (fastckpt.config.CheckpointerConfig's fields but
-            DECIDED_BY_CALLER); checked here, before anything is opened.
+            DECIDED_BY_CALLER), checked here before anything is opened; or a CheckpointerConfig
+            already checked where it entered (a plugin's config), taken as it is.
         pool: a persistent-memory pool; paths then name its models instead of files.
         distributed: as the Checkpointer's (None: every rank saves its part of each path).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
@@ -53,12 +55,11 @@ class NamedCheckpoints:
     once. TrainingSaves sets it to free off the training thread while a run is on.
     """
 
-    def __init__(self, settings: dict, pool: Optional[str] = None, distributed: Optional[bool] = False,
+    def __init__(self, settings, pool: Optional[str] = None, distributed: Optional[bool] = False,
                  pool_pointers: bool = False):
         self.pool = os.fspath(pool) if pool is not None else None
-        self.settings = dict(settings)
-        CheckpointerConfig(**checkpointer_kwargs(self.settings, self.pool)).validate()
         self.distributed = distributed
+        self.config = self._checked(settings)  # the one object every Checkpointer here opens from
         self.pool_pointers = pool_pointers
         self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
@@ -68,12 +69,25 @@ class NamedCheckpoints:
         self._saves = 0
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
 
+    def _checked(self, settings) -> CheckpointerConfig:
+        """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, checked here, or a
+        CheckpointerConfig already checked where it entered (taken as it is)."""
+        if isinstance(settings, CheckpointerConfig):
+            return dataclasses.replace(settings, distributed=self.distributed, **checkpointer_kwargs({}, self.pool))
+        return dataclasses.replace(CheckpointerConfig.from_dict(checkpointer_kwargs(dict(settings), self.pool)),
+                                   distributed=self.distributed)
+
+    @property
+    def settings(self) -> dict:
+        """The settings a caller may change (reconfigure): every field but DECIDED_BY_CALLER."""
+        return {k: v for k, v in dataclasses.asdict(self.config).items() if k not in DECIDED_BY_CALLER}
+
     @property
     def checkpointer(self) -> Checkpointer:
         """The Checkpointer behind every path, opened at first use (and after close())."""
         if self._ck is None:
             self._close_reader()  # one store of the place open at a time
-            self._ck = Checkpointer(distributed=self.distributed, **checkpointer_kwargs(self.settings, self.pool))
+            self._ck = Checkpointer.from_config(self.config)
             self._ck.store.pointers = self.pool_pointers
         return self._ck
 
@@ -91,8 +105,7 @@ class NamedCheckpoints:
             dist = torch.distributed
             spread = self.distributed is not False and dist.is_initialized()
             rank, world = (dist.get_rank(), dist.get_world_size()) if spread else (0, 1)
-            config = CheckpointerConfig(**checkpointer_kwargs(self.settings, self.pool)).validate()
-            self._reader = open_store(config, rank, world)
+            self._reader = open_store(self.config, rank, world)
             self._reader.pointers = self.pool_pointers
         return self._reader
 
@@ -215,13 +228,12 @@ class NamedCheckpoints:
     def reconfigure(self, **changes) -> None:
         """New settings (the tuner's concurrency / writers): checked first, then what is in flight
         lands and the next use opens the Checkpointer with them."""
-        new = dict(self.settings, **{k: v for k, v in changes.items() if v is not None})
-        CheckpointerConfig(**checkpointer_kwargs(new, self.pool)).validate()  # before anything changes
+        new = self._checked(dict(self.settings, **{k: v for k, v in changes.items() if v is not None}))  # first
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()
         self._close_reader()
-        self.settings = new  # what was saved stays tracked: its removals still wait for a newer commit
+        self.config = new  # what was saved stays tracked: its removals still wait for a newer commit
 
     def close(self) -> None:
         """Everything in flight lands (its first error raised); the deferred removals whose

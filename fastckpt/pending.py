@@ -20,6 +20,8 @@ class Pending:
         self.write = None  # the SnapshotWrite in flight (None when skipped or failed to start)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
         self.watch = None  # the SnapshotWatch over tensors copied after save() returned, if any
+        self.strategy = None  # the strategy it was written with (the Checkpointer's may change it: see stats)
+        self.mode = None  # how its bytes moved (its write's mode), once started
         self._index: dict[int, int] | None = None
         if skipped:
             self._copied.set()

@@ -10,6 +10,7 @@ import os
 import threading
 from typing import Callable
 
+from .config import check_seconds
 from .write.native_engine import default_engine
 from .format import load_file, plan_file
 from .fsutil import fsync_dir
@@ -38,7 +39,8 @@ class Saved(int):
 
 
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
-         progress: Callable[[int, int], None] | None = None, tool=None) -> Saved:
+         progress: Callable[[int, int], None] | None = None, tool=None,
+         stall_timeout_s: float = DEFAULT_STALL_S) -> Saved:
     """Writes state to path durably; returns the number of bytes written (a Saved: also which
     tool wrote how many records, and whether O_DIRECT carried the data).
 
@@ -46,6 +48,8 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     tool: None writes through the parallel writer (strategy); "auto" has Fastensor's adaptive
     choice pick posix / direct / kvikio per storage size from measured write times (the
     file's format is the same); a tool's name, or a fastckpt.offload.TensorIO, decides instead.
+    stall_timeout_s: a copy or write that makes no progress for this long fails the save
+    (WriteStalled, naming what it waited for) instead of hanging (the Checkpointer's setting).
     """
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
@@ -56,7 +60,8 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     plan = plan_file(state, format)
     tmp = path + ".tmp"
     engine = _engine()
-    w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(DEFAULT_STALL_S, lambda: engine.progress))
+    check_seconds("stall_timeout_s", stall_timeout_s)
+    w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(stall_timeout_s, lambda: engine.progress))
     try:
         w.release_all()
         res = w.finish() if progress is None else _finish_reporting(w, plan.file_size, progress)

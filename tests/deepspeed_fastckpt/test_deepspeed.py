@@ -232,11 +232,12 @@ def test_activation_offload_trains_bit_equal_to_the_run_without_it(tmp_path, sta
 
 
 def test_unknown_offload_setting_in_the_entry_is_a_clear_error():
-    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from deepspeed_fastckpt.settings import checkpointer_config
     from fastckpt.errors import ConfigError
     with pytest.raises(ConfigError, match=r"unknown offload setting\(s\) \['treshold_mb'\]"):
-        checkpointer_kwargs({"concurrency": 2, "offload": {"treshold_mb": 1}})
-    assert checkpointer_kwargs({"concurrency": 2, "offload": {"threshold_mb": 1}}) == {"concurrency": 2}
+        checkpointer_config({"concurrency": 2, "offload": {"treshold_mb": 1}})
+    config, pool = checkpointer_config({"concurrency": 2, "offload": {"threshold_mb": 1}})
+    assert config.concurrency == 2 and config.store == "path" and pool is None
 
 
 def test_interval_auto_is_tuned_once_and_agreed_by_both_ranks(tmp_path):
@@ -257,12 +258,12 @@ def test_interval_auto_is_tuned_once_and_agreed_by_both_ranks(tmp_path):
 
 
 def test_bad_interval_settings_are_clear_errors():
-    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from deepspeed_fastckpt.settings import checkpointer_config
     from fastckpt.errors import ConfigError
     with pytest.raises(ConfigError, match='"interval" in the "fastckpt" entry is "auto" or a positive integer'):
-        checkpointer_kwargs({"interval": "often"})
+        checkpointer_config({"interval": "often"})
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['overhed'\] in \"tune\""):
-        checkpointer_kwargs({"interval": "auto", "tune": {"overhed": 0.1}})
+        checkpointer_config({"interval": "auto", "tune": {"overhed": 0.1}})
     with pytest.raises(ConfigError, match='needs "interval": "auto"'):
-        checkpointer_kwargs({"tune": {"overhead": 0.1}})
-    assert checkpointer_kwargs({"interval": 5, "concurrency": 2}) == {"concurrency": 2}
+        checkpointer_config({"tune": {"overhead": 0.1}})
+    assert checkpointer_config({"interval": 5, "concurrency": 2}) == {"concurrency": 2}

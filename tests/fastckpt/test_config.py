@@ -150,14 +150,14 @@ def test_the_demo_refuses_a_bad_config_at_once_in_one_line(tmp_path, override, s
 
 
 def test_every_entry_checks_values_before_building_anything(tmp_path):
-    from deepspeed_fastckpt.settings import checkpointer_kwargs
+    from deepspeed_fastckpt.settings import checkpointer_config
     from lightning_fastckpt import FastCheckpointIO
     with pytest.raises(fastckpt.ConfigError, match="concurrency must be"):
         FastCheckpointIO(concurrency=0)
     with pytest.raises(fastckpt.ConfigError, match="unknown persist"):
         FastCheckpointIO.from_config({"persist": "fencee"})
     with pytest.raises(fastckpt.ConfigError, match="writers must be"):
-        checkpointer_kwargs({"writers": 0})
+        checkpointer_config({"writers": 0})
     with pytest.raises(fastckpt.ConfigError, match="stall_timeout_s must be"):
         fastckpt.Checkpointer(str(tmp_path / "ck"), stall_timeout_s=-1)
     assert not os.path.exists(tmp_path / "ck")

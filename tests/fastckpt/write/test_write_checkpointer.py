@@ -81,7 +81,8 @@ def test_a_save_that_finds_staging_short_goes_through_spare_memory(tmp_path, hos
         state = _state()
         expect = copy.deepcopy(state)
         p = ck.save(state, step=1)
-        assert p.write.mode == "device-copy" and ck.stats["spare_first"] == 1
+        assert p.write.mode == p.mode == "device-copy" and ck.stats["spare_first"] == 1
+        assert p.strategy == "g" and ck.stats["modes"] == {"device-copy": 1}  # the change is recorded
         ck.gate()
         state["model"]["w0"].mul_(-3)
         assert p.wait().step == 1
@@ -89,6 +90,7 @@ def test_a_save_that_finds_staging_short_goes_through_spare_memory(tmp_path, hos
         staging.wait_grown()
         p = ck.save(state, step=2)
         assert p.write.mode == "pinned-staging" and ck.stats["spare_first"] == 1
+        assert p.strategy == "c" and ck.stats["modes"] == {"device-copy": 1, "pinned-staging": 1}
         p.wait()
     assert grown_on and set(grown_on) == {"fastckpt-reserve"}, grown_on
 
