@@ -38,7 +38,7 @@ from helpers.results import keep  # noqa: E402
 import torch  # noqa: E402
 
 from fastckpt.offload import TensorIO, available_tools  # noqa: E402
-from fastckpt.offload.tools import read_tensor, write_tensor  # noqa: E402
+from fastckpt.offload.io_tools import read_tensor, write_tensor  # noqa: E402
 
 MiB = 1 << 20
 

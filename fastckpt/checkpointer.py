@@ -1,13 +1,13 @@
 """Checkpointer: up to N concurrent, crash-consistent checkpoints under one root (PCcheck).
 
 Owns the life of a checkpoint: save() plans the file, reserves a concurrency
-slot and staging, issues the snapshot and returns; its commit (fastckpt.checkpoint_commit,
+slot and staging, issues the snapshot and returns; its commit (fastckpt.commit.checkpoint_unit,
 through the ordered commit of fastckpt.commit.ordered) finishes the file, then — in counter
 order, agreed by all ranks — writes the commit record, moves `latest` forward and applies retention.
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
 by the next save(), wait() or close(). Every wait of the write path is bounded by
 one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
-What is in flight: fastckpt.in_flight; reading back: fastckpt.loading.
+What is in flight: fastckpt.pending; reading back: fastckpt.restore.
 """
 from __future__ import annotations
 
@@ -18,16 +18,15 @@ import threading
 import warnings
 import weakref
 
-from .checkpoint_commit import CheckpointCommit
 from .commit.agreement import Agreement, make_agreement
+from .commit.checkpoint_unit import CheckpointCommit
 from .commit.ordered import OrderedCommits
 from .commit.record import CommitInfo
 from .config import DEFAULTS, CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
-from .in_flight import InFlight
-from .loading import Loaded, newest_committed, newest_loadable
-from .pending import Pending
+from .pending import InFlight, Pending
+from .restore.newest import Loaded, newest_committed, newest_loadable
 from .store import open_store
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.native_engine import new_engine
@@ -336,7 +335,7 @@ class Checkpointer:
         if loaded.skipped:
             warnings.warn(f"fastckpt: loaded step {loaded.info.step}; passed over: {'; '.join(loaded.skipped)}",
                           stacklevel=2)
-        from .load_into import copy_into, part_of
+        from .restore.into import copy_into, part_of
         where = f"checkpoint step {loaded.info.step} in {loaded.info.path}"
         if into is not None:
             return copy_into(into, loaded.state, where, key)

@@ -19,7 +19,7 @@ The parent directory owns its sets: a framework removing it while sets of it are
 sets are not committed, their failures are no error, and the directory is deleted once the
 last of them lands. A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
 lies); the Checkpointer's own checkpoints (one file per rank) commit through
-fastckpt.checkpoint_commit, into the same record format through the same writer.
+fastckpt.commit.checkpoint_unit, into the same record format through the same writer.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 once every rank's part of it is durable.
 
 Owns the one mechanism every kind of checkpoint commits through — the Checkpointer's (one
-file per rank, a COMMIT record: fastckpt.checkpoint_commit) and DeepSpeed's tags (several files
+file per rank, a COMMIT record: fastckpt.commit.checkpoint_unit) and DeepSpeed's tags (several files
 per rank, a tag record: deepspeed_fastckpt.tags). A unit of commit (CommitUnit) says what its
 part is and how its record is written; this module says when:
 

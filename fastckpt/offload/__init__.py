@@ -8,7 +8,7 @@ per-size choice among them, activation offload to SSD, and checkpoints written b
         model(x).sum().backward()     # activations went to SSD and came back for backward
     fastckpt.save(state, "m.pt", tool="auto")   # plan_writer: records placed by the chosen tool
 
-Modules: tensor_file (the file format), tools (each tool), adaptive (TensorIO and its
+Modules: tensor_file (the file format), io_tools (each tool), adaptive (TensorIO and its
 dictionaries), activations (ActivationOffload), settings (OffloadConfig, one spelling for
 Hydra, DeepSpeed and Lightning), plan_writer (save(tool=...)), malloc_release (freed
 activations leave the process).
@@ -16,7 +16,7 @@ activations leave the process).
 from .activations import ActivationOffload
 from .adaptive import AWARE_MODES, MODES, TensorIO
 from .settings import OffloadConfig, offload_from
-from .tools import TOOLS, available_tools
+from .io_tools import TOOLS, available_tools
 
 __all__ = ["ActivationOffload", "TensorIO", "OffloadConfig", "offload_from", "TOOLS", "MODES", "AWARE_MODES",
            "available_tools"]

@@ -35,7 +35,7 @@ import torch
 from ..errors import ConfigError
 from ..fsutil import write_atomic
 from . import tensor_file as tf
-from .tools import TOOLS, available_tools, read_tensor, write_tensor
+from .io_tools import TOOLS, available_tools, read_tensor, write_tensor
 
 MODES = ("tool", "dict", "aware")
 AWARE_MODES = ("w", "r", "wr")

@@ -22,7 +22,7 @@ from .. import _native
 from ..errors import ConfigError
 from ..format.plan import ALIGN, FilePlan
 from .adaptive import TensorIO
-from .tools import crc_of, kvikio_or_why
+from .io_tools import crc_of, kvikio_or_why
 
 REGION_TOOLS = ("posix", "direct", "kvikio")
 _auto: TensorIO | None = None  # one learner per process, so every save teaches the next

@@ -127,7 +127,7 @@ def test_saves_are_asynchronous_and_teardown_waits(tmp_path, monkeypatch):
     """The step after ModelCheckpoint issued a save runs while that save is still landing, and
     teardown waits for every one. In flight by construction, not by the disk's speed: each
     checkpoint's commit waits (after its bytes are written) until the probe has looked once."""
-    from fastckpt.checkpoint_commit import CheckpointCommit
+    from fastckpt.commit.checkpoint_unit import CheckpointCommit
     io = FastCheckpointIO(concurrency=2)
     looked = threading.Event()
     finish = CheckpointCommit.finish

@@ -11,7 +11,7 @@ import torch
 import fastckpt
 from fastckpt.write.gds import kvikio_mode
 from fastckpt.offload import ActivationOffload, TensorIO, available_tools
-from fastckpt.offload.tools import read_tensor, write_tensor
+from fastckpt.offload.io_tools import read_tensor, write_tensor
 
 pytestmark = pytest.mark.gpu
 needs_kvikio = pytest.mark.skipif(kvikio_mode() is None, reason="kvikio is not installed or has no driver")

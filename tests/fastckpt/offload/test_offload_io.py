@@ -13,7 +13,7 @@ from fastckpt.errors import ConfigError, CorruptCheckpointError
 import fastckpt
 from fastckpt.offload import TOOLS, TensorIO, available_tools
 from fastckpt.offload.adaptive import size_key
-from fastckpt.offload.tools import read_tensor, write_tensor
+from fastckpt.offload.io_tools import read_tensor, write_tensor
 from support.states import ALL_DTYPES, random_tensor
 
 HOST_TOOLS = ("posix", "direct", "numpy", "torch")

@@ -15,10 +15,10 @@ import time
 import warnings
 from typing import Callable
 
-from .commit.ordered import CommitUnit
-from .commit.record import CommitInfo, FileEntry
-from .errors import CheckpointWriteError, TornSnapshotError
-from .pending import Pending
+from ..errors import CheckpointWriteError, TornSnapshotError
+from ..pending import Pending
+from .ordered import CommitUnit
+from .record import CommitInfo, FileEntry
 
 log = logging.getLogger("fastckpt")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .commit.agreement import Agreement
-from .commit.record import CommitInfo
-from .errors import CorruptCheckpointError, NoCheckpointError
+from ..commit.agreement import Agreement
+from ..commit.record import CommitInfo
+from ..errors import CorruptCheckpointError, NoCheckpointError
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import StateMismatchError
+from ..errors import StateMismatchError
 
 
 def _walk(template, loaded, path: str, problems: list[str], pairs: list) -> None:
