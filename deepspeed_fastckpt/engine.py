@@ -44,6 +44,7 @@ class FastckptEngine(CheckpointEngine):
         self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True)
         self.committer = TagCommitter(self.named, report=lambda e: self.named.checkpointer.report_failure(e))
         self._files: list = []
+        self._global_steps = -1  # DeepSpeed's global_steps of the tag being saved (-1: not seen)
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
         self.group_gate = GroupGate(self.named.checkpointer)
         self.saves = TrainingSaves(self.named, self.group_gate, scoped=True)
@@ -67,12 +68,15 @@ class FastckptEngine(CheckpointEngine):
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
+        if isinstance(state_dict, dict) and isinstance(state_dict.get("global_steps"), int):
+            self._global_steps = state_dict["global_steps"]  # what its model-states file records
         pending = self.saves.save(state_dict, path, step=self.saves.gate.steps_seen, also_owned=self.update_only)
         self._files.append((path, pending))
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []
-        self.committer.submit(info.save_dir, info.tag, files, step=self.saves.gate.steps_seen)
+        self.committer.submit(info.save_dir, info.tag, files, step=self._global_steps)
+        self._global_steps = -1
         self.named.forget_landed()
         return True
 

@@ -54,6 +54,8 @@ def read_record(save_dir: str, tag: str, size_of: Optional[SizeOf] = file_size) 
     except FileNotFoundError:
         raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
                                      f"(no {TAG_RECORD}): its files may be incomplete") from None
+    except OSError as e:  # unreadable (permissions, not a regular file): damaged, never loaded
+        raise CorruptCheckpointError(f"{os.path.join(tag_dir, TAG_RECORD)}: damaged commit record ({e})") from None
     except CorruptCheckpointError:
         info = _record_of_0_1(tag_dir)
         if info is None:

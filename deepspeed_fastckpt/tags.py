@@ -39,7 +39,8 @@ class TagCommitter:
         self.agreement = self.sets.agreement
 
     def submit(self, save_dir: str, tag: str, files: list, step: int) -> None:
-        """files: [(path, Pending)] this rank wrote for the tag; step: the engine's global step."""
+        """files: [(path, Pending)] this rank wrote for the tag; step: DeepSpeed's global_steps as its
+        model-states file records them (-1 when this rank saved none)."""
         self.sets.submit(os.path.join(save_dir, str(tag)), files, step, self.format, meta={"tag": str(tag)},
                          label=f"tag {tag!r} in {save_dir}")
 

@@ -58,10 +58,11 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
-        """A Checkpointer of settings already checked where they entered (CheckpointerConfig.validate:
-        keyword arguments, a Hydra config, a plugin's settings); nothing is checked again."""
+        """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a plugin's
+        settings make it); checked here (cheap: values only), and every part of the Checkpointer
+        reads that same object."""
         ck = cls.__new__(cls)
-        ck._open(config)
+        ck._open(config.validate())
         return ck
 
     def _open(self, config: CheckpointerConfig) -> None:

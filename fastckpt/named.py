@@ -20,7 +20,6 @@ import torch
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig
 from .pending import Pending
-from .pmem.pointer import write_pointer
 from .store import ByPath, open_store, path_store
 
 DECIDED_BY_CALLER = ("root", "store", "keep", "distributed", "model")  # paths, retention, ranks
@@ -44,7 +43,8 @@ class NamedCheckpoints:
     Args:
         settings: Checkpointer settings (fastckpt.config.CheckpointerConfig's fields but
             DECIDED_BY_CALLER), checked here before anything is opened; or a CheckpointerConfig
-            already checked where it entered (a plugin's config), taken as it is.
+            (a plugin's, made where its settings entered), whose DECIDED_BY_CALLER fields are
+            set here.
         pool: a persistent-memory pool; paths then name its models instead of files.
         distributed: as the Checkpointer's (None: every rank saves its part of each path).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
@@ -73,7 +73,8 @@ class NamedCheckpoints:
         """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, checked here, or a
         CheckpointerConfig already checked where it entered (taken as it is)."""
         if isinstance(settings, CheckpointerConfig):
-            return dataclasses.replace(settings, distributed=self.distributed, **checkpointer_kwargs({}, self.pool))
+            return dataclasses.replace(settings, distributed=self.distributed,
+                                       **checkpointer_kwargs({}, self.pool)).validate()
         return dataclasses.replace(CheckpointerConfig.from_dict(checkpointer_kwargs(dict(settings), self.pool)),
                                    distributed=self.distributed)
 
@@ -153,7 +154,7 @@ class NamedCheckpoints:
 
     def leave_pointer(self, path: str) -> None:
         """At a pool-backed path whose version is current: a small file naming the pool and model."""
-        write_pointer(path, self.pool, self.checkpointer.store.name_of(path))
+        self._store.mark_durable(path)
 
     # -- loading ---------------------------------------------------------
     def load(self, path: str, map_location=None, verify: bool = True, weights_only: bool = True,

@@ -48,9 +48,11 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     tool: None writes through the parallel writer (strategy); "auto" has Fastensor's adaptive
     choice pick posix / direct / kvikio per storage size from measured write times (the
     file's format is the same); a tool's name, or a fastckpt.offload.TensorIO, decides instead.
-    stall_timeout_s: a copy or write that makes no progress for this long fails the save
-    (WriteStalled, naming what it waited for) instead of hanging (the Checkpointer's setting).
+    stall_timeout_s: a copy or write of the parallel writer that makes no progress for this long
+    fails the save (WriteStalled, naming what it waited for) instead of hanging (the
+    Checkpointer's setting); a save with tool= writes on this thread, with no writer to wait for.
     """
+    check_seconds("stall_timeout_s", stall_timeout_s)
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -60,7 +62,6 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     plan = plan_file(state, format)
     tmp = path + ".tmp"
     engine = _engine()
-    check_seconds("stall_timeout_s", stall_timeout_s)
     w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(stall_timeout_s, lambda: engine.progress))
     try:
         w.release_all()

@@ -88,7 +88,11 @@ class PathStore(Store, ByPath):
 
     def listing(self) -> list[Listed]:
         rows = []
-        for name in sorted(os.listdir(self.folder)):
+        try:
+            names = sorted(os.listdir(self.folder))
+        except OSError:  # unreadable: nothing listed (the command says what it cannot read elsewhere)
+            names = []
+        for name in names:
             path = os.path.join(self.folder, name)
             tmp = TMP_RE.match(name)
             if tmp:

@@ -28,7 +28,7 @@ from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
 from ..pmem.pool import Pool, Version, check_device_path
-from ..pmem.pointer import is_pool_pointer
+from ..pmem.pointer import is_pool_pointer, write_pointer
 from ..write.pinning import unregister
 from ..write.protocol import MappedSink, WriteResult
 from . import path_store
@@ -96,6 +96,9 @@ class PoolStore(Store, ByPath):
     # -- ByPath: the pool's models named by path ---------------------------------
     def prepare_path(self, path: str) -> None:
         pass  # the model is made by the save
+
+    def mark_durable(self, path: str) -> None:
+        write_pointer(path, self.root, self.name_of(path))
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):

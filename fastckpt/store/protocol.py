@@ -176,6 +176,11 @@ class ByPath(abc.ABC):
     def prepare_path(self, path: str) -> None:
         """Before a save of path: what the path needs (its folder made)."""
 
+    def mark_durable(self, path: str) -> None:
+        """After a save of path is durable, for a framework that globs its folders for files:
+        what must then be at path (a pool leaves its pointer file; a file is there already).
+        Opens nothing: it may run on a commit thread while its owner is closing."""
+
     @abc.abstractmethod
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):

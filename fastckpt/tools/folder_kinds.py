@@ -2,8 +2,9 @@
 `fastckpt verify` read them — declared by the plugin, never known to the core.
 
 A plugin names a FolderKind in the entry-point group `fastckpt.folders` (setup.cfg); the
-command loads the plugins' kinds only for a folder that is none of the core's own kinds
-(fastckpt.tools.folders). The calls, in the order the command makes them:
+command loads the plugins' kinds only for a folder that is none of the core's firm kinds
+(fastckpt.tools.folders) — loading one imports its plugin, and so its framework (DeepSpeed's
+kind: a second or two); a plugin whose framework is not installed is left out quietly. The calls, in the order the command makes them:
 
   1. `is_one(path, names)`: whether the folder at path (names: its entries) is one checkpoint
      of this kind (a DeepSpeed tag);
@@ -59,6 +60,8 @@ def plugin_kinds() -> tuple[FolderKind, ...]:
         try:
             kind = ep.load()
             kinds.append(kind() if isinstance(kind, type) else kind)
+        except ImportError as e:  # its framework is not installed here: its folders read as plain ones
+            log.debug("fastckpt: the folder kind %s (%s) is not available: %s", ep.name, ep.value, e)
         except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the other folders
             log.warning("fastckpt: the folder kind %s (%s) did not load: %s", ep.name, ep.value, e)
     return tuple(kinds)

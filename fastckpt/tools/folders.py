@@ -201,7 +201,8 @@ def _hints(path: str) -> list[str]:
 
 
 def _holds_checkpoints(path: str) -> bool:
-    """Whether a folder directly holds checkpoints of any kind (for hints: names only)."""
+    """Whether a folder directly holds checkpoints of any kind (for hints: each store and plugin
+    kind asked, reading small records and headers only)."""
     names = _listdir(path)
     return (commit.COMMIT_NAME in names or any(_places(cls, path) for cls in STORES.values())
             or any(kind.is_one(path, names) or any(os.path.isdir(os.path.join(path, n)) and kind.is_one(

@@ -81,6 +81,9 @@ def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
     mark_open(str(tmp_path), "begun")
     assert tag_status(str(tmp_path), "begun", file_size)[0] == "torn"
     assert tag_status(str(tmp_path), "copied", file_size)[0] == "foreign"
+    (tmp_path / "unreadable").mkdir()
+    (tmp_path / "unreadable" / "fastckpt-tag.json").mkdir()  # its record cannot be read: damaged, no OSError
+    assert tag_status(str(tmp_path), "unreadable", file_size)[0] == "damaged"
 
 
 def test_nothing_to_load_is_said_not_silent(tmp_path):
@@ -126,4 +129,5 @@ def test_a_tag_fastckpt_0_1_committed_resumes_and_the_next_tag_commits_after_it(
     run("train", save_dir, tmp_path / "b.pt", "--stage", "1", WIDTH="8")  # global_step3 again, over 0.1's
     info = read_record(str(save_dir), "global_step3")
     assert info.counter == 2 and {f.rank for f in info.files} == {0} and info.meta == {"tag": "global_step3"}
+    assert info.step == 3  # DeepSpeed's global_steps, as its model-states file records them
     assert b'"body"' in (save_dir / "global_step3" / "fastckpt-tag.json").read_bytes()  # this version's record

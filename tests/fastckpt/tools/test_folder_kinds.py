@@ -17,7 +17,14 @@ class Broken:
     name, value = "broken", "nowhere:Kind"
 
     def load(self):
-        raise ImportError("no module named nowhere")
+        raise RuntimeError("its kind cannot be built")
+
+
+class NotInstalled(Broken):
+    name, value = "absent", "absent_plugin:Kind"
+
+    def load(self):
+        raise ImportError("No module named 'absent_framework'")
 
 
 def test_deepspeed_declares_its_folders_when_it_is_installed():
@@ -30,13 +37,15 @@ def test_deepspeed_declares_its_folders_when_it_is_installed():
 
 
 def test_a_plugin_that_fails_to_load_is_said_and_the_core_kinds_still_read(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(folder_kinds, "entry_points", lambda group: [Broken()])
+    """A plugin whose framework is not installed is left out quietly; one that breaks is said."""
+    monkeypatch.setattr(folder_kinds, "entry_points", lambda group: [NotInstalled(), Broken()])
     folder_kinds.plugin_kinds.cache_clear()
     try:
         fastckpt.save({"w": torch.ones(4)}, tmp_path / "last.ckpt")
         with caplog.at_level(logging.WARNING, logger="fastckpt"):
             found = survey(str(tmp_path))
         assert found.kind == "files" and [e.name for e in found.entries] == ["last.ckpt"]
-        assert "broken" in caplog.text and "no module named nowhere" in caplog.text
+        assert "broken" in caplog.text and "its kind cannot be built" in caplog.text
+        assert "absent" not in caplog.text
     finally:
         folder_kinds.plugin_kinds.cache_clear()
