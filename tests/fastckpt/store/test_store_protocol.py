@@ -18,6 +18,7 @@ any data — fails the first case (test_a_store_that_records_first_fails_the_sui
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -225,11 +226,22 @@ class Hold:
         assert self.held.wait(HOLD_S), "the held write never reached its finish"
 
 
+@contextlib.contextmanager
+def holding(place: Place, steps: set[int], **settings):
+    """A Checkpointer of the place whose saves of these steps are held (Hold); on the way out
+    they are let go and it closes."""
+    ck = place.checkpointer(**settings)
+    hold = Hold(ck, steps)
+    try:
+        yield ck, hold
+    finally:
+        hold.release.set()
+        ck.close()
+
+
 # -- the cases ---------------------------------------------------------------
 def check_no_record_before_durable(place: Place) -> None:
-    ck = place.checkpointer(concurrency=2, keep=0)
-    hold = Hold(ck, {2})
-    try:
+    with holding(place, {2}, concurrency=2, keep=0) as (ck, hold):
         place.save(ck, 1).wait()
         pending = place.save(ck, 2)
         hold.wait_held()
@@ -244,9 +256,6 @@ def check_no_record_before_durable(place: Place) -> None:
         hold.release.set()
         pending.wait()
         assert place.newest(ck) == 2
-    finally:
-        hold.release.set()
-        ck.close()
 
 
 def test_a_checkpoint_is_in_no_crash_image_before_its_data_is_durable(place):
@@ -254,9 +263,7 @@ def test_a_checkpoint_is_in_no_crash_image_before_its_data_is_durable(place):
 
 
 def test_checkpoints_commit_in_the_order_they_were_issued(place):
-    ck = place.checkpointer(concurrency=3, keep=0)
-    hold = Hold(ck, {1})
-    try:
+    with holding(place, {1}, concurrency=3, keep=0) as (ck, hold):
         first = place.save(ck, 1)
         hold.wait_held()
         later = [place.save(ck, s) for s in (2, 3)]
@@ -266,9 +273,6 @@ def test_checkpoints_commit_in_the_order_they_were_issued(place):
             p.wait()
         assert [s for what, s in hold.log if what == "commit_file"] == [1, 2, 3]
         assert place.newest(ck) == 3  # the same name saved three times holds the third
-    finally:
-        hold.release.set()
-        ck.close()
 
 
 def test_every_committed_checkpoint_is_listed_newest_first_with_its_size(place):
@@ -282,9 +286,7 @@ def test_every_committed_checkpoint_is_listed_newest_first_with_its_size(place):
 
 
 def test_a_removal_while_a_checkpoint_is_in_flight_never_touches_it(place):
-    ck = place.checkpointer(concurrency=2, keep=1)
-    hold = Hold(ck, {3})
-    try:
+    with holding(place, {3}, concurrency=2, keep=1) as (ck, hold):
         place.save(ck, 1, name="s1").wait()
         place.save(ck, 2, name="s2").wait()
         pending = place.save(ck, 3, name="s3")
@@ -294,9 +296,6 @@ def test_a_removal_while_a_checkpoint_is_in_flight_never_touches_it(place):
         hold.release.set()
         pending.wait()
         assert place.newest(ck, name="s3") == 3
-    finally:
-        hold.release.set()
-        ck.close()
 
 
 def test_bad_input_is_refused_and_a_damaged_checkpoint_never_loads(place):
