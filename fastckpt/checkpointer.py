@@ -7,7 +7,7 @@ order, agreed by all ranks — writes the commit record, moves `latest` forward 
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
 by the next save(), wait() or close(). Every wait of the write path is bounded by
 one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
-What is in flight: fastckpt.pending; reading back: fastckpt.restore.
+What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from .commit.record import CommitInfo
 from .config import DEFAULTS, CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
-from .pending import InFlight, Pending
+from .commit.in_flight import InFlight
+from .pending import Pending
 from .restore.newest import Loaded, newest_committed, newest_loadable
 from .store import open_store
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write

@@ -13,7 +13,7 @@ import os
 import torch
 
 from .. import _native
-from ..write.native_engine import hardware_threads
+from ..machine import hardware_threads
 
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
 

@@ -1,20 +1,11 @@
 """Creation of the native engines (fastckpt._native.Engine: staging pool + copy/writer
-threads), their sizing, and the machine facts that sizing uses (hardware threads, memory)."""
+threads) and their sizing (by the machine's facts: fastckpt.machine)."""
 from __future__ import annotations
 
-import os
-
 from .. import _native
+from ..machine import hardware_threads
 
 MiB = 1 << 20
-
-
-def hardware_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def physical_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def new_engine(chunk_mb: int, writers: int, copy_threads: int | None = None) -> "_native.Engine":

@@ -20,7 +20,8 @@ import logging
 import math
 import threading
 
-from .native_engine import MiB, physical_memory
+from ..machine import physical_memory
+from .native_engine import MiB
 from .job_write import stuck_on
 from .pinning import pin_chunks, unpin_chunks
 

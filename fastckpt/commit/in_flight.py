@@ -1,0 +1,88 @@
+"""The checkpoints a Checkpointer has issued and not yet committed, and the errors nobody saw.
+
+Owns the bookkeeping of the commit threads: which checkpoints are in flight (oldest first),
+which directories they write into (retention must not touch those), waiting for all of them
+and for their copies under the Checkpointer's deadline, and the failed checkpoints whose error
+no caller has observed yet (raised by the next save, wait or close). One checkpoint's handle:
+fastckpt.pending.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from ..pending import Pending
+from ..write import Deadline, WriteStalled
+
+
+class InFlight:
+    def __init__(self, deadline: Deadline, commit_timeout_s: float):
+        self._deadline, self._slack = deadline, commit_timeout_s
+        self._lock = threading.Lock()
+        self._by_counter: dict[int, tuple[Pending, str, threading.Thread]] = {}
+        self._unobserved: list[Pending] = []
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_counter)
+
+    def add(self, pending: Pending, ckpt_id: str, thread: threading.Thread) -> None:
+        with self._lock:
+            self._by_counter[pending.counter] = (pending, ckpt_id, thread)
+
+    def landed(self, pending: Pending) -> None:
+        """Its commit thread is done; a failure nobody observed is kept for unseen_errors()."""
+        with self._lock:
+            self._by_counter.pop(pending.counter, None)
+            if pending.error is not None and not pending.observed:
+                self._unobserved.append(pending)
+
+    def pendings(self) -> list[Pending]:
+        """Oldest first."""
+        with self._lock:
+            return [p for (p, _, _) in sorted(self._by_counter.values(), key=lambda v: v[0].counter)]
+
+    def directories(self) -> set[str]:
+        with self._lock:
+            return {d for (_, d, _) in self._by_counter.values()}
+
+    def wait(self) -> None:
+        """Until every commit thread has ended (each wait bounded by the deadline)."""
+        while True:
+            with self._lock:
+                items = list(self._by_counter.values())
+            if not items:
+                return
+            for pending, _, thread in items:
+                pending.release_all()
+                self._deadline.wait(f"the commit of step {pending.step}",
+                                    lambda s: (thread.join(s), not thread.is_alive())[1], slack=self._slack)
+
+    def wait_copied(self, timeout: Optional[float] = None) -> Optional[WriteStalled]:
+        """Until every snapshot in flight has copied the caller's tensors. A copy that stalls
+        abandons its checkpoint (its tensors are free again) and is returned; a failed write is
+        left to its commit thread to report."""
+        stalled = None
+        for p in self.pendings():
+            p.release_all()
+            try:
+                copied = p.wait_copied(timeout)
+            except WriteStalled as e:
+                p.write.abort(e)
+                p.observed = True
+                stalled = stalled or e
+                continue
+            except Exception as e:  # noqa: BLE001 - a failed write: its commit thread reports it
+                p.write.abort(e)
+                continue
+            if not copied:
+                raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
+        return stalled
+
+    def unseen_errors(self) -> list[BaseException]:
+        """Errors of failed checkpoints no caller has observed; each is returned once."""
+        with self._lock:
+            errs, self._unobserved = [p for p in self._unobserved if not p.observed], []
+        for p in errs:
+            p.observed = True
+        return [p.error for p in errs]
