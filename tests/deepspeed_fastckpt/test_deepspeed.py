@@ -266,4 +266,5 @@ def test_bad_interval_settings_are_clear_errors():
         checkpointer_config({"interval": "auto", "tune": {"overhed": 0.1}})
     with pytest.raises(ConfigError, match='needs "interval": "auto"'):
         checkpointer_config({"tune": {"overhead": 0.1}})
-    assert checkpointer_config({"interval": 5, "concurrency": 2}) == {"concurrency": 2}
+    config, pool = checkpointer_config({"interval": 5, "concurrency": 2})  # not a Checkpointer setting
+    assert config.concurrency == 2 and pool is None
