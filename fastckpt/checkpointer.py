@@ -20,12 +20,12 @@ import weakref
 
 from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
+from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
 from .commit.record import CommitInfo
 from .config import DEFAULTS, CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
-from .commit.in_flight import InFlight
 from .pending import Pending
 from .restore.newest import Loaded, newest_committed, newest_loadable
 from .store import open_store

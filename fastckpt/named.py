@@ -70,8 +70,8 @@ class NamedCheckpoints:
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
 
     def _checked(self, settings) -> CheckpointerConfig:
-        """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, checked here, or a
-        CheckpointerConfig already checked where it entered (taken as it is)."""
+        """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, or a plugin's
+        CheckpointerConfig; either way its DECIDED_BY_CALLER fields are set here and it is checked."""
         if isinstance(settings, CheckpointerConfig):
             return dataclasses.replace(settings, distributed=self.distributed,
                                        **checkpointer_kwargs({}, self.pool)).validate()
