@@ -60,10 +60,8 @@ def read_record(save_dir: str, tag: str, size_of: Optional[SizeOf] = file_size) 
         info = _record_of_0_1(tag_dir)
         if info is None:
             raise
-    for f in info.files if size_of is not None else ():
-        size = size_of(os.path.join(tag_dir, f.name))
-        if size != f.bytes:
-            raise CorruptCheckpointError(f"tag {tag!r}: {f.name} is {size} bytes, its commit record says {f.bytes}")
+    if size_of is not None:
+        commit.check_files(info, tag_dir, size_of)
     return info
 
 

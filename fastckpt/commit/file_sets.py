@@ -195,11 +195,10 @@ class FileSetCommit(CommitUnit):
         if s.is_withdrawn(os.path.dirname(self.directory)):
             return None
         files = tuple(f for part in parts for f in part)
-        info = CommitInfo(self.step, self.directory, sum(f.bytes for f in files), 0, time.time(),
+        counter = s.next_counter(os.path.dirname(self.directory)) if rank == 0 else 0  # rank 0's record holds it
+        info = CommitInfo(self.step, self.directory, sum(f.bytes for f in files), counter, time.time(),
                           s.agreement.world_size, self.format, files, self.meta)
         if rank == 0:
-            info = CommitInfo(info.step, info.path, info.bytes, s.next_counter(os.path.dirname(self.directory)),
-                              info.time, info.world_size, info.format, info.files, info.meta)
             commit.write(info, s.record_name)
             if s.after_record is not None:
                 s.after_record(info)

@@ -135,11 +135,17 @@ def read(ckpt_dir: str, name: str = COMMIT_NAME, size_of: Optional[Callable[[str
     ranks = {f.rank for f in info.files}
     if (every_rank and len(ranks) != info.world_size) or not ranks <= set(range(info.world_size)):
         raise CorruptCheckpointError(f"{path}: names files of ranks {sorted(ranks)} for {info.world_size} ranks")
-    for f in info.files if size_of is not None else ():
+    if size_of is not None:
+        check_files(info, ckpt_dir, size_of)
+    return info
+
+
+def check_files(info: CommitInfo, ckpt_dir: str, size_of: Callable[[str], Optional[int]] = file_size) -> None:
+    """Every file the record names is in ckpt_dir with the size it says; CorruptCheckpointError if not."""
+    for f in info.files:
         size = size_of(os.path.join(ckpt_dir, f.name))
         if size is None:
             raise CorruptCheckpointError(f"{ckpt_dir}: file {f.name} named by the commit record is missing")
         if size != f.bytes:
             raise CorruptCheckpointError(
                 f"{ckpt_dir}: file {f.name} has {size} bytes, the commit record says {f.bytes} (truncated?)")
-    return info

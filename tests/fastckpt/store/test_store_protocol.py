@@ -18,6 +18,7 @@ any data — fails the first case (test_a_store_that_records_first_fails_the_sui
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import shutil
@@ -39,7 +40,7 @@ def state(step: int) -> dict:
     return {"step": step, "w": torch.arange(20000, dtype=torch.float32) + step}
 
 
-class Place:
+class Place(abc.ABC):
     """One store under test: its Checkpointer, where saves go, what a reader sees, a crash image."""
 
     by_path = False
@@ -47,8 +48,9 @@ class Place:
     def __init__(self, where: str):
         self.where = where
 
+    @abc.abstractmethod
     def checkpointer(self, **kw) -> Checkpointer:
-        raise NotImplementedError
+        """A Checkpointer over this place."""
 
     def target(self, name: str = "last"):
         return None
@@ -78,9 +80,9 @@ class Place:
         found: list[str] = []
         return [c.step for c in ck.store.committed(found)], found
 
+    @abc.abstractmethod
     def image(self) -> "Place":
         """What is on the media now, copied to a new place of the same kind."""
-        raise NotImplementedError
 
     def remove_older(self, ck: Checkpointer, names: list[str]) -> None:
         """Removes committed checkpoints other than the newest, while one may be in flight."""
@@ -90,8 +92,9 @@ class Place:
         else:
             ck.store.retain(1, ck._inflight.directories())
 
+    @abc.abstractmethod
     def damage(self, ck: Checkpointer, name: str = "last") -> None:
-        raise NotImplementedError
+        """One byte of the committed checkpoint's data flipped."""
 
     def cleanup(self) -> None:
         pass
