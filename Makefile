@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu gpu-check test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ JOBS    ?= 4
 GPU_LOG ?= $(or $(OUT),.)/gpu-tests.log
 test-gpu:
 	$(PYGPU) tests/support/run_isolated.py --timeout 300 --jobs $(JOBS) --log $(GPU_LOG) -- tests -m gpu $(ARGS)
+
+# what a lent GPU runs first, in one device call of at most ~9 minutes: every gpu test (as test-gpu)
+# and a short benchmarks/gpu_overhead.py, logs and JSON under $(OUT) (tests/support/gpu_check.sh says
+# what each part is); GPU_CHECK=long for the second call (the full-size benchmark)
+gpu-check:
+	PYGPU=$(PYGPU) bash tests/support/gpu_check.sh
 
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/fastckpt/test_crash.py tests/fastckpt/pmem/test_pmem.py -k "kill9" --many

@@ -98,6 +98,8 @@ def intervals(args, probe: dict, write_s: float) -> list[int]:
     if args.ks:
         return args.ks
     keep_up = max(1, math.ceil(write_s / (probe["base_ms"] / 1e3)))
+    if args.pace_only:
+        return [keep_up]
     return sorted({max(1, keep_up // 2), keep_up, 2 * keep_up})
 
 
@@ -119,16 +121,20 @@ def main() -> None:
     ap.add_argument("--quiet", type=int, default=20, help="steps without checkpoints: the run's baseline")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--child-timeout", type=float, default=600)
+    ap.add_argument("--pace-only", action="store_true", help="only the interval where the disk just keeps up")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--scratch", help="folder for the checkpoints and the write bound's file (default: --out)")
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="only render the table of saved runs, merged")
     ap.add_argument("--one", nargs=2, metavar=("CONTENDER", "K"), help=argparse.SUPPRESS)
     ap.add_argument("--bound", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.scratch = args.scratch or args.out
     os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.scratch, exist_ok=True)
     if args.one:  # a child: one run, its result as the last line
         name, k = args.one[0], int(args.one[1])
-        print(json.dumps(contenders.run(args, name, k, os.path.join(args.out, f"gpu-ckpt-{name}"))), flush=True)
+        print(json.dumps(contenders.run(args, name, k, os.path.join(args.scratch, f"gpu-ckpt-{name}"))), flush=True)
         return
     if args.bound:
         print(json.dumps(contenders.copy_bound(args)), flush=True)
@@ -148,7 +154,7 @@ def measure(args) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--bound"],
                          capture_output=True, text=True, check=True)
     copy = json.loads(out.stdout.strip().splitlines()[-1])
-    scratch = os.path.join(args.out, "bound.bin")
+    scratch = os.path.join(args.scratch, "bound.bin")
     write_s = bounds.direct_write_seconds(scratch, copy["bytes"])
     os.unlink(scratch)
     probe_args = [r for r in [child(args, "none", 1)] if "error" not in r]
@@ -160,19 +166,28 @@ def measure(args) -> dict:
           f"{copy['copy_s'] * 1e3:.0f} ms, O_DIRECT write {write_s:.2f} s -> intervals {ks}", flush=True)
     plan = [(name, k) for k in ks for name in args.contenders]
     runs_of: dict = {key: [] for key in plan}
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU only ({os.cpu_count()} cores)"
+
+    def result() -> dict:
+        return {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "device": dev, "host": platform.node(),
+                "torch": torch.__version__, "cuda": torch.version.cuda,
+                "args": {k: v for k, v in vars(args).items() if k not in ("one", "bound")},
+                "bounds": {"copy_s": copy["copy_s"], "direct_write_s": write_s, "bytes": copy["bytes"],
+                           "params": copy["params"]},
+                "ks": ks, "rows": [summarize(args, name, k, runs_of[(name, k)]) for name, k in plan if runs_of[(name, k)]]}
+
     for r in range(args.runs):
         for name, k in plan:
             got = child(args, name, k)
             runs_of[(name, k)].append(got)
             print(f"  {name:<12} k={k:<4} " + (got["error"] if "error" in got else
                   f"{sum(got['times']):.2f} s, {len(got['calls'])} saves, drain {got['drain']:.2f} s"), flush=True)
+            # what is measured so far, for a run stopped before its end (render it with --merge)
+            with open(os.path.join(args.out, "gpu_overhead.partial.json"), "w") as f:
+                json.dump(result(), f)
         print(f"round {r + 1}/{args.runs} done", flush=True)
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU only ({os.cpu_count()} cores)"
-    return {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "device": dev, "host": platform.node(),
-            "torch": torch.__version__, "args": {k: v for k, v in vars(args).items() if k not in ("one", "bound")},
-            "bounds": {"copy_s": copy["copy_s"], "direct_write_s": write_s, "bytes": copy["bytes"],
-                       "params": copy["params"]},
-            "ks": ks, "rows": [summarize(args, name, k, runs_of[(name, k)]) for name, k in plan]}
+    os.unlink(os.path.join(args.out, "gpu_overhead.partial.json"))
+    return result()
 
 
 def merged(paths: list[str]) -> dict:

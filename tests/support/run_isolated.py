@@ -1,11 +1,13 @@
 """Runs each selected test in its own process under a hard timeout: one PASS / FAIL / HANG / SKIP line each.
 
-    python tests/support/run_isolated.py [--timeout S] [--jobs N] [--log FILE] -- PYTEST_ARGS...
+    python tests/support/run_isolated.py [--timeout S] [--jobs N] [--deadline S] [--log FILE] -- PYTEST_ARGS...
 
 `make test-gpu` runs it over `tests -m gpu`. A test that outlives --timeout is killed with its
 whole process group (SIGKILL: a thread blocked in native code ignores pytest-timeout) and
-counts as HANG. Exit status: 0 when at least one test ran and none failed or hung; 1 on any
-FAIL or HANG; 3 when every test skipped (on a machine without CUDA nothing GPU-related ran).
+counts as HANG. With --deadline, a test not started that many seconds after the first is not
+run at all and counts as NOTRUN (the whole run then ends within deadline + timeout: what a
+device call of bounded length needs). Lines are printed as tests end. Exit status: 0 when at least one test ran and none failed, hung or was left
+unrun; 1 on any FAIL, HANG or NOTRUN; 3 when every test skipped (on a machine without CUDA nothing GPU-related ran).
 Each test's output goes to --log, under a header naming the test.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 
 def collect(pytest_args: list[str]) -> list[str]:
@@ -28,9 +30,12 @@ def collect(pytest_args: list[str]) -> list[str]:
     return ids
 
 
-def run_one(test_id: str, timeout: float) -> tuple[str, float, str]:
-    """(PASS | FAIL | HANG | SKIP, seconds, output) of one test in a fresh process group."""
+def run_one(test_id: str, timeout: float, start_by: float = float("inf")) -> tuple[str, float, str]:
+    """(PASS | FAIL | HANG | SKIP | NOTRUN, seconds, output) of one test in a fresh process group;
+    NOTRUN when its turn came after the monotonic time start_by."""
     t0 = time.monotonic()
+    if t0 > start_by:
+        return "NOTRUN", 0.0, "[not started: the run's deadline had passed]\n"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test_id],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -50,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one test may take")
     ap.add_argument("--jobs", type=int, default=1, help="tests run at once (each its own process)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds after which no further test is started (those left count as NOTRUN)")
     ap.add_argument("--log", default=None, help="file for every test's output")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: what pytest selects")
     a = ap.parse_args(argv)
@@ -57,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     ids = collect(args)
     print(f"{len(ids)} test(s), each in its own process, {a.timeout:g} s each at most, {a.jobs} at a time",
           flush=True)
-    counts = {"PASS": 0, "FAIL": 0, "HANG": 0, "SKIP": 0}
+    counts = {"PASS": 0, "FAIL": 0, "HANG": 0, "SKIP": 0, "NOTRUN": 0}
     log = open(a.log, "w") if a.log else None
+    start_by = time.monotonic() + a.deadline if a.deadline is not None else float("inf")
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        for test_id, (status, took, output) in zip(ids, pool.map(lambda t: run_one(t, a.timeout), ids)):
+        futures = {pool.submit(run_one, t, a.timeout, start_by): t for t in ids}
+        for done in as_completed(futures):
+            test_id, (status, took, output) = futures[done], done.result()
             counts[status] += 1
             print(f"{status:4}  {took:6.1f}s  {test_id}", flush=True)
             if log is not None:
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     ran = counts["PASS"] + counts["FAIL"] + counts["HANG"]
     print(" ".join(f"{k} {v}" for k, v in counts.items()))
-    if counts["FAIL"] or counts["HANG"]:
+    if counts["FAIL"] or counts["HANG"] or counts["NOTRUN"]:
         return 1
     if ran == 0:
         print("no test ran: every one skipped (no CUDA device here?)")

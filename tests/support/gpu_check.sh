@@ -1,0 +1,87 @@
+#!/bin/bash
+# `make gpu-check`: everything a lent GPU should run, in one device call of at most ~9 minutes.
+#
+#   source .whl/gpu-env.sh && make gpu-check            # on the GPU machine (logs and JSON under $OUT)
+#   make gpu-check PYGPU=.venv/bin/python               # on CPU: every gpu test SKIP, the benchmark tiny
+#   make gpu-check GPU_CHECK=long                       # the second call: the full-size benchmark
+#
+# 1. what the machine is (env.txt): GPU, driver, torch and its CUDA, kvikio, DeepSpeed, Lightning;
+# 2. every `gpu` test alone in its own process (tests/support/run_isolated.py): a PASS / FAIL / HANG /
+#    SKIP / NOTRUN line each (gpu-tests.txt), each test's output in gpu-tests.log; no test starts after
+#    TESTS_DEADLINE seconds and none runs past TEST_TIMEOUT, so this part ends in bounded time;
+# 3. benchmarks/gpu_overhead.py, every contender in a fresh process (bench.txt; bench/gpu_overhead.json
+#    and .png): "short" = a ~70 M-parameter model at the interval where the disk keeps up, one round;
+#    "long" = the default 403 M-parameter model at half, one and twice that interval. Killed at
+#    BENCH_BUDGET seconds; what it measured so far is rendered from its partial JSON.
+#
+# Without CUDA (the suite runs it so it never rots) step 2 must end with every test skipped and step 3
+# runs every contender with a tiny model. Exit 0 when every part did what it should, else 1.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-check-out}
+PYGPU=${PYGPU:-python3}
+GPU_CHECK=${GPU_CHECK:-short}
+JOBS=${JOBS:-6}
+TEST_TIMEOUT=${TEST_TIMEOUT:-150}
+TESTS_DEADLINE=${TESTS_DEADLINE:-150}
+BENCH_BUDGET=${BENCH_BUDGET:-220}
+SCRATCH=${SCRATCH:-$PWD/.gpu-check-scratch}
+mkdir -p "$OUT/bench" "$SCRATCH"
+here=$(cd "$(dirname "$0")/../.." && pwd)
+status=0
+
+cuda=$("$PYGPU" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')  host: $(hostname)  cpus: $(nproc)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PYGPU" - <<'EOF'
+import importlib, platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+for name in ("kvikio", "cupy", "deepspeed", "lightning", "hydra", "fastckpt._native"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name} {getattr(mod, '__version__', 'ok')}")
+    except Exception as exc:  # what is missing is what the log must say
+        print(f"{name} MISSING ({type(exc).__name__}: {exc})")
+try:
+    import kvikio.defaults
+    print("kvikio compat_mode", kvikio.defaults.get("compat_mode"))
+except Exception as exc:
+    print("kvikio compat_mode unknown:", exc)
+EOF
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== gpu tests (each in its own process, $TEST_TIMEOUT s each at most, none started after $TESTS_DEADLINE s)"
+"$PYGPU" "$here/tests/support/run_isolated.py" --timeout "$TEST_TIMEOUT" --deadline "$TESTS_DEADLINE" \
+  --jobs "$JOBS" --log "$OUT/gpu-tests.log" -- "$here/tests" -m gpu 2>&1 | tee "$OUT/gpu-tests.txt"
+rc=${PIPESTATUS[0]}
+if [ "$cuda" = 1 ] && [ "$rc" != 0 ]; then status=1; fi
+if [ "$cuda" != 1 ] && [ "$rc" != 3 ]; then echo "without CUDA every gpu test should skip (exit $rc)"; status=1; fi
+
+if [ "$cuda" != 1 ]; then
+  size=(--d-model 32 --layers 1 --ds-layers 1 --heads 2 --vocab 128 --seq 8 --batch 2 --ks 2 --intervals 2
+        --warmup 1 --quiet 3 --child-timeout 300)
+elif [ "$GPU_CHECK" = long ]; then
+  size=(--intervals 5 --warmup 10 --quiet 20 --child-timeout 240)
+else
+  size=(--d-model 1024 --layers 4 --ds-layers 2 --heads 8 --pace-only --intervals 3 --warmup 5 --quiet 10
+        --child-timeout 90)
+fi
+echo "== gpu_overhead.py ($GPU_CHECK; ${BENCH_BUDGET} s at most)"
+rm -f "$OUT/bench/gpu_overhead.partial.json"
+timeout -s KILL "$BENCH_BUDGET" "$PYGPU" "$here/benchmarks/gpu_overhead.py" "${size[@]}" --runs 1 --no-results \
+  --out "$OUT/bench" --scratch "$SCRATCH" 2>&1 | tee "$OUT/bench.txt"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ]; then
+  status=1
+  echo "gpu_overhead.py ended with exit $rc"
+  if [ -f "$OUT/bench/gpu_overhead.partial.json" ]; then
+    echo "== what it measured before that"
+    "$PYGPU" "$here/benchmarks/gpu_overhead.py" --merge "$OUT/bench/gpu_overhead.partial.json" --no-results \
+      --out "$OUT/bench" 2>&1 | tee -a "$OUT/bench.txt"
+  fi
+fi
+grep -qE '^\| [0-9]+ \| [a-z_]+ \| (HANG|exit )' "$OUT/bench.txt" && { echo "a contender failed or hung (bench.txt)"; status=1; }
+rm -rf "$SCRATCH"
+echo "gpu-check: $([ $status = 0 ] && echo OK || echo FAILED) (logs under $OUT)"
+exit $status
