@@ -227,8 +227,8 @@ def table(res: dict) -> str:
                      f"{r['drain_s']:.2f} | {'yes' if r['checked'] else 'NO'} |")
     fresh = [r for r in res["rows"] if r.get("stager_fresh")]
     if fresh:
-        lines.append(f"\nDCP DefaultStager: reusing one stager failed ({fresh[0]['stager_fresh']}); a fresh "
-                     "stager was made for every later save (its pinned memory allocated again each time).")
+        lines.append(f"\nDCP DefaultStager: a fresh stager for every save (its pinned memory allocated again "
+                     f"each time): {fresh[0]['stager_fresh']}.")
     return head + "\n" + "\n".join(lines)
 
 

@@ -148,7 +148,7 @@ class Checkpointer:
             if got:
                 chunk = self._engine.pool.chunk_bytes
                 need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
-                strategy = self._while_staging_grows(plan, need)
+                strategy = self._while_staging_grows(plan, need, held)
                 got = self._staging.ensure(need)
                 self.stats["pinned"] = self._staging.pinned
         except BaseException:
@@ -191,12 +191,13 @@ class Checkpointer:
             self.report_failure(error)
         return pending
 
-    def _while_staging_grows(self, plan, need: int) -> str:
+    def _while_staging_grows(self, plan, need: int, held: bool) -> str:
         """The strategy of this write: 'c' on a stream-read device (CUDA) whose save finds staging
         short (the first one, unless reserve() ran long enough before) copies into spare device
         memory first, as 'g' does, so the gate waits for a device-to-device copy rather than for
-        staging being faulted in and pinned; 'g' falls back to 'c' itself when the device is short."""
-        if self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
+        staging being faulted in and pinned; 'g' falls back to 'c' itself when the device is short.
+        Never for a held write: it may read a tensor only once the caller released it."""
+        if held or self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
             return self.strategy
         if not self._staging.short(need):
             return self.strategy
@@ -252,6 +253,8 @@ class Checkpointer:
         save(), wait() or close() (a warning turned into an error must not fail a commit)."""
         try:
             with self._lock:
+                if self._staging is not None:  # pinned as the background grower got to it
+                    self.stats["pinned"] = self._staging.pinned
                 self.stats["o_direct"] += bool(result.direct_io)
                 self.stats["o_direct_refused"] += bool(result.direct_io_refused)
                 first = result.direct_io_refused and self.stats["o_direct_refused"] == 1

@@ -115,14 +115,20 @@ class DcpAsync:
 
     stager=False: async_save's own default staging (a synchronous copy to host memory inside
     the call). stager=True: a DefaultStager with pinned memory and asynchronous staging on a
-    side stream; the optimizer update waits for its staging to complete (before_update). On
-    torch 2.11 one reused DefaultStager fails at its second save (KeyError: <class 'type'> in
-    _state_dict_stager): the stager is reused, and made fresh for every later save once reuse
-    has failed — the run records which it took (`stager_fresh`)."""
+    side stream; the optimizer update waits for its staging to complete (before_update).
+
+    A DefaultStager serves one save: it clears its copy table after every stage, so a reused
+    one fails its next stage with KeyError: <class 'type'> — inside the staging future, where
+    no later save recovers (torch 2.11 on an H200 and torch 2.13 on CPU, 2026-11-26; a known
+    upstream bug). So each save gets a fresh stager (its pinned memory allocated again), the
+    one way its users can keep saving; the table says so (`stager_fresh`)."""
+
+    FRESH = "torch's DefaultStager clears its copy table after each stage (KeyError: <class 'type'> on reuse)"
 
     def __init__(self, ckdir: str, stager: bool, dev: torch.device):
         self.ckdir, self.use_stager, self.dev = ckdir, stager, dev
-        self.stager, self.fresh_per_save, self.reuse_error = None, False, None
+        self.stager = None
+        self.reuse_error = self.FRESH if stager else None
         self.response = None
         self.dirs: list[str] = []
 
@@ -139,17 +145,10 @@ class DcpAsync:
         if not self.use_stager:
             self.response = dcp.async_save(state, checkpoint_id=path)
         else:
-            if self.stager is None or self.fresh_per_save:
-                if self.stager is not None:
-                    self.stager.close()
-                self.stager = self._new_stager()
-            try:
-                self.response = dcp.async_save(state, checkpoint_id=path, async_stager=self.stager)
-            except KeyError as e:  # torch 2.11: a reused DefaultStager
-                self.reuse_error, self.fresh_per_save = repr(e), True
+            if self.stager is not None:  # its staging and upload are done (drain above)
                 self.stager.close()
-                self.stager = self._new_stager()
-                self.response = dcp.async_save(state, checkpoint_id=path, async_stager=self.stager)
+            self.stager = self._new_stager()
+            self.response = dcp.async_save(state, checkpoint_id=path, async_stager=self.stager)
         self.dirs.append(path)
         while len(self.dirs) > 2:
             shutil.rmtree(self.dirs.pop(0), ignore_errors=True)

@@ -25,9 +25,11 @@ def test_figures_from_step_times_by_hand():
 
 
 def test_intervals_around_the_disks_pace():
-    args = SimpleNamespace(ks=None)
+    args = SimpleNamespace(ks=None, pace_only=False)
     assert gpu_overhead.intervals(args, {"base_ms": 40.0}, 2.3) == [29, 58, 116]
     assert gpu_overhead.intervals(args, {"base_ms": 40.0}, 0.001) == [1, 2]
+    args.pace_only = True  # make gpu-check's short run: where the disk just keeps up, alone
+    assert gpu_overhead.intervals(args, {"base_ms": 40.0}, 2.3) == [58]
 
 
 def test_every_contender_runs_on_cpu(tmp_path):

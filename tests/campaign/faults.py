@@ -54,7 +54,7 @@ def _child(mode: str, root: str, on_error: str, env: dict, ro_after: int | None)
         args.append(str(ro_after))
     paths = [os.path.dirname(os.path.dirname(HERE))]  # the checkout; its siblings come with the script
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(paths)))
+                          env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])))
     lines = proc.stdout.splitlines()
     if proc.returncode != 0:
         lines.append(f"crashed {proc.returncode}: {proc.stderr[-1500:]}")

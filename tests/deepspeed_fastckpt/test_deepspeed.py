@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 from support.deepspeed_runs import assert_resumed_exactly, launch, run
-from support.paths import ROOT
+from support.paths import ROOT, python_path
 
 from deepspeed_fastckpt.tag_records import read_record
 
@@ -94,7 +94,7 @@ def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, shm, stag
     out = tmp_path / "model_states.pt"  # a pool model exported is an ordinary DeepSpeed file
     model = str(tag_dir / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"))
     assert subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "export", pool, str(out), "--model", model,
-                           "--to", "torch"], env=dict(os.environ, PYTHONPATH=ROOT)).returncode == 0
+                           "--to", "torch"], env=dict(os.environ, PYTHONPATH=python_path(ROOT))).returncode == 0
     assert "module" in torch.load(out, weights_only=False)
 
 

@@ -14,7 +14,7 @@ import torch
 
 import fastckpt
 
-from support.paths import ROOT, WORKERS
+from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
 from workers.dist_worker import state_for  # noqa: E402
 
@@ -24,7 +24,7 @@ def launch(mode: str, root: str, world: int = 2, store: str = "root") -> list[su
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([ROOT, WORKERS]))
+                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS))
         procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dist_worker.py"), mode, root, store],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     return procs

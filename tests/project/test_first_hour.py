@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from support.paths import ROOT
+from support.paths import ROOT, python_path
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
@@ -41,7 +41,7 @@ def test_every_python_block_of_the_readme_runs(section, tmp_path):
         port = s.getsockname()[1]
     # a single process, as the README says a plain `python script.py` of the DeepSpeed block needs
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=python_path(ROOT))
     r = subprocess.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, f"the README's {section!r} code fails as written:\n{r.stderr[-4000:]}"

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .paths import WORKERS
+from .paths import WORKERS, python_path
 from .processes import free_port
 
 
@@ -19,7 +19,7 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
     port = str(free_port())
     procs = []
     for rank in range(ranks):
-        env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": WORKERS, "RANK": str(rank),
+        env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": python_path(WORKERS), "RANK": str(rank),
                "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), **env_extra}
         procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, script), mode, str(save_dir),
                                        str(out), *extra], env=env, stdout=subprocess.PIPE,

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from .paths import ROOT, WORKERS
+from .paths import ROOT, WORKERS, python_path
 
 
 def free_port() -> int:
@@ -23,7 +23,7 @@ def free_port() -> int:
 def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line) -> None:
     """Runs tests/workers/SCRIPT ARGS; once it prints "ready", kills it with SIGKILL after a
     random delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, WORKERS]))
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS))
     proc = subprocess.Popen([sys.executable, os.path.join(WORKERS, script), *args], stdout=subprocess.PIPE,
                             text=True, env=env)
     ready = threading.Event()

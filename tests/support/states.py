@@ -49,8 +49,9 @@ def assert_same(a, b, path="root"):
         assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
         assert a.requires_grad == b.requires_grad, path
         assert a.stride() == b.stride(), f"{path}: stride {a.stride()} vs {b.stride()}"
-        ua = a.detach().cpu().contiguous().view(-1).view(torch.uint8) if a.numel() else a
-        ub = b.detach().cpu().contiguous().view(-1).view(torch.uint8) if b.numel() else b
+        # bytes compared on the host: a loader may put a tensor on another device than it was saved from
+        ua = a.detach().cpu().contiguous().view(-1).view(torch.uint8) if a.numel() else a.detach().cpu()
+        ub = b.detach().cpu().contiguous().view(-1).view(torch.uint8) if b.numel() else b.detach().cpu()
         assert torch.equal(ua, ub), f"{path}: bytes differ"
         return
     assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"

@@ -15,7 +15,7 @@ import torch
 
 import fastckpt
 from support.page_cache import resident_fraction
-from support.paths import ROOT
+from support.paths import ROOT, python_path
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ print(json.dumps({"stats": stats, "ok": ok, "warnings": [str(w.message) for w in
 def test_a_filesystem_that_refuses_o_direct_is_counted_and_warned_about_once(disk_dir, fault_shim):
     root = disk_dir / "nodirect"
     env = dict(os.environ, LD_PRELOAD=fault_shim, FASTCKPT_FAULT_PATH=str(root), FASTCKPT_FAULT_NO_DIRECT="1",
-               PYTHONPATH=ROOT)
+               PYTHONPATH=python_path(ROOT))
     r = subprocess.run([sys.executable, "-c", REFUSED, str(root)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

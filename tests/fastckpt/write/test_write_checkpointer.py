@@ -29,7 +29,7 @@ from fastckpt.write import WriteStalled
 from fastckpt.write.streams import STREAMS, HostStream
 from support.states import assert_same, state_matrix
 
-from support.paths import ROOT
+from support.paths import ROOT, python_path
 
 
 @pytest.fixture
@@ -93,6 +93,24 @@ def test_a_save_that_finds_staging_short_goes_through_spare_memory(tmp_path, hos
         assert p.strategy == "c" and ck.stats["modes"] == {"device-copy": 1, "pinned-staging": 1}
         p.wait()
     assert grown_on and set(grown_on) == {"fastckpt-reserve"}, grown_on
+
+
+def test_a_held_save_never_goes_through_spare_memory(tmp_path, host_as_stream):
+    """A held (layer-wise) write reads a tensor only once it is released, also on the first save
+    while staging still grows: going through spare memory would copy every tensor at save()
+    (found on an H200: a held 'c' write was copied before anything was released)."""
+    with fastckpt.Checkpointer(tmp_path, strategy="c", chunk_mb=1, stall_timeout_s=10) as ck:
+        state = _state()
+        p = ck.save(state, step=1, held=True)
+        assert p.write.mode == "pinned-staging" and ck.stats["spare_first"] == 0
+        time.sleep(0.2)
+        assert not p.copied()
+        state["model"]["w0"].mul_(-3)  # changed before its release: the checkpoint holds this value
+        expect = copy.deepcopy(state)
+        p.release_all()
+        ck.gate()
+        assert p.wait().step == 1
+        assert_same(expect, ck.load())
 
 
 def test_policy_skip_grows_staging_at_once(tmp_path):
@@ -186,7 +204,7 @@ print("ok", round(took, 2))
 def test_a_slow_writer_that_keeps_moving_never_trips_the_deadline(tmp_path, fault_shim):
     root = tmp_path / "slow-ckpts"
     env = dict(os.environ, LD_PRELOAD=fault_shim, FASTCKPT_FAULT_PATH=str(root), FASTCKPT_FAULT_SLOW_US="100000",
-               PYTHONPATH=ROOT)
+               PYTHONPATH=python_path(ROOT))
     out = subprocess.run([sys.executable, "-c", SLOW_CHILD, str(root)], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
