@@ -4,6 +4,7 @@
 #   source .whl/gpu-env.sh && make gpu-check            # on the GPU machine (logs and JSON under $OUT)
 #   make gpu-check PYGPU=.venv/bin/python               # on CPU: every gpu test SKIP, the benchmark tiny
 #   make gpu-check GPU_CHECK=long                       # the second call: the full-size benchmark
+#   BENCH_ARGS="--contenders none ds_fast --ks 23" ...   # more gpu_overhead.py arguments (a rerun of some)
 #
 # 1. what the machine is (env.txt): GPU, driver, torch and its CUDA, kvikio, DeepSpeed, Lightning;
 # 2. every `gpu` test alone in its own process (tests/support/run_isolated.py): a PASS / FAIL / HANG /
@@ -69,7 +70,7 @@ else
 fi
 echo "== gpu_overhead.py ($GPU_CHECK; ${BENCH_BUDGET} s at most)"
 rm -f "$OUT/bench/gpu_overhead.partial.json"
-timeout -s KILL "$BENCH_BUDGET" "$PYGPU" "$here/benchmarks/gpu_overhead.py" "${size[@]}" --runs 1 --no-results \
+timeout -s KILL "$BENCH_BUDGET" "$PYGPU" "$here/benchmarks/gpu_overhead.py" "${size[@]}" ${BENCH_ARGS:-} --runs 1 --no-results \
   --out "$OUT/bench" --scratch "$SCRATCH" 2>&1 | tee "$OUT/bench.txt"
 rc=${PIPESTATUS[0]}
 if [ "$rc" != 0 ]; then
