@@ -25,6 +25,7 @@ never rots). A contender that does not finish within --child-timeout is reported
     python benchmarks/gpu_overhead.py                                   # everything (GPU: ~20 min)
     python benchmarks/gpu_overhead.py --contenders none fast_c dcp_stager --ks 40 80 --runs 3
     python benchmarks/gpu_overhead.py --merge out/a.json out/b.json     # one table of several calls
+                                                    # (b's rows replace a's of the same contender and k)
 """
 from __future__ import annotations
 
@@ -193,7 +194,10 @@ def measure(args) -> dict:
 def merged(paths: list[str]) -> dict:
     parts = [json.load(open(p)) for p in paths]
     res = dict(parts[0])
-    res["rows"] = [row for p in parts for row in p["rows"]]
+    rows: dict = {}  # a later run of a contender at the same interval (a rerun after a fix) replaces it
+    for part in parts:
+        rows.update({(row["contender"], row["k"]): row for row in part["rows"]})
+    res["rows"] = list(rows.values())
     res["ks"] = sorted({row["k"] for row in res["rows"]})
     res["merged_from"] = [f"{p['when']} ({', '.join(sorted({r['contender'] for r in p['rows']}))})" for p in parts]
     return res

@@ -24,6 +24,7 @@ SECTIONS = [
                            "and AsyncCheckpointIO"),
     ("deepspeed_overhead", "stall and overhead vs interval under DeepSpeed: the fastckpt engine vs DeepSpeed's "
                            "default, decoupled and fast engines"),
+    ("gpu_tests", "every gpu test on a lent GPU, each in its own process: PASS / FAIL / HANG / NOTRUN"),
     ("gpu_overhead", "training overhead on one GPU: fastckpt c/g/d vs every peer, against the device→pinned copy "
                      "and the disk"),
     ("layerwise_ddp", "LightCheck's layer-wise pipelining with the all-reduce vs plain c, DDP on 2 ranks"),

@@ -75,6 +75,7 @@ class TensorIO:
         self.wrdic: dict = {}
         self.uses = 0
         self._lock = threading.Lock()
+        self._probing = threading.Lock()  # one probe of a folder, however many threads ask at once
         if learned_path and os.path.exists(learned_path):
             self.load_dictionaries(learned_path)
 
@@ -82,11 +83,14 @@ class TensorIO:
     def candidates(self, directory: str, cuda: bool = False) -> tuple[str, ...]:
         key = (os.path.abspath(directory), cuda)
         if key not in self._usable:
-            found = available_tools(directory, cuda)
-            self.unavailable.update({t: why for t, why in found.items() if why and t in self._wanted})
-            self._usable[key] = tuple(t for t in self._wanted if found.get(t) is None)
-            if not self._usable[key]:
-                raise OSError(f"no tensor I/O tool works in {directory}: {self.unavailable}")
+            with self._probing:
+                if key not in self._usable:
+                    found = available_tools(directory, cuda)
+                    self.unavailable.update({t: why for t, why in found.items() if why and t in self._wanted})
+                    usable = tuple(t for t in self._wanted if found.get(t) is None)
+                    if not usable:
+                        raise OSError(f"no tensor I/O tool works in {directory}: {self.unavailable}")
+                    self._usable[key] = usable
         return self._usable[key]
 
     # -- the choice (Algorithm 1) -----------------------------------------------

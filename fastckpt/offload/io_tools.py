@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
 
 import numpy as np
 import torch
@@ -38,26 +39,8 @@ def crc_of(b: torch.Tensor) -> int:
 
 
 def _write_header(path: str, tool: str, t: torch.Tensor, crc: int) -> None:
-    """The header; for a payload written past the page cache (O_DIRECT, GDS) the header goes the
-    same way: a page written through the cache beside an O_DIRECT write of the same file can be
-    lost (seen on the GPU machine's filesystem: the header read back as zeros), and Linux's open(2)
-    says not to mix the two."""
-    raw = tf.encode(tool, t, crc)
-    if tool in ("direct", "kvikio"):
-        buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        try:
-            _native.write_direct(path, 0, buf.data_ptr(), len(raw))  # cuts the file to its header
-            return
-        except OSError:
-            if tool == "direct":
-                raise
-            # kvikio on a filesystem without O_DIRECT: it then writes through the cache too; the
-            # header is flushed first all the same
     with open(path, "wb") as f:
-        f.write(raw)
-        if tool == "kvikio":
-            f.flush()
-            os.fdatasync(f.fileno())
+        f.write(tf.encode(tool, t, crc))
 
 
 def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
@@ -173,7 +156,8 @@ def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]
         if tool == "kvikio":
             out[tool] = (kvikio_or_why()[1] if cuda else "for CUDA tensors only")
             continue
-        path = os.path.join(directory, f".fastckpt-probe-{tool}-{os.getpid()}")
+        # a name of its own per thread: the backward thread and the I/O threads may probe at once
+        path = os.path.join(directory, f".fastckpt-probe-{tool}-{os.getpid()}-{threading.get_ident()}")
         try:
             write_tensor(probe, path, tool)
             ok = torch.equal(read_tensor(path), probe)

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_overhead.py runs on CPU with a tiny model, every contender, so it never rots;
+"""`make gpu-check` (the gpu tests, then benchmarks/gpu_overhead.py with every contender) runs on
+CPU with a tiny model, so it never rots;
 its figures are computed as documented from the step times."""
 import json
 import os
@@ -32,15 +33,22 @@ def test_intervals_around_the_disks_pace():
     assert gpu_overhead.intervals(args, {"base_ms": 40.0}, 2.3) == [58]
 
 
-def test_every_contender_runs_on_cpu(tmp_path):
+def test_make_gpu_check_runs_end_to_end_on_cpu(tmp_path):
+    """`make gpu-check`, the first command a lent GPU runs, as it runs there but on this CPU: every
+    gpu test in its own process (each SKIPs here), then every contender of gpu_overhead.py with a
+    tiny model; logs and JSON under $OUT. A typo in it costs no device minute."""
     out = tmp_path / "out"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_overhead.py"), "--d-model", "32", "--layers", "1",
-           "--ds-layers", "1", "--heads", "2", "--vocab", "128", "--seq", "8", "--batch", "2", "--ks", "2",
-           "--intervals", "2", "--warmup", "1", "--quiet", "3", "--runs", "1", "--child-timeout", "300",
-           "--no-results", "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
+    env = dict(os.environ, OUT=str(out), JOBS="2", SCRATCH=str(tmp_path / "scratch"))
+    run = subprocess.run(["make", "-s", "gpu-check", f"PYGPU={sys.executable}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    res = json.load(open(out / "gpu_overhead.json"))
+    assert "gpu-check: OK" in run.stdout
+    assert "device none" in (out / "env.txt").read_text()
+    lines = (out / "gpu-tests.txt").read_text().splitlines()
+    tests = [line for line in lines if "::" in line]
+    assert len(tests) >= 80 and all(line.startswith("SKIP") for line in tests), tests[:5]
+    assert f"PASS 0 FAIL 0 HANG 0 SKIP {len(tests)} NOTRUN 0" in lines
+    res = json.load(open(out / "bench" / "gpu_overhead.json"))
     rows = {r["contender"]: r for r in res["rows"]}
     assert set(rows) == set(gpu_overhead.contenders.ALL)
     for name, r in rows.items():
@@ -49,5 +57,6 @@ def test_every_contender_runs_on_cpu(tmp_path):
         assert len(r["runs"][0]["calls"]) == (0 if name == "none" else 2), name
         assert len(r["runs"][0]["times"]) == 3 + 2 * 2, name  # quiet + measured steps
     assert res["bounds"]["bytes"] > 0 and res["bounds"]["direct_write_s"] > 0
-    assert (out / "gpu_overhead.png").exists()
-    assert "| 2 | fast_c |" in run.stdout
+    assert (out / "bench" / "gpu_overhead.png").exists()
+    assert "| 2 | fast_c |" in (out / "bench.txt").read_text()
+    assert not (tmp_path / "scratch").exists()  # the checkpoints and the write bound's file are gone

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
+import time
 import os
 import warnings
 
@@ -231,3 +233,40 @@ def test_the_default_dictionary_is_wdic_everywhere(tmp_path):
     assert TensorIO().aware == "w" and OffloadConfig().aware == "w"
     from fastckpt.offload.settings import offload_from
     assert offload_from({"directory": str(tmp_path)}).io.aware == "w"
+
+
+def test_tools_probed_from_several_threads_at_once_never_collide(tmp_path):
+    """Activation offload probes its spill folder from the backward thread and its I/O threads
+    alike; each probe writes its own file (on an H200 two probes shared one name and one read
+    the other's half-written header: 'not a fastckpt tensor file')."""
+    found, errors = [], []
+
+    def probe():
+        try:
+            for _ in range(15):
+                found.append(available_tools(str(tmp_path), cuda=False))
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=probe) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert all(f == found[0] for f in found) and found[0]["posix"] is None, found[:2]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".fastckpt-probe")]
+
+
+def test_the_tools_of_a_folder_are_probed_once_however_many_threads_ask(tmp_path, monkeypatch):
+    from fastckpt.offload import adaptive
+    calls = []
+    real = adaptive.available_tools
+    monkeypatch.setattr(adaptive, "available_tools", lambda *a, **k: (calls.append(a), time.sleep(0.2), real(*a, **k))[2])
+    io = TensorIO()
+    threads = [threading.Thread(target=io.candidates, args=(str(tmp_path),)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1, calls
