@@ -44,3 +44,15 @@ def test_all_skipped_is_not_a_pass(tmp_path):
     out = subprocess.run([sys.executable, RUNNER, "--timeout", "30", "--", str(tmp_path / "test_cases.py"),
                           "-k", "skips"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 3 and "no test ran" in out.stdout, out.stdout
+
+
+def test_no_test_starts_after_the_deadline(tmp_path):
+    """--deadline bounds a device call: a test whose turn comes after it is not started (NOTRUN)
+    and the run fails, so a check cut short never reads as passed."""
+    (tmp_path / "test_cases.py").write_text(CASES)
+    out = subprocess.run([sys.executable, RUNNER, "--timeout", "10", "--jobs", "1", "--deadline", "0", "--",
+                          str(tmp_path / "test_cases.py"), "-k", "passes or skips"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    lines = [line.split()[0] for line in out.stdout.splitlines() if "::" in line]
+    assert lines == ["NOTRUN", "NOTRUN"], out.stdout
+    assert "NOTRUN 2" in out.stdout and out.returncode == 1
