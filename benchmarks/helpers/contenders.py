@@ -119,8 +119,8 @@ class DcpAsync:
 
     A DefaultStager serves one save: it clears its copy table after every stage, so a reused
     one fails its next stage with KeyError: <class 'type'> — inside the staging future, where
-    no later save recovers (torch 2.11 on an H200 and torch 2.13 on CPU, 2026-11-26; a known
-    upstream bug). So each save gets a fresh stager (its pinned memory allocated again), the
+    no later save recovers (seen with torch 2.11 on an H200, 2026-11-26; torch 2.13's
+    StateDictStager fails the same way driven directly on CPU; a known upstream bug). So each save gets a fresh stager (its pinned memory allocated again), the
     one way its users can keep saving; the table says so (`stager_fresh`)."""
 
     FRESH = "torch's DefaultStager clears its copy table after each stage (KeyError: <class 'type'> on reuse)"

@@ -52,9 +52,10 @@ def _child(mode: str, root: str, on_error: str, env: dict, ro_after: int | None)
     args = [sys.executable, os.path.join(HERE, "fault_child.py"), mode, root, on_error, str(STEPS)]
     if ro_after is not None:
         args.append(str(ro_after))
-    paths = [os.path.dirname(os.path.dirname(HERE))]  # the checkout; its siblings come with the script
+    # the checkout (its siblings come with the script), then what this process was given
+    paths = [os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")])))
+                          env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(p for p in paths if p)))
     lines = proc.stdout.splitlines()
     if proc.returncode != 0:
         lines.append(f"crashed {proc.returncode}: {proc.stderr[-1500:]}")

@@ -19,8 +19,8 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
     port = str(free_port())
     procs = []
     for rank in range(ranks):
-        env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": python_path(WORKERS), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), **env_extra}
+        env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": python_path(WORKERS),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), **env_extra}
         procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, script), mode, str(save_dir),
                                        str(out), *extra], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))

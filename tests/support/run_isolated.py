@@ -6,8 +6,9 @@
 whole process group (SIGKILL: a thread blocked in native code ignores pytest-timeout) and
 counts as HANG. With --deadline, a test not started that many seconds after the first is not
 run at all and counts as NOTRUN (the whole run then ends within deadline + timeout: what a
-device call of bounded length needs). Lines are printed as tests end. Exit status: 0 when at least one test ran and none failed, hung or was left
-unrun; 1 on any FAIL, HANG or NOTRUN; 3 when every test skipped (on a machine without CUDA nothing GPU-related ran).
+device call of bounded length needs). Lines are printed as tests end. Exit status: 0 when at
+least one test ran and none failed, hung or was left unrun; 1 on any FAIL, HANG or NOTRUN; 3
+when every test skipped (on a machine without CUDA nothing GPU-related ran).
 Each test's output goes to --log, under a header naming the test.
 """
 from __future__ import annotations

@@ -262,7 +262,12 @@ def test_the_tools_of_a_folder_are_probed_once_however_many_threads_ask(tmp_path
     from fastckpt.offload import adaptive
     calls = []
     real = adaptive.available_tools
-    monkeypatch.setattr(adaptive, "available_tools", lambda *a, **k: (calls.append(a), time.sleep(0.2), real(*a, **k))[2])
+    def slow_probe(*a, **k):
+        calls.append(a)
+        time.sleep(0.2)  # long enough for every thread to ask while the first probe runs
+        return real(*a, **k)
+
+    monkeypatch.setattr(adaptive, "available_tools", slow_probe)
     io = TensorIO()
     threads = [threading.Thread(target=io.candidates, args=(str(tmp_path),)) for _ in range(4)]
     for t in threads:
