@@ -16,7 +16,10 @@ import bisect
 import threading
 from collections import deque
 
+import torch
+
 from .. import _native
+from ..format import device_crc
 from ..format.reading import range_crcs
 from .device_write import DeviceWrite, ReleaseOrder, host_view
 from .gds import GdsFile, finish_file, kvikio_mode
@@ -44,6 +47,7 @@ class DeviceFileWrite(DeviceWrite):
         self._written = threading.Event()
         self._written_bytes = 0
         self._job = None
+        self._device_crcs: dict[int, int] = {}  # d with kvikio: record -> CRC-32 taken on the device
         if self._gds:
             self.mode = f"kvikio-{kvikio_mode()}"
             n_units = len(plan.records)
@@ -185,6 +189,9 @@ class DeviceFileWrite(DeviceWrite):
         self._wait_mark(self.source.stream.mark(), f"the tensors of {self.where} as of save()")
         f = GdsFile(self.sink.path)
         futures: dict[int, object] = {}
+        # each record's CRC-32 on its device while kvikio writes it (both only read the tensor, which
+        # the held gate keeps as of save()); without CuPy, finish() reads the file back instead
+        crc_streams: dict = {} if device_crc.available() else None
         try:
             for i, r in enumerate(self.plan.records):
                 if not r.nbytes:
@@ -195,7 +202,11 @@ class DeviceFileWrite(DeviceWrite):
                 if i is None:
                     return
                 if self.plan.records[i].nbytes:
-                    futures[i] = f.pwrite(self.source.view(i), self.plan.records[i].file_off)
+                    view = self.source.view(i)
+                    futures[i] = f.pwrite(view, self.plan.records[i].file_off)
+                    if crc_streams is not None and view.is_cuda:
+                        stream = crc_streams.setdefault(view.device, torch.cuda.Stream(view.device))
+                        self._device_crcs[i] = device_crc.device_crc32(view, stream)
                     todo -= 1
                 self._reap(futures, wait=False)
             while futures:
@@ -227,8 +238,12 @@ class DeviceFileWrite(DeviceWrite):
     def finish(self) -> WriteResult:
         self._finish_worker(self.units.all_released)
         plan = self.plan
-        if self._gds:  # the data never passed the host: its CRCs come from reading it back
-            crcs = range_crcs(self.where, [(r.file_off, r.nbytes) for r in plan.records])
+        if self._gds:  # the data never passed the host: CRCs from the device, else read back from the file
+            wanted = [i for i, r in enumerate(plan.records) if r.nbytes]
+            if all(i in self._device_crcs for i in wanted):
+                crcs = [self._device_crcs.get(i, 0) for i in range(len(plan.records))]
+            else:
+                crcs = range_crcs(self.where, [(r.file_off, r.nbytes) for r in plan.records])
             blobs, file_crc = plan.finish(crcs)
             finish_file(self.where, blobs, plan.file_size)
             spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(plan.records, crcs))]

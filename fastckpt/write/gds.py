@@ -3,7 +3,9 @@
 Owns finding out whether kvikio is usable here (`kvikio_mode`) and the file half of a
 GDS write: opening the file through kvikio, one parallel pwrite per record straight from
 device (or host) memory, polling the futures, then the headers, ftruncate and fdatasync.
-The CRCs of GDS-written records are read back from the file (the data never passed the host).
+The CRCs of GDS-written records are taken on the device (format/device_crc.py, CuPy) while
+kvikio writes them, or read back from the file where CuPy cannot run (the data never passed
+the host).
 """
 from __future__ import annotations
 

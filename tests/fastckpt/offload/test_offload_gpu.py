@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import fastckpt
-from fastckpt.write.gds import kvikio_mode
-from fastckpt.offload import ActivationOffload, TensorIO, available_tools
+from fastckpt.format import device_crc
+from fastckpt.offload import ActivationOffload, TensorIO, available_tools, io_tools
 from fastckpt.offload.io_tools import read_tensor, write_tensor
+from fastckpt.write.gds import kvikio_mode
 
 pytestmark = pytest.mark.gpu
 needs_kvikio = pytest.mark.skipif(kvikio_mode() is None, reason="kvikio is not installed or has no driver")
@@ -64,3 +65,15 @@ def test_save_with_kvikio_writes_cuda_records_in_place(tmp_path):
     fastckpt.save(state, tmp_path / "k.pt", tool="kvikio")
     got = fastckpt.load(tmp_path / "k.pt", map_location="cuda")
     assert all(torch.equal(got[k], state[k]) for k in state)
+
+
+@needs_kvikio
+@pytest.mark.skipif(not device_crc.available(), reason="needs CuPy")
+def test_the_kvikio_tool_moves_no_byte_to_the_host_for_its_crc(tmp_path, monkeypatch):
+    def host_crc(*a, **k):
+        raise AssertionError("a CUDA tensor's CRC was taken on the host")
+
+    monkeypatch.setattr(io_tools, "crc_of", host_crc)
+    t = torch.randn(1 << 20, device="cuda")
+    write_tensor(t, str(tmp_path / "k.fct"), "kvikio")
+    assert torch.equal(read_tensor(str(tmp_path / "k.fct"), device="cuda"), t)  # verified on the device

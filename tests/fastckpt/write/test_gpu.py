@@ -9,6 +9,9 @@ import pytest
 import torch
 
 import fastckpt
+from fastckpt.format import device_crc
+from fastckpt.write import device_file
+from fastckpt.verify import verify_file
 from fastckpt.write.gds import kvikio_mode
 from support.states import assert_same, state_matrix
 from support.processes import kill_at_random
@@ -108,3 +111,21 @@ def test_kvikio_mode_is_reported():
     if mode is None:
         pytest.skip("kvikio is not installed on this device")
     assert mode in ("gds", "compat")
+
+
+@pytest.mark.skipif(kvikio_mode() is None or not device_crc.available(), reason="needs kvikio and CuPy")
+def test_a_kvikio_write_takes_its_crcs_on_the_device(tmp_path, monkeypatch):
+    """d with kvikio: every record's CRC-32 is computed on the GPU while kvikio writes it; the file
+    is not read back for them, and the CRCs written are the ones the loader checks."""
+    def no_read_back(*a, **k):
+        raise AssertionError("the file was read back for its CRCs")
+
+    monkeypatch.setattr(device_file, "range_crcs", no_read_back)
+    state = state_matrix("cuda")
+    with fastckpt.Checkpointer(tmp_path, strategy="d", chunk_mb=1, stall_timeout_s=30) as ck:
+        p = ck.save(state, step=1)
+        assert p.write.mode.startswith("kvikio"), p.write.mode
+        ck.gate()
+        info = p.wait()
+        assert_same(state, ck.load(map_location="cuda"))  # every CRC checked against the bytes on disk
+    verify_file(info.file_for(0))  # and by the verifier, which reads every record back itself
