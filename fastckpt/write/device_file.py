@@ -47,7 +47,7 @@ class DeviceFileWrite(DeviceWrite):
         self._written = threading.Event()
         self._written_bytes = 0
         self._job = None
-        self._device_crcs: dict[int, int] = {}  # d with kvikio: record -> CRC-32 taken on the device
+        self._crcs: dict[int, int] = {}  # d with kvikio: record -> CRC-32 taken where its bytes are
         if self._gds:
             self.mode = f"kvikio-{kvikio_mode()}"
             n_units = len(plan.records)
@@ -189,9 +189,9 @@ class DeviceFileWrite(DeviceWrite):
         self._wait_mark(self.source.stream.mark(), f"the tensors of {self.where} as of save()")
         f = GdsFile(self.sink.path)
         futures: dict[int, object] = {}
-        # each record's CRC-32 on its device while kvikio writes it (both only read the tensor, which
-        # the held gate keeps as of save()); without CuPy, finish() reads the file back instead
-        crc_streams: dict = {} if device_crc.available() else None
+        # each record's CRC-32 where it is while kvikio writes it (both only read the tensor, which the
+        # held gate keeps as of save()); without CuPy, finish() reads the file back instead
+        crc_streams: dict | None = {} if device_crc.available() else None
         try:
             for i, r in enumerate(self.plan.records):
                 if not r.nbytes:
@@ -204,9 +204,8 @@ class DeviceFileWrite(DeviceWrite):
                 if self.plan.records[i].nbytes:
                     view = self.source.view(i)
                     futures[i] = f.pwrite(view, self.plan.records[i].file_off)
-                    if crc_streams is not None and view.is_cuda:
-                        stream = crc_streams.setdefault(view.device, torch.cuda.Stream(view.device))
-                        self._device_crcs[i] = device_crc.device_crc32(view, stream)
+                    if crc_streams is not None:
+                        self._crcs[i] = self._crc_of(view, crc_streams)
                     todo -= 1
                 self._reap(futures, wait=False)
             while futures:
@@ -218,6 +217,16 @@ class DeviceFileWrite(DeviceWrite):
                 except BaseException:  # noqa: BLE001 - the first error is already the write's
                     pass
             f.close()
+
+    @staticmethod
+    def _crc_of(view, streams: dict) -> int:
+        """A record's CRC-32 where its bytes are: on its GPU (one side stream per device), or on the
+        host for the CPU tensors of a CUDA state (Adam's step counters)."""
+        if not view.is_cuda:
+            return _native.crc32(view.data_ptr(), view.numel()) if view.numel() else 0
+        if view.device not in streams:
+            streams[view.device] = torch.cuda.Stream(view.device)
+        return device_crc.device_crc32(view, streams[view.device])
 
     def _reap(self, futures: dict, wait: bool) -> bool:
         if not futures:
@@ -240,8 +249,8 @@ class DeviceFileWrite(DeviceWrite):
         plan = self.plan
         if self._gds:  # the data never passed the host: CRCs from the device, else read back from the file
             wanted = [i for i, r in enumerate(plan.records) if r.nbytes]
-            if all(i in self._device_crcs for i in wanted):
-                crcs = [self._device_crcs.get(i, 0) for i in range(len(plan.records))]
+            if all(i in self._crcs for i in wanted):
+                crcs = [self._crcs.get(i, 0) for i in range(len(plan.records))]
             else:
                 crcs = range_crcs(self.where, [(r.file_off, r.nbytes) for r in plan.records])
             blobs, file_crc = plan.finish(crcs)
