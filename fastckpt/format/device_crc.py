@@ -211,3 +211,15 @@ def device_crc32(t, stream=None) -> int:
                           (crcs, cupy.uint64(count), cupy.uint64(width), cupy.uint64(n), x2n, nxt))
             crcs, count, width = nxt, pairs, width * 2
         return int(crcs[0].get())
+
+
+def crc32_where_it_is(b, stream=None) -> int:
+    """CRC-32 of a flat uint8 tensor where its bytes are: on its GPU when the kernels can run
+    there (no byte moves to the host), else on the host (a GPU tensor is copied over first)."""
+    from .. import _native
+    if not b.numel():
+        return 0
+    if b.is_cuda and available():
+        return device_crc32(b, stream)
+    host = b.cpu()
+    return _native.crc32(host.data_ptr(), host.numel())

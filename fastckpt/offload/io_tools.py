@@ -124,7 +124,7 @@ def _write_kvikio(t: torch.Tensor, path: str) -> None:
         raise OSError(f"tool 'kvikio' is unavailable here: {why}")
     src = t.detach().contiguous()
     b = src.reshape(-1).view(torch.uint8) if src.numel() else torch.empty(0, dtype=torch.uint8, device=src.device)
-    crc = _crc_where_it_is(b)
+    crc = device_crc.crc32_where_it_is(b)
     _write_header(path, "kvikio", src, crc)
     if b.numel():
         with kvikio.CuFile(path, "r+") as f:
@@ -142,18 +142,10 @@ def _read_kvikio(path: str, h: dict, device, verify: bool) -> torch.Tensor:
         if h["nbytes"]:
             with kvikio.CuFile(path, "r") as f:
                 f.read(b, file_offset=tf.HEADER)
-    if verify and _crc_where_it_is(b) != h["crc32"]:
+    if verify and device_crc.crc32_where_it_is(b) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
     t = b.view(h["dtype_t"]).reshape(h["shape"])
     return t.to(device) if device is not None else t
-
-
-def _crc_where_it_is(b: torch.Tensor) -> int:
-    """CRC-32 of flat bytes: on their GPU when CuPy can run there (no byte moves to the host for
-    it), else on the host."""
-    if b.numel() and b.is_cuda and device_crc.available():
-        return device_crc.device_crc32(b)
-    return crc_of(b.cpu())
 
 
 def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]:

@@ -222,11 +222,9 @@ class DeviceFileWrite(DeviceWrite):
     def _crc_of(view, streams: dict) -> int:
         """A record's CRC-32 where its bytes are: on its GPU (one side stream per device), or on the
         host for the CPU tensors of a CUDA state (Adam's step counters)."""
-        if not view.is_cuda:
-            return _native.crc32(view.data_ptr(), view.numel()) if view.numel() else 0
-        if view.device not in streams:
+        if view.is_cuda and view.device not in streams:
             streams[view.device] = torch.cuda.Stream(view.device)
-        return device_crc.device_crc32(view, streams[view.device])
+        return device_crc.crc32_where_it_is(view, streams.get(view.device))
 
     def _reap(self, futures: dict, wait: bool) -> bool:
         if not futures:
