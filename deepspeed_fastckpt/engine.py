@@ -9,7 +9,7 @@ block; `load(path)` waits for that path if it is in flight and never runs code f
 optimizer update writes are copied in the background and each group's update waits for its
 copies (group_gate); every other tensor is copied before save returns. Errors of a background
 write are raised by the next `create`, by `wait()` and `close()` (or warned about with
-`"on_error": "warn"`). A save_dir removed while in flight: open_engines, lightning_removal.
+`"on_error": "warn"`). A save_dir removed while in flight: fastckpt.commit.file_sets.withdraw_anywhere.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Every FastckptEngine of this process that is still open, and what is asked of all of them.
 
 A load of a save_dir waits for every open engine's saves into it (a second engine in the same
-process must see the first one's checkpoint still in flight); a save_dir removed by its owner
-(Lightning's ModelCheckpoint) is withdrawn from every engine; at exit each engine still open
+process must see the first one's checkpoint still in flight); at exit each engine still open
 closes, so the last tags of a script that never called engine.destroy() land and commit.
 """
 from __future__ import annotations
@@ -27,13 +26,6 @@ def wait_for_saves_into(save_dir: str) -> None:
     """Until every save of this process into save_dir has committed or failed (any open engine's)."""
     for engine in list(_open):
         engine.committer.wait_for(save_dir)
-
-
-def withdraw_saves_into(save_dir: str) -> bool:
-    """save_dir is being removed: True if a save of this process into it is still in flight,
-    and then it is deleted (and not committed) once those land; False if the caller deletes it."""
-    withdrawn = [engine.committer.withdraw(save_dir) for engine in list(_open)]
-    return any(withdrawn)
 
 
 @atexit.register

@@ -19,8 +19,8 @@ Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config 
 DeepSpeed's offline readers (ds_to_universal, zero_to_fp32) run in-process wait for the
 saves into their directory first (deepspeed_fastckpt.offline_readers).
 This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize;
-its removal of a checkpoint still in flight waits for the save to land, in the background
-(deepspeed_fastckpt.lightning_removal).
+what Lightning does differently then (its removal of a checkpoint still in flight) is the
+Lightning plugin's host hook, run through fastckpt.host_hooks when an engine is made.
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ import logging
 import time
 import warnings
 
+from fastckpt import host_hooks
 from fastckpt.errors import CorruptCheckpointError
 
-from . import interval, lightning_removal, offline_readers, offload
+from . import interval, offline_readers, offload
 from .engine import FastckptEngine
 from .settings import entry_of, offload_node
 
@@ -60,7 +61,7 @@ def _wrap_configure(original):
         if entry is None or entry is False:
             return original(self, *args, **kwargs)
         engine = FastckptEngine(self._config, settings=entry)  # validates before anything is built
-        lightning_removal.install()
+        host_hooks.install()  # e.g. Lightning's, when Lightning drives this engine
         original(self, *args, **kwargs)  # DeepSpeed's bookkeeping (which ranks write what)
         old, self.checkpoint_engine = self.checkpoint_engine, engine
         if old is not None and old.is_decoupled():

@@ -48,12 +48,9 @@ class TagCommitter:
         """Until no tag of save_dir is in flight here (committed or failed)."""
         self.sets.wait_for(save_dir)
 
-    def withdraw(self, save_dir: str) -> bool:
-        """save_dir is removed by its owner: False if no tag of it is in flight here (the caller
-        deletes it now); otherwise it is deleted once they land, and they are not committed."""
-        return self.sets.withdraw(save_dir)
-
     def is_withdrawn(self, save_dir: str) -> bool:
+        """save_dir was withdrawn by its owner (fastckpt.commit.file_sets.withdraw_anywhere)
+        and a tag of it is still in flight."""
         return self.sets.is_withdrawn(save_dir)
 
     def wait(self) -> None:

@@ -8,10 +8,29 @@ with DDP's gradient all-reduce. `TensorOffload` (a callback) offloads the traini
 saved activations to SSD (Fastensor). `TunedModelCheckpoint(every_n_train_steps="auto",
 overhead=0.05)` chooses the interval and FastCheckpointIO's concurrency/writers by PCcheck's
 tuner, measured on this machine.
+
+The names load on first use (PEP 562): importing the package itself imports no Lightning, so
+its host hook (lightning_fastckpt.deepspeed_removal) costs nothing in a process without it.
 """
-from .checkpoint_io import FastCheckpointIO
-from .layerwise import LayerwiseCheckpointing
-from .offload import TensorOffload
-from .tuned_checkpoint import TunedModelCheckpoint
+from __future__ import annotations
 
 __all__ = ["FastCheckpointIO", "LayerwiseCheckpointing", "TensorOffload", "TunedModelCheckpoint"]
+
+
+def __getattr__(name: str):
+    if name == "FastCheckpointIO":
+        from .checkpoint_io import FastCheckpointIO as value
+    elif name == "LayerwiseCheckpointing":
+        from .layerwise import LayerwiseCheckpointing as value
+    elif name == "TensorOffload":
+        from .offload import TensorOffload as value
+    elif name == "TunedModelCheckpoint":
+        from .tuned_checkpoint import TunedModelCheckpoint as value
+    else:
+        raise AttributeError(f"module 'lightning_fastckpt' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -17,7 +17,8 @@ every rank:
 The parent directory owns its sets: a framework removing it while sets of it are in flight
 (Lightning's ModelCheckpoint dropping a checkpoint it no longer keeps) withdraws it — those
 sets are not committed, their failures are no error, and the directory is deleted once the
-last of them lands. A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
+last of them lands. `withdraw_anywhere` asks every FileSets of the process (what a framework's
+removal calls, through its plugin's host hook: fastckpt.host_hooks). A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
 lies); the Checkpointer's own checkpoints (one file per rank) commit through
 fastckpt.commit.checkpoint_unit, into the same record format through the same writer.
 """
@@ -27,6 +28,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError, CorruptCheckpointError
@@ -35,6 +37,17 @@ from . import record as commit
 from .agreement import Agreement
 from .ordered import CommitUnit, OrderedCommits
 from .record import CommitInfo, FileEntry
+
+
+_live: "weakref.WeakSet[FileSets]" = weakref.WeakSet()
+
+
+def withdraw_anywhere(owner: str) -> bool:
+    """owner is being removed by the framework that keeps it: True if a set of it is in flight
+    in any FileSets of this process (it is then deleted once they land, and they are not
+    committed); False if the caller deletes it now."""
+    withdrawn = [sets.withdraw(owner) for sets in list(_live)]  # every one of them, no short cut
+    return any(withdrawn)
 
 
 class FileSets:
@@ -66,6 +79,7 @@ class FileSets:
         self._owners: dict[str, int] = {}  # parent directory -> sets of it in flight
         self._withdrawn: set[str] = set()  # parents to delete once their sets land
         self._counters: dict[str, int] = {}  # parent -> the next counter (rank 0)
+        _live.add(self)
 
     # -- submitting ------------------------------------------------------
     def submit(self, directory: str, files: list, step: int, fmt: str = "torch", meta: Optional[dict] = None,

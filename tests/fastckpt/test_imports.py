@@ -104,7 +104,7 @@ def test_the_write_path_imports_no_store_no_checkpointer_and_no_framework():
 def test_backend_and_plugins_keep_their_boundaries():
     for pkg, banned in (("fastckpt", ("lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt")),
                         ("lightning_fastckpt", ("deepspeed", "deepspeed_fastckpt")),
-                        ("deepspeed_fastckpt", ("lightning", "lightning_fastckpt"))):
+                        ("deepspeed_fastckpt", ("lightning", "pytorch_lightning", "lightning_fastckpt"))):
         for d, _, names in os.walk(os.path.join(ROOT, pkg)):
             for n in (n for n in names if n.endswith(".py")):
                 tree = ast.parse(open(os.path.join(d, n)).read())
@@ -126,7 +126,7 @@ def test_native_features_say_only_what_this_build_has():
 
 BANNED = {"fastckpt": ("lightning", "pytorch_lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt"),
           "lightning_fastckpt": ("deepspeed", "deepspeed_fastckpt"),
-          "deepspeed_fastckpt": ("lightning_fastckpt",)}
+          "deepspeed_fastckpt": ("lightning", "pytorch_lightning", "lightning_fastckpt")}
 DYNAMIC = ("import_module", "__import__", "find_spec", "find_loader", "load_module")
 
 
@@ -175,7 +175,7 @@ def test_no_package_reaches_a_framework_it_may_not_import_at_run_time():
 
 def test_a_framework_reached_through_importlib_or_sys_modules_is_caught():
     """Planted: each way the old fastckpt/store/deepspeed_types.py (importlib over a tuple of
-    names) and deepspeed_fastckpt/lightning_removal.py (sys.modules) reached a framework."""
+    names) and the old deepspeed_fastckpt/lightning_removal.py (sys.modules) reached a framework."""
     banned = BANNED["fastckpt"]
     planted = {
         "import importlib\nm = importlib.import_module('deepspeed.runtime.zero.config')": "'deepspeed.runtime",
@@ -189,5 +189,9 @@ def test_a_framework_reached_through_importlib_or_sys_modules_is_caught():
     for source, said in planted.items():
         reached = runtime_reaches(source, banned)
         assert reached and said in reached[0], (source, reached)
+    # a plugin reaching the other's framework (the DeepSpeed plugin wrapping Lightning's strategy)
+    reached = runtime_reaches("import sys\nm = sys.modules.get('lightning.pytorch.strategies.deepspeed')",
+                              BANNED["deepspeed_fastckpt"])
+    assert reached and "'lightning.pytorch" in reached[0], reached
     assert runtime_reaches("import importlib\nimportlib.import_module('json')", banned) == []
     assert runtime_reaches("from importlib.metadata import entry_points", banned) == []
