@@ -136,7 +136,7 @@ def unknown_override(args: list[str]) -> str | None:
 
 @hydra.main(config_path=CONFIGS, config_name="demo", version_base="1.3")
 def demo(cfg: DictConfig) -> None:
-    from fastckpt.from_config import check
+    from fastckpt.config.hydra import check
     from fastckpt.errors import ConfigError
     try:
         check(cfg)  # the whole config, before a minute of work is spent on it

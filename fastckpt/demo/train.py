@@ -51,7 +51,7 @@ def run(d: dict, ckpt: dict | None, mode: str, queue) -> None:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=d["steps"])
     ck, start, offload, tuner = None, 1, None, None
     if mode == "fastckpt":
-        from fastckpt.from_config import instantiate, offload_of, tuner_of
+        from fastckpt.config.hydra import instantiate, offload_of, tuner_of
         ck = instantiate(ckpt)
         offload = offload_of(ckpt)
         tuner = tuner_of(ckpt)
@@ -139,7 +139,7 @@ def prune(directory: str, keep: int) -> None:
 
 def retuned(ck, ckpt: dict, tuner, model, opt):
     """Profiles N x writers beside the checkpoints with the real state; a Checkpointer with N*, p*."""
-    from fastckpt.from_config import instantiate
+    from fastckpt.config.hydra import instantiate
     plan = tuner.tune({"model": model.state_dict(), "optimizer": opt.state_dict()},
                       os.path.join(ckpt["root"], ".fastckpt-tune"))
     ck.close()

@@ -9,7 +9,7 @@ from hydra.errors import MissingConfigException
 
 import fastckpt
 from fastckpt.config import CheckpointerConfig, flatten
-from fastckpt.from_config import instantiate
+from fastckpt.config.hydra import instantiate
 
 from support.paths import CONFIGS, ROOT
 
@@ -62,7 +62,7 @@ def test_same_fields_everywhere():
                                           ("aware_r", ("aware", "r", None)), ("aware_wr", ("aware", "wr", None)),
                                           ("specific", ("tool", "w", "posix"))])
 def test_offload_group_builds_the_activation_offload(tmp_path, group, expect):
-    from fastckpt.from_config import offload_of
+    from fastckpt.config.hydra import offload_of
     cfg = make([f"root={tmp_path}", f"offload={group}", f"+offload.directory={tmp_path}"] if group != "off"
                else [f"root={tmp_path}", "offload=off"])
     instantiate(cfg).close()  # the offload group is no Checkpointer setting
@@ -74,7 +74,7 @@ def test_offload_group_builds_the_activation_offload(tmp_path, group, expect):
 
 
 def test_offload_overrides_and_errors(tmp_path):
-    from fastckpt.from_config import offload_of
+    from fastckpt.config.hydra import offload_of
     from lightning_fastckpt import TensorOffload
     cfg = make([f"root={tmp_path}", "offload=specific", "offload.tool=direct", "offload.threshold_mb=0.5"])
     off = offload_of(cfg)
@@ -91,7 +91,7 @@ def test_offload_overrides_and_errors(tmp_path):
 
 
 def test_tune_group(tmp_path):
-    from fastckpt.from_config import tuner_of
+    from fastckpt.config.hydra import tuner_of
     assert tuner_of(make([f"root={tmp_path}"])) is None
     auto = tuner_of(make([f"root={tmp_path}", "tune=auto", "tune.overhead=0.1", "tune.ns=[1,2]"]))
     assert auto.overhead == 0.1 and auto.ns == (1, 2) and auto.plan is None

@@ -241,7 +241,7 @@ def test_held_saves_copy_only_released_records(shm):
 
 
 def test_hydra_store_pmem_builds_a_pool_checkpointer(shm):
-    from fastckpt.from_config import instantiate
+    from fastckpt.config.hydra import instantiate
     ck = instantiate({"root": os.path.join(shm, "p"), "store": {"name": "pmem", "model": "m", "pool_mb": 16,
                                                                    "persist": "fence"}, "concurrency": 3})
     with ck:
