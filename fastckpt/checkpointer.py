@@ -26,6 +26,7 @@ from .commit.record import CommitInfo
 from .config import DEFAULTS, CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
+from .format.plan import FilePlan
 from .pending import Pending
 from .restore.newest import Loaded, newest_committed, newest_loadable
 from .store import open_store
@@ -118,6 +119,8 @@ class Checkpointer:
              held: bool = False, watch=None) -> Pending:
         """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued.
 
+        state: a state dict, or a FilePlan its caller laid out itself (fastckpt.dcp: DCP's items).
+
         path: where this checkpoint goes (store='path' only). held=True: nothing is copied
         until the caller releases records through the returned Pending (layer-wise mode).
         watch: a fastckpt.write.watch.SnapshotWatch over the tensors the snapshot copies after
@@ -144,7 +147,11 @@ class Checkpointer:
         got = self._acquire_slot()
         strategy = self.strategy
         try:
-            plan = plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
+            if isinstance(state, FilePlan) and self.store.layout_format not in (None, state.format):
+                raise ValueError(f"store={self.store_kind!r} keeps {self.store.layout_format} files; "
+                                 f"this plan lays out a {state.format} file")
+            plan = state if isinstance(state, FilePlan) else \
+                plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
             if got:
                 chunk = self._engine.pool.chunk_bytes
                 need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)

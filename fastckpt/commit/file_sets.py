@@ -42,6 +42,35 @@ from .record import CommitInfo, FileEntry
 _live: "weakref.WeakSet[FileSets]" = weakref.WeakSet()
 
 
+def newest_counter_under(parent: str, record_name: str) -> int:
+    """The highest counter of a record `record_name` in parent's folders (0: none)."""
+    newest = 0
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        try:
+            newest = max(newest, commit.read(os.path.join(parent, name), record_name, None,
+                                             every_rank=False).counter)
+        except (OSError, CorruptCheckpointError):
+            continue
+    return newest
+
+
+_gathered = threading.Lock()
+
+
+def commit_gathered(directory: str, record_name: str, files: list, step: int, world_size: int,
+                    fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
+    """A set whose ranks' files its framework already gathered, each known durable (DCP's
+    finish, on its coordinator): the one record, written now, its counter one above any
+    under the same parent. files: every rank's FileEntry."""
+    files = tuple(files)
+    with _gathered:
+        counter = newest_counter_under(os.path.dirname(os.path.abspath(directory)), record_name) + 1
+        info = CommitInfo(step, os.path.abspath(directory), sum(f.bytes for f in files), counter, time.time(),
+                          world_size, fmt, files, dict(meta or {}))
+        commit.write(info, record_name)
+    return info
+
+
 def withdraw_anywhere(owner: str) -> bool:
     """owner is being removed by the framework that keeps it: True if a set of it is in flight
     in any FileSets of this process (it is then deleted once they land, and they are not
@@ -146,14 +175,7 @@ class FileSets:
         return counter
 
     def _newest_record(self, parent: str) -> int:
-        newest = 0
-        for name in os.listdir(parent) if os.path.isdir(parent) else []:
-            try:
-                newest = max(newest, commit.read(os.path.join(parent, name), self.record_name, None,
-                                                 every_rank=False).counter)
-            except (OSError, CorruptCheckpointError):
-                continue
-        return newest
+        return newest_counter_under(parent, self.record_name)
 
     def landed(self, directory: str, error: Optional[BaseException]) -> None:
         """One set landed; the last one of a withdrawn owner deletes it before anyone waiting

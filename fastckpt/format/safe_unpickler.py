@@ -57,6 +57,8 @@ def _allowed_global(module: str, name: str) -> Any:
         return torch.Size
     if module == "torch" and name == "device":
         return torch.device
+    if module == "torch.serialization" and name == "_get_layout":  # how torch pickles a torch.layout
+        return torch.serialization._get_layout
     if module == "torch.nn.parameter" and name == "Parameter":
         return torch.nn.Parameter
     if module in ("torch", "torch.storage") and name == "UntypedStorage":
@@ -125,6 +127,7 @@ class SafeUnpickler(pickle.Unpickler):
 
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
 _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+_GETS = {"GET", "BINGET", "LONG_BINGET"}
 
 
 def scan(data: bytes, source: str) -> None:
@@ -132,6 +135,8 @@ def scan(data: bytes, source: str) -> None:
     memo indices stay below the number of opcodes, stack and marks stay under MAX_DEPTH,
     and every length fits the data. Raises UnsafeCheckpointError / CorruptCheckpointError."""
     depth, marks, strings, ops = 0, [], [], 0
+    memo: dict[int, object] = {}  # memo index -> the string stored there (None: anything else)
+    last, last_was_string = None, False
     try:
         for op, arg, pos in pickletools.genops(data):
             ops += 1
@@ -144,8 +149,14 @@ def scan(data: bytes, source: str) -> None:
                     raise UnsafeCheckpointError(_refusal(source, module, attr))
             if name in _STRINGS:
                 strings = (strings + [arg])[-2:]
+            elif name in _GETS and isinstance(memo.get(arg), str):  # a name memoized earlier (protocol 4+)
+                strings = (strings + [memo[arg]])[-2:]
             elif name not in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "FRAME", "PROTO"):
                 strings = []
+            if name == "MEMOIZE" or name in _PUTS:
+                key = len(memo) if name == "MEMOIZE" else int(arg)
+                memo[key] = last if last_was_string else None
+            last, last_was_string = arg, name in _STRINGS
             if name in _PUTS and int(arg) > ops:
                 raise CorruptCheckpointError(f"{source}: pickle memo index {arg} at byte {pos} is out of range")
             if name == "MARK":

@@ -110,6 +110,32 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
     return _unpickle_records(path, pkl, {k: b.numel() for k, b in bufs.items()}, storage, weights_only)
 
 
+def read_archives(path: str, indexes: list[ZipIndex], map_location=None, verify: bool = True,
+                  threads: int | None = None, mmap: bool = False) -> list:
+    """Several archives of one file (a DCP file's tensor items: fastckpt.dcp), each as
+    read_torch reads one, their records read in one parallel pass; returns their states."""
+    orders = [idx.ordered() for idx in indexes]
+    for idx in indexes:
+        if "data.pkl" not in idx.entries:
+            raise CorruptCheckpointError(f"{path}: the archive at byte {idx.base} has no data.pkl record")
+    data, crcs = read_records(path, [(e.data_off, e.size) for order in orders for e in order], verify, mmap, threads)
+    states, at = [], 0
+    for idx, order in zip(indexes, orders):
+        mine, mine_crcs = data[at:at + len(order)], crcs[at:at + len(order)]
+        at += len(order)
+        if verify:
+            check_crcs(path, idx, order, mine_crcs)
+        bufs = {e.name[len(idx.prefix):]: b for e, b in zip(order, mine)}
+        pkl = bufs["data.pkl"].numpy().tobytes()
+
+        def storage(key: str, nbytes: int, location: str, bufs=bufs) -> torch.UntypedStorage:
+            return _restore(bufs[f"data/{key}"].untyped_storage(), location, map_location)
+
+        states.append(_unpickle_records(f"{path}@{idx.base}", pkl, {k: b.numel() for k, b in bufs.items()},
+                                        storage, True))
+    return states
+
+
 def check_structure(path: str, idx: ZipIndex):
     """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
     every storage it names present at its size and every view inside its storage (the
@@ -158,7 +184,7 @@ def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
     if idx.file_crc is None:
         return
     file_crc = 0
-    cursor = 0
+    cursor = idx.base
     with open(path, "rb") as f:
         for e, c in zip(order, crcs):
             file_crc = _crc_range(f, cursor, e.data_off, file_crc)

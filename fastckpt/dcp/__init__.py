@@ -1,0 +1,15 @@
+"""fastckpt under PyTorch Distributed Checkpoint (DCP): its storage, read and written as fastckpt does.
+
+  layout.py    one rank's write items laid out in one file (each tensor a torch.save archive of
+               its own, as DCP's stock reader reads them)
+  metadata.py  DCP's `.metadata`: written as DCP writes it, read by the restricted unpickler
+  writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
+  reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no
+               uncommitted checkpoint loaded
+
+DCP is torch, which the backend may know: this package imports no framework but torch.
+"""
+from .reader import FastStorageReader
+from .writer import FastStorageWriter
+
+__all__ = ["FastStorageReader", "FastStorageWriter"]

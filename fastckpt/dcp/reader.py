@@ -1,0 +1,163 @@
+"""FastStorageReader: a torch.distributed.checkpoint StorageReader that reads as fastckpt reads.
+
+DCP calls, in order (torch.distributed.checkpoint.StorageReader): `reset(checkpoint_id)`,
+`read_metadata()`, `set_up_storage_reader(metadata, is_coordinator)`, `prepare_local_plan`,
+`prepare_global_plan` (coordinator), `read_data(plan, planner)` (every rank). Resharding is
+DCP's planner's: a checkpoint saved on N ranks loads on M; this reader only serves the items
+each rank's plan asks for.
+
+read_metadata refuses a checkpoint fastckpt never committed: its commit record
+(`fastckpt-dcp.json`, fastckpt.dcp.writer) must be there and intact, every file it names present
+at its size, and `.metadata` the bytes it names (size and CRC-32); `.metadata` is read by the
+restricted unpickler (fastckpt.dcp.metadata). A directory that DCP's own FileSystemWriter wrote
+(no record, and its `.metadata` not marked as fastckpt's) loads, with one warning that there is
+no commit record to check it against.
+
+read_data reads, per file, the items this rank needs: byte items as DCP wrote them; each tensor
+item an archive (a torch.save of one tensor: ours or DCP's), parsed by fastckpt's zip validator
+(fastckpt.format.zip_reader) at its offset and read with its neighbours in one parallel pass,
+every record checked against its CRC-32 (verify=False skips the check), unpickled by the
+restricted unpickler, narrowed to the requested chunk and copied into the planner's tensor.
+"""
+from __future__ import annotations
+
+import io
+import os
+import warnings
+import zlib
+
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from ..commit import record
+from ..commit.record import plain_name
+from ..errors import CorruptCheckpointError
+from ..format.reading import read_records
+from ..format.torch_format import read_archives
+from ..format.zip_reader import read_index
+from ..fsutil import read_regular
+from . import metadata as md_file
+from .writer import RECORD
+
+_warned_stock = False
+
+
+class FastStorageReader(StorageReader):
+    """Args:
+        path: the checkpoint's directory (DCP's checkpoint_id may replace it).
+        verify: check every item's CRC-32 as it is read (default).
+        threads: parallel readers (default: the machine's hardware threads).
+    """
+
+    def __init__(self, path, verify: bool = True, threads: int | None = None):
+        super().__init__()
+        self.path, self.verify, self.threads = os.fspath(path), verify, threads
+        self.storage_data: dict = {}
+        self.commit = None
+
+    # -- DCP's calls, in order ---------------------------------------------
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.storage_data, self.commit = {}, None
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise FileNotFoundError("FastStorageReader reads checkpoints committed across ranks: there is no "
+                                    "per-rank metadata (use_collectives=False) to read")
+        global _warned_stock
+        meta_path = os.path.join(self.path, md_file.NAME)
+        commit = self._commit()
+        try:
+            raw = read_regular(meta_path, md_file.MAX_BYTES)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.path}: no DCP checkpoint here ({md_file.NAME} is missing)") from None
+        if commit is not None:
+            entry = next((f for f in commit.files if f.name == md_file.NAME), None)
+            if entry is None or entry.bytes != len(raw) or entry.crc32 != zlib.crc32(raw):
+                raise CorruptCheckpointError(f"{meta_path} is not the one its commit record names "
+                                             "(replaced or damaged); the checkpoint is not loaded")
+        metadata = md_file.decode(raw, meta_path)
+        if commit is None:
+            if md_file.written_by_fastckpt(metadata):
+                raise CorruptCheckpointError(
+                    f"{self.path}: fastckpt began this checkpoint but never committed it (no {RECORD}: "
+                    "a save killed before its end?); it is not loaded")
+            if not _warned_stock:
+                _warned_stock = True
+                warnings.warn(f"fastckpt: {self.path} has no fastckpt commit record (written by DCP's own "
+                              "writer?): loading it with each item's own CRC-32 checks only", stacklevel=2)
+        self.commit = commit
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        if metadata.storage_data is None:
+            raise CorruptCheckpointError(f"{self.path}: DCP metadata without storage data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        per_file: dict[str, list] = {}
+        for item in plan.items:
+            info = self.storage_data.get(item.storage_index)
+            if info is None:
+                raise CorruptCheckpointError(f"{self.path}: DCP metadata has no storage for {item.storage_index.fqn}")
+            per_file.setdefault(plain_name(info.relative_path, os.path.join(self.path, md_file.NAME)), []).append(item)
+        for name, items in per_file.items():
+            self._read_file(os.path.join(self.path, name), items, planner)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+
+    # -- reading -----------------------------------------------------------
+    def _commit(self):
+        try:
+            return record.read(self.path, RECORD, every_rank=False)
+        except FileNotFoundError:
+            return None
+
+    def _read_file(self, path: str, items: list, planner: LoadPlanner) -> None:
+        if self.commit is not None and os.path.basename(path) not in {f.name for f in self.commit.files}:
+            raise CorruptCheckpointError(f"{path} is not a file of the committed checkpoint {self.path}")
+        blobs = [i for i in items if i.type == LoadItemType.BYTE_IO]
+        tensors = [i for i in items if i.type != LoadItemType.BYTE_IO]
+        if blobs:
+            spans = [(self.storage_data[i.storage_index].offset, self.storage_data[i.storage_index].length)
+                     for i in blobs]
+            data, _ = read_records(path, spans, False, False, self.threads)
+            for item, buf in zip(blobs, data):
+                planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes()))
+        if tensors:
+            indexes = [read_index(path, self.storage_data[i.storage_index].offset,
+                                  self.storage_data[i.storage_index].length) for i in tensors]
+            values = read_archives(path, indexes, "cpu", self.verify, self.threads)
+            for item, value in zip(tensors, values):
+                value = _chunk(value, item.storage_offsets, item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != value.size():
+                    raise CorruptCheckpointError(f"{path}: {item.storage_index.fqn} holds {tuple(value.size())}, "
+                                                 f"the plan asks for {tuple(target.size())}")
+                target.copy_(value)
+                planner.commit_tensor(item, target)
+
+
+def _chunk(tensor, offsets, lengths):
+    """The part of a stored chunk a read item asks for (offsets into the stored chunk)."""
+    for dim, (offset, length) in enumerate(zip(offsets, lengths)):
+        if offset < 0 or offset + length > tensor.size(dim):
+            raise CorruptCheckpointError(f"a read item asks for {offset}..{offset + length} of dimension {dim}, "
+                                         f"which holds {tensor.size(dim)}")
+        if tensor.size(dim) != length:
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor

@@ -1,0 +1,161 @@
+"""FastStorageWriter: a torch.distributed.checkpoint StorageWriter that writes as fastckpt writes.
+
+DCP calls, in order (torch.distributed.checkpoint.StorageWriter): `reset(checkpoint_id)`,
+`set_up_storage_writer(is_coordinator, rank=, use_collectives=)`, `prepare_local_plan` (every
+rank: the directory), `prepare_global_plan` (coordinator: each rank's file prefix, `__R_`, as
+DCP's FileSystemWriter names them), `write_data(plan, planner)` (every rank), `finish(metadata,
+results)` (coordinator, once every rank's write_data is done).
+
+write_data lays this rank's items out in one file (fastckpt.dcp.layout: byte items as DCP
+writes them, each tensor a torch.save archive of its own) and saves it as one fastckpt save
+(a Checkpointer over the path store, from the same settings as any: strategy, writers,
+chunk_mb, stall_timeout_s, ...): planned up front, copied and written in parallel, O_DIRECT,
+CRC-32 per chunk, fsync'ed, renamed into place. Its future is done once the file is durable
+(every wait under the settings' deadline); each item's WriteResult says where it lies
+(`_StorageInfo(file, offset, length)`, the stock reader's own), and one more result carries the
+file's entry for the commit record (its size, CRC-32 and chunk CRCs).
+
+finish is the commit (fastckpt.commit.file_sets.commit_gathered): DCP has gathered every rank's
+results, so every rank's file is durable; the coordinator writes `.metadata` (as DCP does,
+atomically and durably, marked as fastckpt's) and then the one commit record,
+`fastckpt-dcp.json`, naming every file and `.metadata` with their sizes and CRCs. A directory
+whose record was never written is not loaded by FastStorageReader; the stock FileSystemReader
+loads a committed one unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import threading
+import uuid
+import zlib
+from typing import Optional
+
+import torch
+from torch.distributed.checkpoint import filesystem as dcp_files
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from ..commit.file_sets import commit_gathered
+from ..commit.record import FileEntry
+from ..named import NamedCheckpoints
+from ..write.deadline import Deadline
+from . import metadata as md_file
+from .layout import plan_items
+
+RECORD = "fastckpt-dcp.json"
+SUFFIX = ".distcp"
+FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
+
+
+def storage_info(name: str, offset: int, length: int):
+    """Where an item lies, as DCP's own FileSystemWriter says it (its private _StorageInfo: the
+    type its stock reader finds in .metadata, so that reader loads our checkpoints)."""
+    return dcp_files._StorageInfo(name, offset, length)
+
+
+class FastStorageWriter(StorageWriter):
+    """Args:
+        path: the checkpoint's directory (DCP's checkpoint_id may replace it per save).
+        step: what the commit record says of this checkpoint (-1: none given).
+        settings: the Checkpointer's settings (fastckpt.config.CheckpointerConfig's fields
+            but root, store, keep, distributed and model), checked here, e.g. strategy="c",
+            writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
+    """
+
+    def __init__(self, path, step: int = -1, settings=None, **kwargs):
+        super().__init__()
+        if settings is not None and kwargs:
+            raise TypeError("pass the settings either as one object or as keywords, not both")
+        self.path = os.fspath(path)
+        self.step = step
+        self.named = NamedCheckpoints(settings if settings is not None else kwargs)
+        self.config = self.named.config
+        self.save_id = uuid.uuid4().hex
+        self.rank, self.is_coordinator = 0, True
+
+    # -- DCP's calls, in order ---------------------------------------------
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        if not kwargs.get("use_collectives", True):
+            raise ValueError("FastStorageWriter commits one checkpoint across ranks: "
+                             "use_collectives=False (a checkpoint per rank) is not supported")
+        self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id, modules=[md_file.WRITTEN_BY])
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        os.makedirs(self.path, exist_ok=True)
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        name = f"{plan.storage_data}0{SUFFIX}"
+        items, values = [], []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                values.append(data.getvalue() if isinstance(data, io.BytesIO) else bytes(data))
+            else:
+                values.append(data.detach())
+            items.append(item)
+        file_plan, places = plan_items(values)
+        path = os.path.join(self.path, name)
+        pending = self.named.save(file_plan, path, self.step)
+        results = [WriteResult(index=item.index, size_in_bytes=p.length,
+                               storage_data=storage_info(name, p.offset, p.length))
+                   for item, p in zip(items, places)]
+        deadline = Deadline(self.config.stall_timeout_s, self.named.progress)
+        future: Future = Future()
+        rank = self.rank
+
+        def durable() -> None:
+            try:
+                deadline.wait(f"{path} of the DCP checkpoint {self.path}", pending.wait_done)
+                info = pending.wait()
+                f = info.files[0]
+                entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
+                future.set_result(results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"),
+                                                         size_in_bytes=info.bytes, storage_data=entry)])
+            except BaseException as e:  # noqa: BLE001 - DCP raises it on every rank
+                future.set_exception(e)
+
+        if pending.done():
+            durable()
+        else:
+            threading.Thread(target=durable, name="fastckpt-dcp-durable", daemon=True).start()
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        storage, files = {}, []
+        for rank_results in results:
+            for r in rank_results:
+                if isinstance(r.storage_data, FileEntry):
+                    files.append(r.storage_data)
+                else:
+                    storage[r.index] = r.storage_data
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        metadata.version = dcp_files.CURRENT_DCP_VERSION
+        raw = md_file.write(os.path.join(self.path, md_file.NAME), metadata)
+        files.append(FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw)))
+        commit_gathered(self.path, RECORD, files, self.step, len(results), meta={"dcp": True})
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+
+    # -- fastckpt's own -----------------------------------------------------
+    def close(self) -> None:
+        """Waits for every file in flight and closes the writer's Checkpointer."""
+        self.named.close()

@@ -1,0 +1,149 @@
+"""fastckpt.dcp's FastStorageWriter and FastStorageReader under real torch.distributed.checkpoint:
+a state saved on 2 gloo ranks (DTensor shards) loads on 1, 2 and 3 ranks equal to the full state
+(resharding is DCP's planner's); our checkpoints load with DCP's stock FileSystemReader and
+stock checkpoints with ours (one warning); a checkpoint whose commit never happened, a damaged
+item, a replaced or hostile `.metadata` are refused with one line and nothing run."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, as DCP raises it
+
+from fastckpt.commit import record
+from fastckpt.dcp import FastStorageReader, FastStorageWriter
+from fastckpt.dcp.writer import RECORD
+from support.paths import ROOT, WORKERS, python_path
+from support.processes import free_port
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def run_ranks(mode: str, directory, world: int, **env) -> list[str]:
+    """dcp_worker.py MODE DIRECTORY on `world` gloo ranks (world 0: one process, no group)."""
+    port, procs = free_port(), []
+    for rank in range(max(world, 1)):
+        e = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS), **env)
+        if world:
+            e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return outs
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(300, 200, generator=g)
+    return {"w": big, "half": torch.randn(64, generator=g).half(), "view": torch.arange(100)[10:20],
+            "empty": torch.zeros(0), "step": 5, "nested": {"s": "x", "b": torch.ones(2, dtype=torch.bfloat16)}}
+
+
+def blank() -> dict:
+    return {"w": torch.zeros(300, 200), "half": torch.zeros(64).half(), "view": torch.zeros(10, dtype=torch.long),
+            "empty": torch.zeros(0), "step": 0, "nested": {"s": "", "b": torch.zeros(2, dtype=torch.bfloat16)}}
+
+
+def same(a: dict, b: dict) -> bool:
+    return all(same(a[k], v) if isinstance(v, dict) else
+               (torch.equal(a[k], v) and a[k].dtype == v.dtype) if isinstance(v, torch.Tensor) else a[k] == v
+               for k, v in b.items())
+
+
+def save(directory, **settings) -> None:
+    writer = FastStorageWriter(directory, step=5, **settings)
+    try:
+        dcp.save(state(), storage_writer=writer)
+    finally:
+        writer.close()
+
+
+def test_a_state_round_trips_and_commits_every_file_with_its_crc(tmp_path):
+    save(tmp_path / "c", chunk_mb=1, writers=2)
+    assert sorted(os.listdir(tmp_path / "c")) == [".metadata", "__0_0.distcp", RECORD]
+    info = record.read(str(tmp_path / "c"), RECORD, every_rank=False)
+    assert {f.name for f in info.files} == {".metadata", "__0_0.distcp"} and info.step == 5 and info.counter == 1
+    assert next(f for f in info.files if f.name == "__0_0.distcp").spans  # chunk CRCs for verify
+    out = blank()
+    dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))
+    assert same(out, state())
+
+
+def test_our_checkpoint_loads_with_dcps_stock_reader_and_theirs_with_ours(tmp_path):
+    save(tmp_path / "ours")
+    out = blank()
+    dcp.load(out, storage_reader=dcp.FileSystemReader(tmp_path / "ours"))
+    assert same(out, state())
+    dcp.save(state(), storage_writer=dcp.FileSystemWriter(tmp_path / "theirs"))
+    import fastckpt.dcp.reader as reader_module
+    reader_module._warned_stock = False
+    with pytest.warns(UserWarning, match="no fastckpt commit record"):
+        out = blank()
+        dcp.load(out, storage_reader=FastStorageReader(tmp_path / "theirs"))
+    assert same(out, state())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # once is enough
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "theirs"))
+
+
+def test_a_checkpoint_whose_commit_never_happened_is_not_loaded(tmp_path):
+    save(tmp_path / "c")
+    os.remove(tmp_path / "c" / RECORD)  # killed after .metadata, before the record
+    with pytest.raises(CheckpointException, match="never committed"):
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "c"))
+
+
+def test_a_damaged_item_a_replaced_metadata_and_a_hostile_one_are_refused(tmp_path):
+    save(tmp_path / "c")
+    data = tmp_path / "c" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    info = record.read(str(tmp_path / "c"), RECORD, every_rank=False)
+    entry = next(f for f in info.files if f.name == "__0_0.distcp")
+    _, off, length, _ = entry.spans[len(entry.spans) // 2]
+    raw[off + length // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointException, match="CRC-32"):
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "c"))
+    save(tmp_path / "m")
+    meta = tmp_path / "m" / ".metadata"
+    meta.write_bytes(meta.read_bytes().replace(b"__0_0.distcp", b"__0_0.distcq"))  # still a valid pickle
+    with pytest.raises(CheckpointException, match="not the one its commit record names"):
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "m"))
+    save(tmp_path / "h")
+    os.remove(tmp_path / "h" / RECORD)
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / "h" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(CheckpointException, match="refusing to load global"):
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "h"))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("world", [0, 2, 3])
+def test_saved_on_two_ranks_loads_resharded_on_one_two_and_three(tmp_path, world):
+    """world 0: one process without a process group (plain full tensors)."""
+    run_ranks("save", tmp_path / "c", 2)
+    info = record.read(str(tmp_path / "c"), RECORD, every_rank=False)
+    assert info.world_size == 2 and {f.name for f in info.files} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    outs = run_ranks("load", tmp_path / "c", world)
+    for rank, out in enumerate(outs):
+        assert f"rank {rank} EQUAL" in out, out[-3000:]
+
+
+def test_saved_on_two_ranks_loads_with_the_stock_reader_on_three(tmp_path):
+    run_ranks("save", tmp_path / "c", 2)
+    for rank, out in enumerate(run_ranks("load", tmp_path / "c", 3, READER="stock")):
+        assert f"rank {rank} EQUAL" in out, out[-3000:]

@@ -1,0 +1,82 @@
+"""One rank of the DCP tests. Usage: dcp_worker.py MODE DIR (env: RANK, WORLD_SIZE, MASTER_*; with
+WORLD_SIZE unset: one process, no process group).
+
+save: the full state (full_state()) sharded over this world's ranks as DTensors (Shard(0) for
+      matrices, Replicate for the rest), saved with dcp.save through FastStorageWriter.
+load: a blank state sharded over this world's ranks (plain tensors without a process group),
+      loaded with dcp.load through FastStorageReader (READER=stock: DCP's FileSystemReader);
+      prints "rank R EQUAL" when every full tensor and value equals full_state()'s.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+
+def full_state() -> dict:
+    g = torch.Generator().manual_seed(1234)
+    return {"model": {"embed.weight": torch.randn(30, 16, generator=g),  # 30 rows: uneven on 4 ranks
+                      "proj.weight": torch.randn(16, 16, generator=g).to(torch.bfloat16),
+                      "proj.bias": torch.randn(16, generator=g)},
+            "optim": {"step": 7, "lr": 0.01, "exp_avg": torch.randn(30, 16, generator=g)},
+            "extra": {"name": "run-1", "counts": [1, 2, 3]}}
+
+
+def _sharded(state: dict, mesh, blank: bool) -> dict:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out[k] = _sharded(v, mesh, blank)
+        elif isinstance(v, torch.Tensor):
+            t = torch.zeros_like(v) if blank else v
+            if mesh is not None:
+                t = distribute_tensor(t, mesh, [Shard(0)] if t.dim() == 2 else [Replicate()])
+            out[k] = t
+        else:
+            out[k] = type(v)() if blank else v
+    return out
+
+
+def _equal(got: dict, want: dict, where: str = "") -> list[str]:
+    bad = []
+    for k, v in want.items():
+        g = got[k]
+        if isinstance(v, dict):
+            bad += _equal(g, v, f"{where}{k}.")
+        elif isinstance(v, torch.Tensor):
+            g = g.full_tensor() if hasattr(g, "full_tensor") else g
+            if g.dtype != v.dtype or not torch.equal(g, v):
+                bad.append(where + k)
+        elif g != v:
+            bad.append(where + k)
+    return bad
+
+
+def main() -> None:
+    mode, directory = sys.argv[1], sys.argv[2]
+    mesh, rank = None, 0
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh, rank = init_device_mesh("cpu", (dist.get_world_size(),)), dist.get_rank()
+    from fastckpt.dcp import FastStorageReader, FastStorageWriter
+    if mode == "save":
+        writer = FastStorageWriter(directory, step=7, chunk_mb=1)
+        dcp.save(_sharded(full_state(), mesh, blank=False), storage_writer=writer)
+        writer.close()
+        print(f"rank {rank} SAVED", flush=True)
+    elif mode == "load":
+        state = _sharded(full_state(), mesh, blank=True)
+        reader = dcp.FileSystemReader(directory) if os.environ.get("READER") == "stock" else FastStorageReader(directory)
+        dcp.load(state, storage_reader=reader)
+        bad = _equal(state, full_state())
+        print(f"rank {rank} EQUAL" if not bad else f"rank {rank} DIFFERS {bad}", flush=True)
+    if mesh is not None:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
