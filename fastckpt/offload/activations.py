@@ -27,11 +27,11 @@ import os
 import shutil
 import tempfile
 import threading
-import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import ConfigError
 from .adaptive import TensorIO
@@ -52,7 +52,11 @@ class _Handle:
         self.written: Future | None = None
         self.read: Future | None = None
         self.uses, self.used = 1, 0
-        self.original = weakref.ref(t)  # a live original means its bytes are still these
+        # a live storage means its bytes are still these (with the version in the identity). Not a
+        # weakref to t: the Python object autograd hands to pack may die while its storage lives
+        # on (the next pack of the same tensor gets a new object), and sharing would then depend
+        # on when the write finished
+        self.original = StorageWeakRef(t.untyped_storage())
 
 
 def _identity(t: torch.Tensor) -> tuple:
@@ -168,7 +172,7 @@ class ActivationOffload:
         ident = _identity(t)
         with self._lock:
             seen = self._live.get(ident)
-            if seen is not None and seen.original() is not None and seen.used == 0:
+            if seen is not None and not seen.original.expired() and seen.used == 0:
                 seen.uses += 1
                 self.stats["shared"] += 1
                 return seen
