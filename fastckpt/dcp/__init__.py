@@ -6,10 +6,12 @@
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no
                uncommitted checkpoint loaded
+  committed.py which checkpoints of a folder are committed, newest first (where to resume)
 
 DCP is torch, which the backend may know: this package imports no framework but torch.
 """
+from .committed import committed, newest_committed
 from .reader import FastStorageReader
 from .writer import FastStorageWriter
 
-__all__ = ["FastStorageReader", "FastStorageWriter"]
+__all__ = ["FastStorageReader", "FastStorageWriter", "committed", "newest_committed"]

@@ -1,0 +1,113 @@
+"""The README's FSDP2 lines, run: a model under fully_shard on 2 gloo ranks (CPU) saves every step
+with dcp.async_save through FastStorageWriter; one rank is killed with SIGKILL mid-run; the
+newest committed checkpoint (fastckpt.dcp.newest_committed) then loads on 1 and on 2 ranks equal,
+bit for bit, to the state the run had at that step, and the next step trained from it equals the
+uninterrupted run's next step. A directory whose save the kill cut short is never the one chosen,
+and FastStorageReader refuses it."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from fastckpt.dcp import FastStorageReader, committed, newest_committed
+from support.paths import ROOT, WORKERS, python_path
+from support.processes import free_port
+
+STEPS = 6
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def launch(args: list[str], world: int) -> list[subprocess.Popen]:
+    port, procs = free_port(), []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "fsdp2_worker.py"), *map(str, args)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                      start_new_session=True))
+    return procs
+
+
+def finish(procs, timeout: float = 300) -> list[str]:
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return outs
+
+
+def equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """The uninterrupted run's full state after every step (rank 0's REF/step-N.pt)."""
+    root = tmp_path_factory.mktemp("fsdp2-ref")
+    os.makedirs(root / "ref")
+    finish(launch(["train", root / "ckpt", STEPS, root / "ref"], 2))
+    return str(root / "ref")
+
+
+def killed_run(ckpt, seed: int) -> None:
+    """2 ranks train and save every step; once step 1 is committed, rank 1 is killed with SIGKILL
+    after a random delay, then rank 0 (left waiting for its peer)."""
+    procs = launch(["train", ckpt, STEPS], 2)
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def read():
+        for line in procs[0].stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert ready.wait(240), "".join(lines)[-3000:]
+    time.sleep(random.Random(seed).uniform(0.0, 2.0))
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    time.sleep(0.5)
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(60)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_rank_killed_mid_run_resumes_bit_exact_from_the_newest_committed_on_one_and_two_ranks(
+        tmp_path, reference, seed):
+    ckpt = tmp_path / "ckpt"
+    killed_run(ckpt, seed)
+    newest = newest_committed(ckpt)
+    assert newest is not None  # step 1 was committed before the kill
+    step = int(os.path.basename(newest).split("-")[1])
+    assert [int(os.path.basename(i.path).split("-")[1]) for i in committed(ckpt)] == list(range(step, 0, -1))
+    for name in sorted(os.listdir(ckpt)):  # what the kill cut short is refused, never half-loaded
+        if int(name.split("-")[1]) > step:
+            with pytest.raises(CheckpointException):
+                dcp.load({"model": {}}, storage_reader=FastStorageReader(ckpt / name))
+    for world in (1, 2):
+        out = tmp_path / f"out{world}"
+        os.makedirs(out)
+        said = finish(launch(["resume", ckpt, out], world))
+        assert all(f"resumed {step}" in s for s in said), said
+        assert equal(torch.load(out / "loaded.pt", weights_only=True),
+                     torch.load(os.path.join(reference, f"step-{step}.pt"), weights_only=True))
+        if step < STEPS:
+            assert equal(torch.load(out / "next.pt", weights_only=True),
+                         torch.load(os.path.join(reference, f"step-{step + 1}.pt"), weights_only=True))
