@@ -21,6 +21,8 @@ last of them lands. `withdraw_anywhere` asks every FileSets of the process (what
 removal calls, through its plugin's host hook: fastckpt.host_hooks). A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
 lies); the Checkpointer's own checkpoints (one file per rank) commit through
 fastckpt.commit.checkpoint_unit, into the same record format through the same writer.
+A framework that gathers its ranks' files itself (DCP's finish, on its coordinator) commits the
+set with `commit_gathered`: the same record, its counter one above any under the parent.
 """
 from __future__ import annotations
 
