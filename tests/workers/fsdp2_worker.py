@@ -88,8 +88,7 @@ def main() -> None:
         path = newest_committed(ckpt)
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd}
-        reader = dcp.FileSystemReader(path) if os.environ.get("READER") == "stock" else FastStorageReader(path)
-        dcp.load(state, storage_reader=reader)
+        dcp.load(state, storage_reader=FastStorageReader(path))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         step = int(os.path.basename(path).split("-")[1])
         loaded = full_state(model, optim)

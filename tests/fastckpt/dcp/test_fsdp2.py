@@ -111,3 +111,14 @@ def test_a_rank_killed_mid_run_resumes_bit_exact_from_the_newest_committed_on_on
         if step < STEPS:
             assert equal(torch.load(out / "next.pt", weights_only=True),
                          torch.load(os.path.join(reference, f"step-{step + 1}.pt"), weights_only=True))
+
+
+def test_the_readmes_fsdp2_lines_are_the_ones_this_test_runs():
+    """Every line of the README's FSDP2 block (its `py` block in the DCP section) is a line of
+    tests/workers/fsdp2_worker.py, so the README shows what the kill test runs."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```py\n", 1)[1].split("```", 1)[0]
+    worker = {line.strip() for line in open(os.path.join(WORKERS, "fsdp2_worker.py"))}
+    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
+    assert not missing, missing
