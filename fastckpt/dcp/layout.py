@@ -75,7 +75,6 @@ def plan_items(values: list) -> tuple[FilePlan, list[Placed]]:
         begin, end = subs[0][0] + subs[0][1].data_begin, subs[-1][0] + subs[-1][1].data_end
     else:
         begin = end = cursor - cursor % ALIGN  # no tensor: an empty extent, everything written as blobs
-    counts = [len(p.records) for _, p in subs]
 
     def finish(crcs: list[int]) -> tuple[list[tuple[int, bytes]], int]:
         blobs: list[tuple[int, bytes]] = []
@@ -85,7 +84,7 @@ def plan_items(values: list) -> tuple[FilePlan, list[Placed]]:
                 blobs.append((at, bytes(off - at)))
                 file_crc = zlib.crc32(bytes(off - at), file_crc)
             if isinstance(part, FilePlan):
-                n = counts[[o for o, _ in subs].index(off)]
+                n = len(part.records)
                 sub_blobs, sub_crc = part.finish(crcs[taken:taken + n])
                 taken += n
                 blobs += [(off + o, b) for o, b in sub_blobs]
