@@ -6,12 +6,16 @@
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no
                uncommitted checkpoint loaded
+  staged.py    the buffers a snapshot is staged into, and which storages hold one
+  stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
   committed.py which checkpoints of a folder are committed, newest first (where to resume)
 
 DCP is torch, which the backend may know: this package imports no framework but torch.
 """
 from .committed import committed, newest_committed
 from .reader import FastStorageReader
+from .stager import FastStager, SaveSkipped
 from .writer import FastStorageWriter
 
-__all__ = ["FastStorageReader", "FastStorageWriter", "committed", "newest_committed"]
+__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "SaveSkipped", "committed",
+           "newest_committed"]

@@ -42,8 +42,10 @@ from torch.futures import Future
 from ..commit.file_sets import commit_gathered
 from ..commit.record import FileEntry
 from ..named import NamedCheckpoints
+from ..errors import TornSnapshotError
 from ..write.deadline import Deadline
 from . import metadata as md_file
+from . import staged as st
 from .layout import plan_items
 
 RECORD = "fastckpt-dcp.json"
@@ -74,6 +76,7 @@ class FastStorageWriter(StorageWriter):
         self.step = step
         self.named = NamedCheckpoints(settings if settings is not None else kwargs)
         self.config = self.named.config
+        self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.save_id = uuid.uuid4().hex
         self.rank, self.is_coordinator = 0, True
 
@@ -111,7 +114,8 @@ class FastStorageWriter(StorageWriter):
             items.append(item)
         file_plan, places = plan_items(values)
         path = os.path.join(self.path, name)
-        pending = self.named.save(file_plan, path, self.step)
+        slots = {st.staged_slot(v) for v in values if isinstance(v, torch.Tensor)}
+        pending = self._named_for(slots).save(file_plan, path, self.step)
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
@@ -123,6 +127,10 @@ class FastStorageWriter(StorageWriter):
             try:
                 deadline.wait(f"{path} of the DCP checkpoint {self.path}", pending.wait_done)
                 info = pending.wait()
+                torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
+                if torn:  # FastStager's 'd': the snapshot was the live tensors until written
+                    raise TornSnapshotError(f"{torn} was written in place while it was being written "
+                                            f"(FastStager strategy 'd'); {self.path} is not committed")
                 f = info.files[0]
                 entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
                 future.set_result(results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"),
@@ -156,6 +164,19 @@ class FastStorageWriter(StorageWriter):
         return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
 
     # -- fastckpt's own -----------------------------------------------------
+    def _named_for(self, slots: set) -> NamedCheckpoints:
+        """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
+        'd': its buffers are private and page-aligned, a second copy would only cost time."""
+        if self.config.strategy == "d" or not slots or None in slots:
+            return self.named
+        if self._direct is None:
+            self._direct = NamedCheckpoints(dataclasses.replace(self.config, strategy="d"))
+        return self._direct
+
     def close(self) -> None:
-        """Waits for every file in flight and closes the writer's Checkpointer."""
-        self.named.close()
+        """Waits for every file in flight and closes the writer's Checkpointers."""
+        try:
+            self.named.close()
+        finally:
+            if self._direct is not None:
+                self._direct.close()

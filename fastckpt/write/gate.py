@@ -131,7 +131,7 @@ class StepGate:
             tensors += [p for p in opt.state if isinstance(p, torch.Tensor)]
             tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
             for t in tensors:
-                storage = t.untyped_storage()
+                storage = local_tensor(t).untyped_storage()
                 out[storage.data_ptr()] = storage.nbytes()
         return out
 
@@ -144,12 +144,24 @@ def storages_of(params, optimizers) -> set[int]:
     """Storages of these parameters and of their state in these optimizers."""
     out: set[int] = set()
     for p in params:
-        out.add(p.untyped_storage().data_ptr())
+        out.add(storage_key(p))
         for opt in optimizers:
             for v in opt.state.get(p, {}).values():
                 if isinstance(v, torch.Tensor):
-                    out.add(v.untyped_storage().data_ptr())
+                    out.add(storage_key(v))
     return out
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory holds t's values on this rank: a DTensor's (FSDP2, tensor
+    parallelism) local shard; any other tensor itself. A DTensor has no storage of its own."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Which memory a tensor's values live in (its storage's address; a DTensor's local shard's)."""
+    return local_tensor(t).untyped_storage().data_ptr()
 
 
 @dataclass
@@ -169,7 +181,7 @@ def freeze_unowned(state, owned: set[int], kept: Optional[list] = None, path: st
     change before the gated snapshot has copied it. Containers keep their types. kept, when
     given, collects (path, tensor) of the tensors left as they are."""
     if isinstance(state, torch.Tensor):
-        if state.untyped_storage().data_ptr() in owned:
+        if storage_key(state) in owned:
             if kept is not None:
                 kept.append((path, state))
             return state

@@ -1,16 +1,18 @@
 """One rank of the FSDP2 tests: a tiny model under fully_shard on gloo ranks (CPU), checkpointed with
-dcp.async_save through fastckpt's FastStorageWriter — the README's FSDP2 lines, run.
+dcp.async_save through fastckpt's FastStorageWriter and FastStager — the README's FSDP2 lines, run.
 
 Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*)
-         each step trains, then (REF given) rank 0 keeps the full state in REF/step-N.pt, then the
-         previous save is waited for and step N is saved with async_save into CKPT/step-N on its
-         own gloo group; prints "committed N" once step N's save is done ("ready" after the first).
+         each step trains, then (REF given) rank 0 keeps the full state in REF/step-N.pt, then step
+         N is saved with async_save into CKPT/step-N on its own gloo group, through FastStager
+         (2 saves in flight: nothing waits for a save; the next optimizer step waits only for the
+         snapshot's copy); prints "committed N" once step N's save is done ("ready" after the first).
        fsdp2_worker.py resume CKPT OUT
          loads the newest committed checkpoint of CKPT (fastckpt.dcp.newest_committed) into a
          fresh sharded model and optimizer on this world's ranks, keeps its full state in
          OUT/loaded.pt, trains the next step and keeps that in OUT/next.pt (rank 0); prints the step.
 One thread per process: every run computes each step with the same arithmetic.
 """
+import json
 import os
 import sys
 
@@ -53,19 +55,30 @@ def keep(state: dict, path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def report(saves: list, wait: bool) -> None:
+    """Prints "committed N" for each save done, oldest first ("ready" after the first)."""
+    while saves and (wait or saves[0][1].upload_completion.done()):
+        step, saving = saves.pop(0)
+        saving.upload_completion.result()
+        print(f"committed {step}", flush=True)
+        if step == 1:
+            print("ready", flush=True)
+
+
 def main() -> None:
     mode, ckpt = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from fastckpt.dcp import FastStorageReader, FastStorageWriter, newest_committed
+    from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed
     rank = dist.get_rank()
     model, optim = build(init_device_mesh("cpu", (dist.get_world_size(),)))
     if mode == "train":
         steps, ref = int(sys.argv[3]), (sys.argv[4] if len(sys.argv) > 4 else None)
         ckpt_group = dist.new_group(backend="gloo")  # async saves talk on their own group
         writer = FastStorageWriter(ckpt, chunk_mb=1)
-        future = None
+        stager = FastStager(concurrency=2)  # snapshots staged or being written at once
+        saves = []
         for step in range(1, steps + 1):
             train_step(model, optim, step)
             if ref is not None:
@@ -73,16 +86,14 @@ def main() -> None:
                 if rank == 0:
                     keep(full, os.path.join(ref, f"step-{step}.pt"))
             msd, osd = get_state_dict(model, optim)
-            if future is not None:
-                future.result()
-                print(f"committed {step - 1}", flush=True)
-                if step == 2:
-                    print("ready", flush=True)
-            future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt, f"step-{step}"),
-                                    storage_writer=writer, process_group=ckpt_group)
-        future.result()
-        print(f"committed {steps}", flush=True)
+            saving = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt, f"step-{step}"),
+                                    storage_writer=writer, async_stager=stager, process_group=ckpt_group)
+            saves.append((step, saving))
+            report(saves, wait=False)
+        report(saves, wait=True)
+        stager.close()
         writer.close()
+        print(f"stager {json.dumps(stager.stats)}", flush=True)
     elif mode == "resume":
         out = sys.argv[3]
         path = newest_committed(ckpt)

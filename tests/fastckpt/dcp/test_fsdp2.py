@@ -1,11 +1,14 @@
 """The README's FSDP2 lines, run: a model under fully_shard on 2 gloo ranks (CPU) saves every step
-with dcp.async_save through FastStorageWriter; one rank is killed with SIGKILL mid-run; the
+with dcp.async_save through FastStorageWriter and FastStager (2 saves in flight, none waited
+for): every step's checkpoint equals, bit for bit, the run's state at that step, and the stager
+copied the optimizer's tensors after async_save returned. One rank is killed with SIGKILL mid-run; the
 newest committed checkpoint (fastckpt.dcp.newest_committed) then loads on 1 and on 2 ranks equal,
 bit for bit, to the state the run had at that step, and the next step trained from it equals the
 uninterrupted run's next step. A directory whose save the kill cut short is never the one chosen,
 and FastStorageReader refuses it."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -54,12 +57,29 @@ def equal(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
-    """The uninterrupted run's full state after every step (rank 0's REF/step-N.pt)."""
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run: its checkpoints (ckpt/step-N), its full state after every step
+    (rank 0's ref/step-N.pt) and what each rank printed."""
     root = tmp_path_factory.mktemp("fsdp2-ref")
     os.makedirs(root / "ref")
-    finish(launch(["train", root / "ckpt", STEPS, root / "ref"], 2))
-    return str(root / "ref")
+    return root, finish(launch(["train", root / "ckpt", STEPS, root / "ref"], 2))
+
+
+@pytest.fixture(scope="module")
+def reference(uninterrupted) -> str:
+    return str(uninterrupted[0] / "ref")
+
+
+def test_every_step_saved_with_two_in_flight_equals_the_state_at_that_step(uninterrupted):
+    root, said = uninterrupted
+    for step in range(1, STEPS + 1):
+        want = torch.load(root / "ref" / f"step-{step}.pt", weights_only=True)
+        got = torch.utils._pytree.tree_map_only(torch.Tensor, torch.zeros_like, want)
+        dcp.load(got, storage_reader=FastStorageReader(root / "ckpt" / f"step-{step}"))  # 2 ranks -> 1
+        assert equal(got, want), step
+    for out in said:  # each rank printed its stager's counts; some copies ran after async_save returned
+        stats = json.loads(out.split("stager ", 1)[1].splitlines()[0])
+        assert stats["staged"] == STEPS and stats["failed"] == 0 and stats["copied_later"] > 0, stats
 
 
 def killed_run(ckpt, seed: int) -> None:

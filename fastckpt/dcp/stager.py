@@ -1,0 +1,393 @@
+"""FastStager: DCP's AsyncStager — an async_save's snapshot taken off the training thread, into
+bounded staging reused from save to save, kept whole by the gate before the optimizer step.
+
+`dcp.async_save(state, storage_writer=FastStorageWriter(...), async_stager=FastStager(...))`:
+`stage()` returns at once with a future of the staged state dict; DCP's save thread waits for
+it and writes what it holds. What happens between:
+
+- Slots. At most `concurrency` snapshots are staged or being written at a time, each in a slot
+  of its own buffers (staged.py), reused by the slot's next snapshot. A stage() that finds every
+  slot taken waits for one (policy='wait'), or — agreed on every rank — raises SaveSkipped
+  (policy='skip'). `staging_mb` bounds the slots' memory as well.
+- The copy. As TrainingSaves saves: before any optimizer step has run, and until the run has
+  shown that nothing but the optimizer writes the saved tensors between a save and the next
+  step (write.watch.Trust), stage() copies everything before it returns. Then, tensors no
+  optimizer owns (buffers that the next forward pass changes) are copied at once and the
+  optimizers' own are copied on the stager's thread, while training goes on. Strategy 'c':
+  into host buffers (page-locked for CUDA tensors; O_DIRECT-ready); 'g': a CUDA tensor into
+  spare memory of its device; 'd': not copied, the snapshot is the live tensors.
+- The gate. The optimizer step waits for the copies still running (write.gate.StepGate, as
+  every fastckpt front end); with 'd', until the snapshot is written. A tensor written in place
+  by anything else before its copy is a torn snapshot: that save fails (TornSnapshotError).
+- Agreement. Whether a snapshot came out whole is agreed on every rank (commit.agreement,
+  on the stager's own groups) before its future resolves, so a failure fails every rank's
+  save before DCP's collectives: no rank waits for one that gave up.
+- Order. DCP runs each async_save on a thread of its own; two saves' collectives on one
+  process group must not interleave. A save's thread, taking its snapshot (the future's
+  result()), first waits until every earlier save of this stager is finished, so saves are
+  written one after another while the next ones are already staged.
+
+A slot is free again once its snapshot is no longer referenced (DCP drops it when the save
+ends) or the thread that took it has ended (a failed save whose traceback still holds it: its
+buffers are then left to the garbage collector and the slot gets new ones). With a plain
+`dcp.save`, pass the snapshot on without keeping it: `dcp.save(stager.stage(sd).result(), ...)`.
+Construct a FastStager on every rank (it makes gloo groups when torch.distributed is up); call
+close() at the end.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.utils import _pytree as pytree
+
+from ..commit.agreement import Agreement, DistAgreement
+from ..config import CheckpointerConfig
+from ..errors import CheckpointWriteError, FastckptError, TornSnapshotError
+from ..write.gate import StepGate, storage_key
+from ..write.native_engine import MiB
+from . import staged as st
+
+log = logging.getLogger("fastckpt")
+IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class SaveSkipped(FastckptError):
+    """policy='skip': every staging slot was taken on some rank, so no rank saved this time."""
+
+
+class Slot:
+    """One snapshot's place: its buffers, and where its snapshot stands."""
+
+    def __init__(self, stager: "FastStager", index: int):
+        self.index = index
+        self.buffers = st.Buffers(self, device_copy=stager.strategy == "g")
+        self.busy = False
+        self.seq = -1
+        self.copied = threading.Event()  # no copy of this snapshot reads the caller's tensors any more
+        self.error: Optional[BaseException] = None
+        self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
+        self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
+        self.delivered = False  # the future is done
+        self.alive = 0  # staged tensor objects still referenced
+        self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
+        self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
+
+    def finished(self) -> bool:
+        """The save that staged here no longer needs the snapshot."""
+        if not self.busy:
+            return True
+        if not self.delivered:
+            return False
+        return self.alive == 0 or (self.taken_by is not None and not self.taken_by.is_alive())
+
+    def torn(self) -> str:
+        """'' when no tensor of the snapshot was written in place before it was copied (with 'd':
+        before it was written); else the first one's path. Decided once."""
+        return self.watch.check() if self.watch is not None else ""
+
+
+class StagedFuture(concurrent.futures.Future):
+    """The future stage() returns; taking its result on a save thread keeps saves in order."""
+
+    def __init__(self, stager: "FastStager", slot: Slot, seq: int):
+        super().__init__()
+        self._stager, self._slot, self._seq = stager, slot, seq
+
+    def result(self, timeout=None):
+        self._stager._taken(self._slot, self._seq)
+        return super().result(timeout)
+
+
+class FastStager(AsyncStager):
+    """Args:
+        settings: the Checkpointer's settings (or keywords): strategy ('c', 'g', 'd'),
+            concurrency (snapshots staged or being written at once), policy ('wait', 'skip'),
+            staging_mb (the slots' memory, None: concurrency snapshots' worth) and
+            commit_timeout_s (the longest wait for a slot or an earlier save) are used; the
+            others are the writer's and are only checked here.
+    """
+
+    _synchronize_after_execute = False  # stage() returns a future; the gate protects the state
+
+    def __init__(self, settings=None, **kwargs):
+        if settings is not None and kwargs:
+            raise TypeError("pass the settings either as one object or as keywords, not both")
+        if isinstance(settings, CheckpointerConfig):
+            config = settings.validate()
+        else:
+            config = CheckpointerConfig.from_dict(dict(settings if settings is not None else kwargs))
+        self.config = config
+        self.strategy, self.concurrency, self.policy = config.strategy, config.concurrency, config.policy
+        self.timeout_s = config.commit_timeout_s
+        self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
+        spread = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._agree: Agreement = DistAgreement(self.timeout_s) if spread else Agreement()
+        self._slots: list[Slot] = []
+        self._cond = threading.Condition(threading.RLock())  # weakref callbacks may run anywhere
+        self._seq = 0
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastckpt-dcp-stage")
+        self._stream = None
+        self._background_errors: list[BaseException] = []
+        self._gate = StepGate(self._before_update)
+        self._gate.install()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"FastStager(strategy={self.strategy!r}, concurrency={self.concurrency}, "
+                f"policy={self.policy!r}, {sum(s.busy for s in self._slots)} in flight)")
+
+    # -- DCP's calls ----------------------------------------------------------
+    def stage(self, state_dict, **kwargs) -> StagedFuture:
+        """Takes a slot, copies what must be copied now, leaves the rest to the stager's thread;
+        returns a future of the staged state dict (see the module docstring)."""
+        if self._closed:
+            raise RuntimeError("this FastStager is closed")
+        self._raise_background_errors()
+        leaves, spec = pytree.tree_flatten(state_dict)
+        for leaf in leaves:
+            if st.sharded_tensor(leaf):
+                raise TypeError("FastStager stages torch.Tensor and DTensor values; a ShardedTensor "
+                                "(FSDP1's sharded state dict) is not supported: use FSDP2 (fully_shard) "
+                                "or DCP's DefaultStager")
+        slot = self._take_slot(self._bytes_of(leaves))
+        seq, self._seq = self._seq, self._seq + 1
+        future = StagedFuture(self, slot, seq)
+        slot.seq, slot.error, slot.alive, slot.delivered = seq, None, 0, False
+        slot.staged_by, slot.taken_by = threading.current_thread(), None
+        slot.copied.clear()
+        self.stats["staged"] += 1
+        later: list[int] = []
+        staged: list[Any] = list(leaves)
+        event = None
+        try:
+            later, slot.watch = self._split(leaves)
+            now = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and i not in later]
+            for i in now:
+                staged[i] = self._stage_leaf(slot, i, leaves[i], stream=None)
+            for i, leaf in enumerate(leaves):
+                if not isinstance(leaf, torch.Tensor) and not isinstance(leaf, IMMUTABLE):
+                    staged[i] = copy.deepcopy(leaf)
+            self.stats["copied_now"] += len(now)
+            if self.strategy == "d":
+                for i in later:
+                    staged[i] = self._live_leaf(slot, leaves[i])
+                later = []
+            self.stats["copied_later"] += len(later)
+            event = self._after_current_stream(leaves, later)
+        except BaseException as e:  # noqa: BLE001 - agreed below, raised by every rank's save
+            slot.error = e
+            later = []
+        if not later:
+            slot.copied.set()
+        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event)
+        return future
+
+    def synchronize_staging(self) -> None:
+        """Waits until no copy reads the caller's tensors (what the gate waits for)."""
+        self._before_update()
+
+    def close(self) -> None:
+        """Waits (bounded) for the saves in flight to be done with their snapshots, stops the
+        stager's thread and gate, and frees the buffers."""
+        if self._closed:
+            return
+        self._closed = True
+        self._gate.remove()
+        self._worker.shutdown(wait=True)
+        with self._cond:
+            self._cond.wait_for(lambda: all(s.finished() for s in self._slots), timeout=self.timeout_s)
+            for s in self._slots:
+                if s.finished():
+                    s.buffers.free()
+            self._slots = []
+        self._agree.close()
+
+    # -- the copy -------------------------------------------------------------
+    def _split(self, leaves):
+        """(leaves copied after stage() returns, the watch over their versions): the optimizers'
+        own tensors, once steps run and the run has earned it; every other tensor is copied now."""
+        if self._gate.steps_seen == 0:
+            return [], None
+        owned = self._gate.owned_storages()
+        later = [i for i, leaf in enumerate(leaves)
+                 if isinstance(leaf, torch.Tensor) and storage_key(leaf) in owned]
+        watch = self._gate.trust.watch([(f"leaf {i}", leaves[i]) for i in later])
+        return (later, watch) if watch.deferred else ([], watch)
+
+    def _stage_leaf(self, slot: Slot, i: int, leaf: torch.Tensor, stream) -> torch.Tensor:
+        buf = slot.buffers.for_leaf(i, leaf)
+        st.copy_leaf(leaf, buf, stream)
+        return self._track(slot, st.staged_like(leaf, buf))
+
+    def _live_leaf(self, slot: Slot, leaf: torch.Tensor) -> torch.Tensor:
+        """Strategy 'd': the snapshot is the caller's tensor (a new object over its memory)."""
+        slot.live.append(storage_key(leaf))
+        st.register(slot.live[-1], slot)
+        return self._track(slot, leaf.detach())
+
+    def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
+        slot.alive += 1
+        ref = weakref.ref(t, lambda _r, s=slot: self._gone(s))
+        t._fastckpt_staged_ref = ref  # noqa: SLF001 - kept with the object it watches
+        return t
+
+    def _gone(self, slot: Slot) -> None:
+        with self._cond:
+            slot.alive -= 1
+            self._cond.notify_all()
+
+    def _after_current_stream(self, leaves, later):
+        """A CUDA event after the work queued so far on the current stream: the stager's own
+        stream starts the late copies after it (the training thread may queue more meanwhile)."""
+        if not later or not any(leaves[i].device.type == "cuda" for i in later):
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event) -> None:
+        """On the stager's thread: the late copies, the check that the snapshot is whole, the
+        agreement across ranks, then the future."""
+        try:
+            if slot.error is None and later:
+                if event is not None:
+                    self._stream.wait_event(event)
+                for i in later:
+                    staged[i] = self._stage_leaf(slot, i, leaves[i], self._stream)
+                if self._stream is not None:
+                    self._stream.synchronize()
+                torn = slot.torn()
+                if torn:
+                    raise TornSnapshotError(
+                        f"{torn} was written in place after async_save() and before its snapshot was copied; "
+                        "this checkpoint is not saved (the training state itself is intact)")
+        except BaseException as e:  # noqa: BLE001 - agreed and raised by the save
+            slot.error = e
+        finally:
+            slot.copied.set()
+            leaves.clear()  # the caller's tensors are let go here
+            with self._cond:
+                self._cond.notify_all()
+        ok = self._agree.all_ok(slot.error is None, background=True)
+        if ok:
+            slot.buffers.keep_only(len(staged))
+            result = pytree.tree_unflatten(staged, spec)
+        else:
+            self.stats["failed"] += 1
+            staged.clear()
+        with self._cond:
+            slot.delivered = True
+            self._cond.notify_all()
+        if ok:
+            future.set_result(result)
+        else:
+            future.set_exception(slot.error or CheckpointWriteError(
+                "another rank could not stage its part of this checkpoint; it is not saved "
+                "(the training state itself is intact)"))
+
+    # -- slots ----------------------------------------------------------------
+    def _bytes_of(self, leaves) -> int:
+        if self.strategy == "d":
+            return 0
+        return sum(st.local_tensor(t).numel() * st.local_tensor(t).element_size()
+                   for t in leaves if isinstance(t, torch.Tensor))
+
+    def _limit(self, nbytes: int) -> int:
+        if self.config.staging_mb is None or nbytes == 0:
+            return self.concurrency
+        return max(1, min(self.concurrency, self.config.staging_mb * MiB // nbytes))
+
+    def _free_slot(self, nbytes: int) -> Optional[Slot]:
+        for s in self._slots:
+            if s.busy and s.finished():
+                self._release(s)
+        free = next((s for s in self._slots if not s.busy), None)
+        if free is None and len(self._slots) < self._limit(nbytes):
+            free = Slot(self, len(self._slots))
+            self._slots.append(free)
+        return free
+
+    def _release(self, s: Slot) -> None:
+        if s.alive > 0:  # still referenced (a failed save's traceback): left to the garbage collector
+            s.buffers.forget()
+            s.buffers = st.Buffers(s, device_copy=self.strategy == "g")
+        if s.live:  # 'd': the snapshot was the caller's tensors until now
+            torn = s.torn()
+            if torn and s.error is None:
+                self._background_errors.append(TornSnapshotError(
+                    f"{torn} was written in place while async_save() was writing it (strategy 'd'); "
+                    "that checkpoint may mix two states: do not resume from it"))
+            for ptr in s.live:
+                st.unregister(ptr, s)
+        s.busy, s.taken_by, s.staged_by, s.watch, s.live = False, None, None, None, []
+
+    def _take_slot(self, nbytes: int) -> Slot:
+        with self._cond:
+            slot = self._free_slot(nbytes)
+            if slot is None and self.policy == "wait":
+                deadline = time.monotonic() + self.timeout_s
+                while slot is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CheckpointWriteError(
+                            f"no staging slot became free in {self.timeout_s:.0f} s ({len(self._slots)} saves in "
+                            "flight); is an earlier async_save stuck, or its staged state still referenced?")
+                    self._cond.wait(min(left, 0.05))
+                    slot = self._free_slot(nbytes)
+            if slot is not None:
+                slot.busy = True
+        if self.policy == "skip" and not self._agree.all_ok(slot is not None):
+            if slot is not None:
+                with self._cond:
+                    slot.busy = False
+            self.stats["skipped"] += 1
+            raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "
+                              "this async_save was skipped on every rank")
+        return slot
+
+    def _taken(self, slot: Slot, seq: int) -> None:
+        """The future's result() is taken. On a save thread (not the one that staged, not the
+        stager's): remember it, and wait until every earlier save is finished."""
+        me = threading.current_thread()
+        if me.name.startswith("fastckpt-dcp-stage"):
+            return
+        with self._cond:
+            if slot.seq != seq or slot.taken_by is not None or me is slot.staged_by:
+                return
+            slot.taken_by = me
+            deadline = time.monotonic() + self.timeout_s
+            while any(s.busy and s.seq < seq and not s.finished() for s in self._slots):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CheckpointWriteError(f"an earlier async_save did not finish in {self.timeout_s:.0f} s")
+                self._cond.wait(min(left, 0.05))
+
+    # -- the gate -------------------------------------------------------------
+    def _before_update(self) -> None:
+        """Before every optimizer step: the copies are done (with 'd': the snapshots are written)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            for s in list(self._slots):
+                while s.busy and not (s.copied.is_set() and (not s.live or s.finished())):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CheckpointWriteError(f"a snapshot was not copied in {self.timeout_s:.0f} s")
+                    self._cond.wait(min(left, 0.05))
+
+    def _raise_background_errors(self) -> None:
+        if self._background_errors:
+            error = self._background_errors.pop(0)
+            self._background_errors.clear()
+            raise error
+
