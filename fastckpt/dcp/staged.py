@@ -49,12 +49,13 @@ def unregister(storage_ptr: int, slot) -> None:
 
 
 def staged_slot(t: torch.Tensor):
-    """The FastStager slot whose snapshot holds this tensor's memory, or None."""
+    """The FastStager slot whose snapshot (staged now) holds this tensor's memory, or None."""
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
         return None
     with _registry_lock:
         ref = _registry.get(local_tensor(t).untyped_storage().data_ptr())
-    return ref() if ref is not None else None
+    slot = ref() if ref is not None else None
+    return slot if slot is not None and slot.busy else None
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:

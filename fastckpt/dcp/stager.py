@@ -96,15 +96,20 @@ class Slot:
 
 
 class StagedFuture(concurrent.futures.Future):
-    """The future stage() returns; taking its result on a save thread keeps saves in order."""
+    """The future stage() returns. A save thread taking its result waits for the earlier saves
+    (saves stay in order) and takes the snapshot over: the future lets go of it then, so the
+    slot is free the moment that save is done with it (not once DCP drops the future too)."""
 
     def __init__(self, stager: "FastStager", slot: Slot, seq: int):
         super().__init__()
         self._stager, self._slot, self._seq = stager, slot, seq
 
     def result(self, timeout=None):
-        self._stager._taken(self._slot, self._seq)
-        return super().result(timeout)
+        handed_over = self._stager._taken(self._slot, self._seq)
+        box = super().result(timeout)  # [snapshot] until a save thread took it
+        if not box:
+            raise RuntimeError("this snapshot was already taken by the save it was staged for")
+        return box.pop() if handed_over else box[0]
 
 
 class FastStager(AsyncStager):
@@ -203,13 +208,20 @@ class FastStager(AsyncStager):
         self._closed = True
         self._gate.remove()
         self._worker.shutdown(wait=True)
+        deadline = time.monotonic() + self.timeout_s
         with self._cond:
-            self._cond.wait_for(lambda: all(s.finished() for s in self._slots), timeout=self.timeout_s)
+            while not all(s.finished() for s in self._slots) and time.monotonic() < deadline:
+                self._cond.wait(0.05)  # a save thread's end is polled: it notifies nobody
             for s in self._slots:
                 if s.finished():
+                    self._release(s)
                     s.buffers.free()
+                else:  # still written after the deadline: its buffers stay with that save
+                    log.warning("fastckpt: FastStager closed while a save still holds its snapshot")
+                    s.buffers.forget()
             self._slots = []
         self._agree.close()
+        self._raise_background_errors()
 
     # -- the copy -------------------------------------------------------------
     def _split(self, leaves):
@@ -290,7 +302,7 @@ class FastStager(AsyncStager):
             slot.delivered = True
             self._cond.notify_all()
         if ok:
-            future.set_result(result)
+            future.set_result([result])
         else:
             future.set_exception(slot.error or CheckpointWriteError(
                 "another rank could not stage its part of this checkpoint; it is not saved "
@@ -356,15 +368,16 @@ class FastStager(AsyncStager):
                               "this async_save was skipped on every rank")
         return slot
 
-    def _taken(self, slot: Slot, seq: int) -> None:
+    def _taken(self, slot: Slot, seq: int) -> bool:
         """The future's result() is taken. On a save thread (not the one that staged, not the
-        stager's): remember it, and wait until every earlier save is finished."""
+        stager's): remember it, wait until every earlier save is finished, and return True
+        (the snapshot is handed over)."""
         me = threading.current_thread()
         if me.name.startswith("fastckpt-dcp-stage"):
-            return
+            return False
         with self._cond:
             if slot.seq != seq or slot.taken_by is not None or me is slot.staged_by:
-                return
+                return False
             slot.taken_by = me
             deadline = time.monotonic() + self.timeout_s
             while any(s.busy and s.seq < seq and not s.finished() for s in self._slots):
@@ -372,6 +385,7 @@ class FastStager(AsyncStager):
                 if left <= 0:
                     raise CheckpointWriteError(f"an earlier async_save did not finish in {self.timeout_s:.0f} s")
                 self._cond.wait(min(left, 0.05))
+        return True
 
     # -- the gate -------------------------------------------------------------
     def _before_update(self) -> None:

@@ -1,0 +1,253 @@
+"""FastStager under real dcp.async_save and FastStorageWriter: async_save returns before the
+optimizer's tensors are copied and the optimizer step waits for that copy (the checkpoint holds
+the state of the save, not of the step after it); a tensor written in place by anything else
+before its copy fails that save (TornSnapshotError) and nothing of it is committed; buffers are
+reused from save to save and never more than `concurrency` snapshots are staged or written; the
+writer writes staged snapshots without a second copy; policy='skip' raises SaveSkipped, agreed on
+2 gloo ranks; a background copy failing on one rank fails that save on both, before DCP's
+collectives. A copy is held deterministically by making the stager's thread wait on an event
+before it copies (the stager calls fastckpt.dcp.staged.copy_leaf for every copy)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, SaveSkipped, staged
+from fastckpt.errors import TornSnapshotError
+from support.paths import ROOT, WORKERS, python_path
+from support.processes import free_port
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+class Held:
+    """The stager thread's copies wait until release() (copies made on the caller's thread do not)."""
+
+    def __init__(self, monkeypatch):
+        self.go, self.waiting = threading.Event(), threading.Event()
+        real = staged.copy_leaf
+
+        def copy(src, buf, stream=None):
+            if threading.current_thread().name.startswith("fastckpt-dcp-stage"):
+                self.waiting.set()
+                assert self.go.wait(60)
+            real(src, buf, stream)
+
+        monkeypatch.setattr(staged, "copy_leaf", copy)
+
+    def release(self) -> None:
+        self.go.set()
+
+
+class Run:
+    """A small model trained with Adam, saved with async_save through our stager and writer."""
+
+    def __init__(self, root, **stager):
+        torch.manual_seed(0)
+        self.root = root
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+        self.optim = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.stager = FastStager(**stager)
+        self.writer = FastStorageWriter(root, chunk_mb=1)
+        self.n = 0
+
+    def backward(self) -> None:
+        self.n += 1
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(self.n))
+        self.model(x).square().mean().backward()
+
+    def step(self) -> None:
+        self.backward()
+        self.optim.step()
+        self.optim.zero_grad()
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
+
+    def save(self, name: str):
+        return dcp.async_save(self.state(), checkpoint_id=os.path.join(self.root, name),
+                              storage_writer=self.writer, async_stager=self.stager)
+
+    def trained_and_trusted(self) -> None:
+        """Steps and saves until the stager copies the optimizer's tensors after async_save returns."""
+        for i in range(3):
+            self.step()
+            self.save(f"warm-{i}").upload_completion.result()
+        assert self.stager.stats["copied_later"] > 0
+
+    def close(self) -> None:
+        self.stager.close()
+        self.writer.close()
+
+
+def model_state(run: Run) -> dict:
+    return {k: v.clone() for k, v in run.model.state_dict().items()}
+
+
+def loaded(path, like: dict) -> dict:
+    out = {"model": {k: torch.zeros_like(v) for k, v in like.items()}}
+    dcp.load(out, storage_reader=FastStorageReader(path))
+    return out["model"]
+
+
+def equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_async_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(tmp_path, monkeypatch):
+    run = Run(tmp_path)
+    try:
+        run.trained_and_trusted()
+        held = Held(monkeypatch)
+        before = model_state(run)
+        saving = run.save("held")
+        assert held.waiting.wait(30)  # async_save returned; the stager's thread waits to copy
+        assert not saving.staging_completion.done()
+        run.backward()
+        stepped = threading.Event()
+        stepper = threading.Thread(target=lambda: (run.optim.step(), stepped.set()))
+        stepper.start()
+        assert not stepped.wait(0.5)  # the gate holds the update while the copy waits
+        held.release()
+        stepper.join(30)
+        assert stepped.is_set()
+        saving.upload_completion.result()
+        assert not equal(model_state(run), before)  # the step ran after the copy ...
+        assert equal(loaded(tmp_path / "held", before), before)  # ... and the checkpoint is the save's
+    finally:
+        run.close()
+
+
+def test_a_tensor_written_in_place_before_its_copy_fails_that_save_and_commits_nothing(tmp_path, monkeypatch):
+    run = Run(tmp_path)
+    try:
+        run.trained_and_trusted()
+        good = model_state(run)
+        run.save("good").upload_completion.result()
+        held = Held(monkeypatch)
+        saving = run.save("torn")
+        assert held.waiting.wait(30)
+        with torch.no_grad():
+            run.model[0].weight.add_(1.0)  # not the optimizer: the gate does not order this
+        held.release()
+        with pytest.raises(TornSnapshotError, match="written in place"):
+            saving.upload_completion.result()
+        with pytest.raises(CheckpointException):  # never committed, never half-loaded
+            loaded(tmp_path / "torn", good)
+        assert equal(loaded(tmp_path / "good", good), good)
+        run.step()
+        run.save("after").upload_completion.result()  # the stager goes on
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("strategy", ["c", "g", "d"])
+def test_buffers_are_reused_at_most_concurrency_snapshots_exist_and_each_checkpoint_is_its_step(
+        tmp_path, strategy):
+    run = Run(tmp_path, strategy=strategy, concurrency=2)
+    try:
+        want, saves, buffers = {}, [], []
+        for i in range(6):  # nothing waits for a save: the stager bounds what is in flight
+            run.step()
+            want[i] = model_state(run)
+            saves.append(run.save(f"s{i}"))
+            assert len(run.stager._slots) <= 2
+            buffers.append({s.index: s.buffers.allocated for s in run.stager._slots})
+        for s in saves:
+            s.upload_completion.result()
+        for i in range(6):
+            assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
+        assert buffers[-1] == buffers[2]  # the same buffers, not more, from the third save on
+        if strategy != "d":
+            assert run.writer._direct is not None and not run.writer.named.opened  # no second copy
+    finally:
+        run.close()
+
+
+def test_a_staged_buffer_is_page_aligned_and_a_storage_of_its_own(tmp_path):
+    run = Run(tmp_path)
+    try:
+        run.step()
+        snapshot = run.stager.stage(run.state()).result()
+        w = snapshot["model"]["0.weight"]
+        assert w.data_ptr() % 4096 == 0 and w.untyped_storage().nbytes() == w.nbytes
+        assert staged.staged_slot(w) is not None and staged.staged_slot(run.model[0].weight) is None
+        assert torch.equal(w, run.model[0].weight)
+        del snapshot, w
+    finally:
+        run.close()
+
+
+def test_a_plain_dcp_save_of_a_staged_snapshot(tmp_path):
+    run = Run(tmp_path, concurrency=1)
+    try:
+        for i in range(3):  # one slot: each snapshot is let go when its save returns
+            run.step()
+            dcp.save(run.stager.stage(run.state()).result(), checkpoint_id=tmp_path / f"p{i}",
+                     storage_writer=run.writer)
+            assert equal(loaded(tmp_path / f"p{i}", model_state(run)), model_state(run))
+    finally:
+        run.close()
+
+
+def test_policy_skip_raises_save_skipped_while_every_slot_is_taken(tmp_path, monkeypatch):
+    run = Run(tmp_path, concurrency=1, policy="skip")
+    try:
+        run.trained_and_trusted()
+        held = Held(monkeypatch)
+        first = run.save("first")
+        assert held.waiting.wait(30)
+        with pytest.raises(SaveSkipped, match="skipped"):
+            run.save("second")
+        held.release()
+        first.upload_completion.result()
+        run.step()
+        run.save("third").upload_completion.result()
+        assert run.stager.stats["skipped"] == 1
+        assert sorted(os.listdir(tmp_path)) == ["first", "third", "warm-0", "warm-1", "warm-2"]
+    finally:
+        run.close()
+
+
+def test_bad_settings_are_one_line_errors():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        FastStager(strategy="x")
+    with pytest.raises(ValueError, match="concurrency must be"):
+        FastStager(concurrency=0)
+
+
+def two_ranks(mode: str, directory) -> list[str]:
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=python_path(ROOT, WORKERS))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "stager_worker.py"), mode,
+                                       str(directory)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return outs
+
+
+def test_skip_is_agreed_on_every_rank(tmp_path):
+    outs = two_ranks("skip", tmp_path)
+    for out in outs:  # only rank 1's slot was taken; both skipped, then both saved
+        assert "skipped" in out and "saved 2" not in out and "saved 3" in out, out
+    assert sorted(os.listdir(tmp_path)) == ["step-3"]
+
+
+def test_a_copy_failing_on_one_rank_fails_that_save_on_both_before_dcps_collectives(tmp_path):
+    outs = two_ranks("fail", tmp_path)
+    assert "failed RuntimeError: injected" in outs[1], outs[1]
+    assert "failed CheckpointWriteError: another rank could not stage" in outs[0], outs[0]
+    for out in outs:
+        assert "saved 3" not in out and "saved 4" in out, out
+    assert sorted(os.listdir(tmp_path)) == ["step-1", "step-2", "step-4"]

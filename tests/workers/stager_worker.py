@@ -1,0 +1,95 @@
+"""One gloo rank of FastStager's agreement tests: a small model, trained and saved with dcp.async_save
+through FastStorageWriter and FastStager on 2 ranks.
+
+Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
+         concurrency 1, policy 'skip': rank 1 keeps its first snapshot referenced, so its only slot
+         stays taken; the next async_save raises SaveSkipped on *both* ranks ("skipped"); once rank 1
+         lets go, the next save commits ("saved N").
+       stager_worker.py fail CKPT
+         rank 1's background copy of the third save fails (an injected error); that save fails on
+         both ranks, before DCP's collectives ("failed <error type>"), nothing of it is committed,
+         and the next save commits ("saved N").
+"""
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+torch.set_num_threads(1)
+
+
+def main() -> None:
+    mode, ckpt = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    from fastckpt.dcp import FastStager, FastStorageWriter, SaveSkipped, staged
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 32)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    group = dist.new_group(backend="gloo")
+    writer = FastStorageWriter(ckpt, chunk_mb=1)
+    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait")
+
+    def step(n: int) -> None:
+        model(torch.full((4, 32), float(n))).sum().backward()
+        optim.step()
+        optim.zero_grad()
+
+    def save(n: int):
+        state = {"model": model.state_dict(), "optim": optim.state_dict()}
+        return dcp.async_save(state, checkpoint_id=os.path.join(ckpt, f"step-{n}"), storage_writer=writer,
+                              async_stager=stager, process_group=group)
+
+    if mode == "skip":
+        step(1)
+        held = stager.stage({"model": model.state_dict()})
+        kept = held.result() if rank == 1 else None  # rank 1's only slot stays taken
+        del held
+        step(2)
+        try:
+            save(2)
+            print("saved 2", flush=True)
+        except SaveSkipped:
+            print("skipped", flush=True)
+        del kept
+        step(3)
+        save(3).upload_completion.result()
+        print("saved 3", flush=True)
+    elif mode == "fail":
+        real = staged.copy_leaf
+        fail = threading.Event()
+
+        def failing_copy(src, buf, stream=None):
+            if fail.is_set() and rank == 1 and threading.current_thread().name.startswith("fastckpt-dcp-stage"):
+                raise RuntimeError("injected: this rank's background copy failed")
+            real(src, buf, stream)
+
+        staged.copy_leaf = failing_copy
+        for n in (1, 2):
+            step(n)
+            save(n).upload_completion.result()
+        step(3)
+        fail.set()
+        try:
+            save(3).upload_completion.result()
+            print("saved 3", flush=True)
+        except BaseException as e:  # noqa: BLE001 - what each rank saw
+            print(f"failed {type(e).__name__}: {e}", flush=True)
+        fail.clear()
+        step(4)
+        save(4).upload_completion.result()
+        print("saved 4", flush=True)
+        print(f"stats {stager.stats}", flush=True)
+    stager.close()
+    writer.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # as fsdp2_worker.py: never through interpreter shutdown with gloo threads about
