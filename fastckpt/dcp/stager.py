@@ -77,7 +77,8 @@ class Slot:
         self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
         self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
         self.delivered = False  # the future is done
-        self.alive = 0  # staged tensor objects still referenced
+        self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
+        self.refs: list = []  # weak references to them, whose callbacks count them down
         self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
         self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
 
@@ -157,7 +158,9 @@ class FastStager(AsyncStager):
         if self._closed:
             raise RuntimeError("this FastStager is closed")
         self._raise_background_errors()
-        leaves, spec = pytree.tree_flatten(state_dict)
+        with_paths, spec = pytree.tree_flatten_with_path(state_dict)
+        leaves = [leaf for _, leaf in with_paths]
+        names = [pytree.keystr(path) for path, _ in with_paths]
         for leaf in leaves:
             if st.sharded_tensor(leaf):
                 raise TypeError("FastStager stages torch.Tensor and DTensor values; a ShardedTensor "
@@ -166,7 +169,8 @@ class FastStager(AsyncStager):
         slot = self._take_slot(self._bytes_of(leaves))
         seq, self._seq = self._seq, self._seq + 1
         future = StagedFuture(self, slot, seq)
-        slot.seq, slot.error, slot.alive, slot.delivered = seq, None, 0, False
+        with self._cond:
+            slot.seq, slot.error, slot.alive, slot.delivered, slot.refs = seq, None, 0, False, []
         slot.staged_by, slot.taken_by = threading.current_thread(), None
         slot.copied.clear()
         self.stats["staged"] += 1
@@ -174,7 +178,7 @@ class FastStager(AsyncStager):
         staged: list[Any] = list(leaves)
         event = None
         try:
-            later, slot.watch = self._split(leaves)
+            later, slot.watch = self._split(leaves, names)
             now = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and i not in later]
             for i in now:
                 staged[i] = self._stage_leaf(slot, i, leaves[i], stream=None)
@@ -224,7 +228,7 @@ class FastStager(AsyncStager):
         self._raise_background_errors()
 
     # -- the copy -------------------------------------------------------------
-    def _split(self, leaves):
+    def _split(self, leaves, names):
         """(leaves copied after stage() returns, the watch over their versions): the optimizers'
         own tensors, once steps run and the run has earned it; every other tensor is copied now."""
         if self._gate.steps_seen == 0:
@@ -232,7 +236,7 @@ class FastStager(AsyncStager):
         owned = self._gate.owned_storages()
         later = [i for i, leaf in enumerate(leaves)
                  if isinstance(leaf, torch.Tensor) and storage_key(leaf) in owned]
-        watch = self._gate.trust.watch([(f"leaf {i}", leaves[i]) for i in later])
+        watch = self._gate.trust.watch([(names[i], leaves[i]) for i in later])
         return (later, watch) if watch.deferred else ([], watch)
 
     def _stage_leaf(self, slot: Slot, i: int, leaf: torch.Tensor, stream) -> torch.Tensor:
@@ -247,15 +251,18 @@ class FastStager(AsyncStager):
         return self._track(slot, leaf.detach())
 
     def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
-        slot.alive += 1
-        ref = weakref.ref(t, lambda _r, s=slot: self._gone(s))
-        t._fastckpt_staged_ref = ref  # noqa: SLF001 - kept with the object it watches
+        with self._cond:
+            slot.alive += 1
+            slot.refs.append(weakref.ref(t, lambda _r, s=slot, seq=slot.seq: self._gone(s, seq)))
         return t
 
-    def _gone(self, slot: Slot) -> None:
+    def _gone(self, slot: Slot, seq: int) -> None:
+        """A staged tensor of snapshot `seq` is gone (an older snapshot's, left to the garbage
+        collector, counts for nothing)."""
         with self._cond:
-            slot.alive -= 1
-            self._cond.notify_all()
+            if slot.seq == seq:
+                slot.alive -= 1
+                self._cond.notify_all()
 
     def _after_current_stream(self, leaves, later):
         """A CUDA event after the work queued so far on the current stream: the stager's own
@@ -342,7 +349,7 @@ class FastStager(AsyncStager):
                     "that checkpoint may mix two states: do not resume from it"))
             for ptr in s.live:
                 st.unregister(ptr, s)
-        s.busy, s.taken_by, s.staged_by, s.watch, s.live = False, None, None, None, []
+        s.busy, s.taken_by, s.staged_by, s.watch, s.live, s.refs = False, None, None, None, [], []
 
     def _take_slot(self, nbytes: int) -> Slot:
         with self._cond:

@@ -137,7 +137,7 @@ def test_a_tensor_written_in_place_before_its_copy_fails_that_save_and_commits_n
         with torch.no_grad():
             run.model[0].weight.add_(1.0)  # not the optimizer: the gate does not order this
         held.release()
-        with pytest.raises(TornSnapshotError, match="written in place"):
+        with pytest.raises(TornSnapshotError, match=r"\['model'\]\['0.weight'\] was written in place"):
             saving.upload_completion.result()
         with pytest.raises(CheckpointException):  # never committed, never half-loaded
             loaded(tmp_path / "torn", good)
@@ -162,6 +162,7 @@ def test_buffers_are_reused_at_most_concurrency_snapshots_exist_and_each_checkpo
             buffers.append({s.index: s.buffers.allocated for s in run.stager._slots})
         for s in saves:
             s.upload_completion.result()
+        assert all(s.alive == 0 for s in run.stager._slots)  # each save let go of its snapshot when done
         for i in range(6):
             assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
         assert buffers[-1] == buffers[2]  # the same buffers, not more, from the third save on
