@@ -43,7 +43,7 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
         try:
             check_crcs(path, idx, order, crcs)
         except CorruptCheckpointError as e:
-            raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
+            raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry)}") from None
         file_crc, n = idx.file_crc, len(order)
         if entry is not None and file_crc is None:
             raise CorruptCheckpointError(f"{path}: the commit record names a fastckpt file but its "
@@ -64,7 +64,7 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
             try:
                 check_crcs(path, meta, head, names, crcs, [k for _, k in spans], entry.crc32 if entry else None)
             except CorruptCheckpointError as e:
-                raise CorruptCheckpointError(f"{e}{_bad_chunk(path, entry)}") from None
+                raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry)}") from None
         else:
             note = " (safetensors file without fastckpt checksums: structure checked only)"
         structure = lambda: check_structure(path, header, head)  # noqa: E731
@@ -75,7 +75,7 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
     return f"{path}: {n} records, {os.path.getsize(path)} bytes{note}"
 
 
-def _bad_chunk(path: str, entry: FileEntry | None) -> str:
+def bad_chunk(path: str, entry: FileEntry | None) -> str:
     if entry is None or not entry.spans:
         return ""
     crcs = range_crcs(path, [(off, n) for _, off, n, _ in entry.spans])
@@ -107,7 +107,7 @@ def verify_survey(found) -> Report:
                 continue
             for path, entry in e.checks:
                 try:
-                    report.good(_verify_one(path, entry) + (" (foreign: no fastckpt record)"
+                    report.good(found.check(path, entry) + (" (foreign: no fastckpt record)"
                                                             if e.status == "foreign" else ""))
                 except (CorruptCheckpointError, OSError) as err:
                     report.bad(str(err))
@@ -115,7 +115,8 @@ def verify_survey(found) -> Report:
     return report
 
 
-def _verify_one(path: str, entry: FileEntry | None) -> str:
+def verify_one(path: str, entry: FileEntry | None) -> str:
+    """One file of a checkpoint, every byte read (a pool pointer: the version it points to)."""
     from .pmem.pointer import is_pool_pointer
     if is_pool_pointer(path):
         from .pmem.commands import verify_pointer

@@ -85,6 +85,9 @@ def _export(args) -> int:
             return 0
     elif os.path.isfile(args.src):
         state = load_file(args.src, weights_only=not args.trust_pickle)
+    elif kind_of(args.src) is not None:  # a plugin's kind of folder (a DCP checkpoint) reads itself
+        state, which = kind_of(args.src).full_state(args.src, args.step)
+        what = f"{which}, all ranks' shards"
     else:
         if not os.path.isdir(args.src):
             raise FileNotFoundError(f"{args.src} does not exist")
@@ -112,6 +115,13 @@ def _export(args) -> int:
             bar.close()
     print(f"wrote {args.out} ({_size(size)}, format {args.to}){': ' + what if what else ''}")
     return 0
+
+
+def kind_of(path: str):
+    """The plugin FolderKind of the folder at path (None: a core kind, or not a folder)."""
+    from .folder_kinds import kind_named
+    from .folders import survey
+    return kind_named(survey(path).kind) if os.path.isdir(path) else None
 
 
 def _repack(args) -> int:
@@ -242,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("path")
     s.set_defaults(fn=_verify)
     s = sub.add_parser("export", help="convert a checkpoint (or a model's version in a pool) to a file")
-    s.add_argument("src", help="checkpoint root, file, or pool")
+    s.add_argument("src", help="checkpoint root, file, pool, or a PyTorch DCP checkpoint (or a folder of them)")
     s.add_argument("--model", default=None, help="pools: which model (default: the only one)")
     s.add_argument("out")
     s.add_argument("--step", type=int, default=None, help="default: the newest valid")

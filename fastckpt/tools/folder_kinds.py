@@ -12,7 +12,11 @@ kind: a second or two); a plugin whose framework is not installed is left out qu
      the kind's own record, its files with their record entries for verify);
   3. `latest(path)`: which of the checkpoints in a folder of them the kind's pointer names;
   4. `loading()`: a context in which `verify` reads the kind's files (the framework's own
-     plain-data types a load of them allows).
+     plain-data types a load of them allows);
+  5. `check(path, entry)`: `verify` of one of the kind's files, every byte read (default: the
+     core's, fastckpt.verify.verify_one, for the formats it knows);
+  6. `full_state(path, step)`: (the whole state, which checkpoint) of one checkpoint or of a
+     folder of them, for `export` (default: the kind is not exported).
 `many` and `one` are the survey kinds of a folder of them and of one (with `describe`, the
 words `fastckpt ls` prints for each).
 """
@@ -49,6 +53,16 @@ class FolderKind(abc.ABC):
     def loading(self):
         """(4) The context `verify` reads this kind's files in."""
         return contextlib.nullcontext()
+
+    def check(self, path: str, entry) -> str:
+        """(5) Every byte of one file checked: a one-line summary, or CorruptCheckpointError."""
+        from ..verify import verify_one
+        return verify_one(path, entry)
+
+    def full_state(self, path: str, step: Optional[int] = None):
+        """(6) (the whole state, the checkpoint it is) for `fastckpt export`."""
+        from ..errors import ConfigError
+        raise ConfigError(f"fastckpt export does not read {self.describe.get(self.many, self.many)} yet")
 
 
 @functools.lru_cache(maxsize=None)

@@ -61,6 +61,12 @@ class Survey:
     hints: list[str] = field(default_factory=list)
     single: bool = False  # the path is one checkpoint (one the user asked about)
     loading: Callable = contextlib.nullcontext  # the context its files are read in (a plugin kind's)
+    check: Optional[Callable] = None  # how verify reads one of its files (a plugin kind's; None: the core's)
+
+    def __post_init__(self) -> None:
+        if self.check is None:
+            from ..verify import verify_one
+            self.check = verify_one
 
 
 def survey(path: str) -> Survey:
@@ -83,14 +89,14 @@ def survey(path: str) -> Survey:
     for kind in plugin_kinds():
         if kind.is_one(path, names):
             return Survey(kind.one, path, [kind.entry(os.path.dirname(path), os.path.basename(path), None)],
-                          single=True, loading=kind.loading)
+                          single=True, loading=kind.loading, check=kind.check)
         ones = [n for n in names if os.path.isdir(os.path.join(path, n))
                 and kind.is_one(os.path.join(path, n), _listdir(os.path.join(path, n)))]
         if ones:
             latest = kind.latest(path)
             entries = [kind.entry(path, n, latest) for n in ones]
             entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
-            return Survey(kind.many, path, entries, loading=kind.loading)
+            return Survey(kind.many, path, entries, loading=kind.loading, check=kind.check)
     found = _store_survey(path, loose)
     if found is not None:
         return found

@@ -1,0 +1,77 @@
+"""Checking one file of a DCP checkpoint, every byte read: what `fastckpt verify` does to it.
+
+`.metadata`: the bytes its commit record names (size, CRC-32), and DCP metadata when read by
+the restricted unpickler. A data file (`*.distcp`, DCP's FileSystemWriter's or ours): each
+tensor item is a torch.save archive at the offset `.metadata` gives; its structure is parsed
+and each of its records checked against the archive's own CRC-32 — a damaged item is named by
+its key in the state. A file fastckpt wrote is also checked whole against its commit record
+(its CRC-32 covers the byte items and the gaps too), and damage no archive explains is placed
+by the record's chunk CRCs. A file DCP's own writer wrote has no CRC for its byte items:
+their lengths are checked only (said in the line).
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Optional
+
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+from ..commit.record import FileEntry, plain_name
+from ..errors import CorruptCheckpointError
+from ..format.reading import range_crcs
+from ..format.torch_format import check_crcs
+from ..format.zip_reader import read_index
+from ..fsutil import read_regular
+from ..verify import bad_chunk
+from . import metadata as md_file
+
+
+def read_metadata(directory: str, entry: Optional[FileEntry] = None):
+    """The checkpoint's DCP metadata, refused when it is not the bytes its record names."""
+    path = os.path.join(directory, md_file.NAME)
+    raw = read_regular(path, md_file.MAX_BYTES)
+    if entry is not None and (len(raw) != entry.bytes or zlib.crc32(raw) != entry.crc32):
+        raise CorruptCheckpointError(f"{path} is not the one its commit record names (replaced or damaged)")
+    return md_file.decode(raw, path)
+
+
+def check_file(path: str, entry: Optional[FileEntry] = None) -> str:
+    """Raises CorruptCheckpointError naming the damage; returns a one-line summary."""
+    directory, name = os.path.split(path)
+    if name == md_file.NAME:
+        metadata = read_metadata(directory, entry)
+        return f"{path}: DCP metadata of {len(metadata.state_dict_metadata)} keys"
+    metadata = read_metadata(directory)
+    mine = [(index, info) for index, info in (metadata.storage_data or {}).items()
+            if plain_name(info.relative_path, path) == name]
+    size = os.path.getsize(path)
+    whole_ok = None
+    if entry is not None:
+        whole_ok = range_crcs(path, [(0, size)])[0] == entry.crc32
+    tensors, blobs = 0, 0
+    for index, info in sorted(mine, key=lambda x: x[1].offset):
+        if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+            raise CorruptCheckpointError(f"{path}: item {_key(index)} lies at bytes {info.offset}.."
+                                         f"{info.offset + info.length} of a {size}-byte file")
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            blobs += 1
+            continue
+        tensors += 1
+        try:
+            idx = read_index(path, info.offset, info.length)
+            order = idx.ordered()
+            check_crcs(path, idx, order, range_crcs(path, [(e.data_off, e.size) for e in order]))
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(f"{path}: item {_key(index)} is damaged: {e}") from None
+    if whole_ok is False:
+        raise CorruptCheckpointError(f"{path}: file CRC-32 differs from its commit record (every tensor "
+                                     f"item checks: the damage is in a byte item or between items)"
+                                     f"{bad_chunk(path, entry)}")
+    note = "" if entry is not None else f" (no commit record: the {blobs} byte items' lengths checked only)"
+    return f"{path}: {tensors} tensor items, {blobs} byte items, {size} bytes{note}"
+
+
+def _key(index) -> str:
+    offset = f" at {list(index.offset)}" if index.offset is not None and any(index.offset) else ""
+    return f"{index.fqn!r}{offset}"

@@ -1,0 +1,100 @@
+"""PyTorch DCP checkpoints as `fastckpt ls`, `verify` and `export` read them: a folder of DCP
+checkpoints (torchtitan's `step-N`, one directory per save) and one of them — a FolderKind
+(fastckpt.tools.folder_kinds), named in setup.cfg's entry points `fastckpt.folders`.
+
+Status of one DCP checkpoint directory:
+  committed   fastckpt's commit record (fastckpt-dcp.json) is intact and names every file at its size
+  foreign     DCP's own FileSystemWriter wrote it (`.metadata`, no record): loadable, no file CRCs
+  incomplete  fastckpt began it and never committed it (its `.metadata` is marked as ours, no
+              record), or there is no `.metadata` at all: a save cut short, never loaded
+  invalid     the record is damaged or disagrees with the files
+`export` reads the whole, consolidated state (every rank's shards; resharding is DCP's planner's)
+through FastStorageReader, every item's CRC checked.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from ..commit import record
+from ..errors import CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
+from ..tools.folder_kinds import FolderKind
+from ..tools.folders import Entry
+from . import metadata as md_file
+from .check import check_file, read_metadata
+from .writer import RECORD, SUFFIX
+
+STEP_RE = re.compile(r"(\d+)$")  # step-12, checkpoint_12: the step a name ends with
+
+
+class DcpFolders(FolderKind):
+    many, one = "dcp", "dcp-checkpoint"
+    describe = {"dcp": "a folder of PyTorch DCP checkpoints", "dcp-checkpoint": "one PyTorch DCP checkpoint"}
+
+    def is_one(self, path: str, names: list[str]) -> bool:
+        return md_file.NAME in names or RECORD in names or any(n.endswith(SUFFIX) for n in names)
+
+    def latest(self, path: str) -> Optional[str]:
+        return None  # DCP keeps no pointer; the newest committed is fastckpt.dcp.newest_committed's
+
+    def entry(self, parent: str, name: str, latest: Optional[str]) -> Entry:
+        directory = os.path.join(parent, name)
+        named = STEP_RE.search(name)
+        entry = Entry(name, directory, "incomplete", time=os.path.getmtime(directory),
+                      step=int(named.group(1)) if named else None)
+        data = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
+        if os.path.exists(os.path.join(directory, RECORD)):
+            try:
+                info = record.read(directory, RECORD, every_rank=False)
+            except (CorruptCheckpointError, OSError) as e:
+                entry.status, entry.detail = "invalid", str(e)
+                return entry
+            ranks = f"{info.world_size} rank{'s' if info.world_size > 1 else ''}"
+            entry.status, entry.detail, entry.bytes = "committed", f"DCP, {ranks}, by fastckpt", info.bytes
+            entry.step = info.step if info.step >= 0 else entry.step
+            entry.checks = [(os.path.join(directory, f.name), f) for f in info.files]
+            return entry
+        try:
+            metadata = read_metadata(directory)
+        except FileNotFoundError:
+            entry.detail = f"no {md_file.NAME}: a save cut short"
+            return entry
+        except (CorruptCheckpointError, UnsafeCheckpointError, OSError) as e:
+            entry.status, entry.detail = "invalid", str(e)
+            return entry
+        if md_file.written_by_fastckpt(metadata):
+            entry.detail = f"fastckpt began it and never committed it (no {RECORD})"
+            return entry
+        entry.status, entry.detail = "foreign", "DCP, by its own writer: no fastckpt record"
+        entry.checks = [(os.path.join(directory, n), None) for n in [md_file.NAME] + data]
+        entry.bytes = sum(os.path.getsize(p) for p, _ in entry.checks)
+        return entry
+
+    def check(self, path: str, entry) -> str:
+        return check_file(path, entry)
+
+    def full_state(self, path: str, step: Optional[int] = None):
+        """(the state, which checkpoint it is): one DCP checkpoint, or from a folder of them the
+        newest committed (or the one of `step`)."""
+        directory = path if self.is_one(path, os.listdir(path)) else _pick(self, path, step)
+        from .reader import FastStorageReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+        state: dict = {}
+        # DCP's own conversion to one file (format_utils.dcp_to_torch_save) loads this way
+        _load_state_dict(state, storage_reader=FastStorageReader(directory),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        return state, directory
+
+
+def _pick(kind: DcpFolders, parent: str, step: Optional[int]) -> str:
+    entries = [kind.entry(parent, n, None) for n in sorted(os.listdir(parent))
+               if os.path.isdir(os.path.join(parent, n)) and kind.is_one(os.path.join(parent, n),
+                                                                         os.listdir(os.path.join(parent, n)))]
+    usable = [e for e in entries if e.status in ("committed", "foreign") and (step is None or e.step == step)]
+    if not usable:
+        which = f"of step {step} " if step is not None else ""
+        raise NoCheckpointError(f"no committed DCP checkpoint {which}under {parent}")
+    usable.sort(key=lambda e: (e.status == "committed", e.step if e.step is not None else -1, e.time or 0))
+    return usable[-1].path
