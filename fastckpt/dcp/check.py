@@ -6,8 +6,10 @@ tensor item is a torch.save archive at the offset `.metadata` gives; its structu
 and each of its records checked against the archive's own CRC-32 — a damaged item is named by
 its key in the state. A file fastckpt wrote is also checked whole against its commit record
 (its CRC-32 covers the byte items and the gaps too), and damage no archive explains is placed
-by the record's chunk CRCs. A file DCP's own writer wrote has no CRC for its byte items:
-their lengths are checked only (said in the line).
+by the record's chunk CRCs. Byte items are torch.save archives as well: parsed, their pickle
+run through the restricted unpickler (an item naming a global off the allowlist says UNSAFE).
+A file DCP's own writer wrote has no CRC over its byte items: their structure is checked only
+(said in the line).
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from typing import Optional
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from ..commit.record import FileEntry, plain_name
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..format.reading import range_crcs
 from ..format.torch_format import check_crcs
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from ..verify import bad_chunk
 from . import metadata as md_file
+from .reader import safe_byte_item
 
 
 def read_metadata(directory: str, entry: Optional[FileEntry] = None):
@@ -49,13 +52,19 @@ def check_file(path: str, entry: Optional[FileEntry] = None) -> str:
     whole_ok = None
     if entry is not None:
         whole_ok = range_crcs(path, [(0, size)])[0] == entry.crc32
-    tensors, blobs = 0, 0
+    tensors, blobs, unsafe = 0, 0, ""
     for index, info in sorted(mine, key=lambda x: x[1].offset):
         if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
             raise CorruptCheckpointError(f"{path}: item {_key(index)} lies at bytes {info.offset}.."
                                          f"{info.offset + info.length} of a {size}-byte file")
         if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
             blobs += 1
+            try:  # a torch.save archive too: its structure and pickle (restricted unpickler)
+                safe_byte_item(path, info.offset, info.length, index.fqn)
+            except CorruptCheckpointError as e:
+                raise CorruptCheckpointError(f"{path}: item {_key(index)} is damaged: {e}") from None
+            except UnsafeCheckpointError as e:  # intact, but a load refuses it
+                unsafe = unsafe or str(e)
             continue
         tensors += 1
         try:
@@ -68,7 +77,9 @@ def check_file(path: str, entry: Optional[FileEntry] = None) -> str:
         raise CorruptCheckpointError(f"{path}: file CRC-32 differs from its commit record (every tensor "
                                      f"item checks: the damage is in a byte item or between items)"
                                      f"{bad_chunk(path, entry)}")
-    note = "" if entry is not None else f" (no commit record: the {blobs} byte items' lengths checked only)"
+    note = "" if entry is not None else f" (no commit record: the {blobs} byte items' structure checked only)"
+    if unsafe:
+        note += f"; UNSAFE to load as it is: {unsafe}"
     return f"{path}: {tensors} tensor items, {blobs} byte items, {size} bytes{note}"
 
 

@@ -13,7 +13,9 @@ restricted unpickler (fastckpt.dcp.metadata). A directory that DCP's own FileSys
 (no record, and its `.metadata` not marked as fastckpt's) loads, with one warning that there is
 no commit record to check it against.
 
-read_data reads, per file, the items this rank needs: byte items as DCP wrote them; each tensor
+read_data reads, per file, the items this rank needs: byte items as DCP wrote them, each one's
+pickle first run through the restricted unpickler (DCP's planner unpickles it with
+weights_only=False: nothing that names a global off the allowlist reaches it); each tensor
 item an archive (a torch.save of one tensor: ours or DCP's), parsed by fastckpt's zip validator
 (fastckpt.format.zip_reader) at its offset and read with its neighbours in one parallel pass,
 every record checked against its CRC-32 (verify=False skips the check), unpickled by the
@@ -33,9 +35,9 @@ from torch.futures import Future
 
 from ..commit import record
 from ..commit.record import plain_name
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..format.reading import read_records
-from ..format.torch_format import read_archives
+from ..format.torch_format import check_structure, read_archives
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from . import metadata as md_file
@@ -135,6 +137,8 @@ class FastStorageReader(StorageReader):
         if blobs:
             spans = [(self.storage_data[i.storage_index].offset, self.storage_data[i.storage_index].length)
                      for i in blobs]
+            for item, (off, length) in zip(blobs, spans):  # before DCP's planner unpickles it
+                safe_byte_item(path, off, length, item.storage_index.fqn)
             data, _ = read_records(path, spans, False, False, self.threads)
             for item, buf in zip(blobs, data):
                 planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes()))
@@ -150,6 +154,17 @@ class FastStorageReader(StorageReader):
                                                  f"the plan asks for {tuple(target.size())}")
                 target.copy_(value)
                 planner.commit_tensor(item, target)
+
+
+def safe_byte_item(path: str, offset: int, length: int, fqn: str) -> None:
+    """A byte item (any value but a tensor: DCP torch.saves it) is read by DCP's planner with
+    torch.load(weights_only=False), which runs whatever its pickle names. Its archive is parsed and
+    its pickle run through the restricted unpickler first: a global off the allowlist is refused
+    (UnsafeCheckpointError, naming the item) and the planner never sees it."""
+    try:
+        check_structure(path, read_index(path, offset, length))
+    except (UnsafeCheckpointError, CorruptCheckpointError) as e:
+        raise type(e)(f"DCP item {fqn!r}: {e}") from None
 
 
 def _chunk(tensor, offsets, lengths):

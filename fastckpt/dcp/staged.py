@@ -77,6 +77,7 @@ class Buffers:
         self.device_copy = device_copy  # strategy 'g': a CUDA leaf's copy stays on its device
         self._bufs: dict[int, torch.Tensor] = {}  # leaf index -> the local buffer (shape, dtype)
         self.allocated = 0  # bytes
+        self.made = 0  # buffers allocated so far (reuse keeps this at one per leaf)
 
     def for_leaf(self, i: int, src: torch.Tensor) -> torch.Tensor:
         """The buffer for leaf i (its local values), made or remade to fit src."""
@@ -94,6 +95,7 @@ class Buffers:
         else:
             buf = torch.empty(local.shape, dtype=local.dtype, device=device)
         self._bufs[i] = buf
+        self.made += 1
         self.allocated += buf.numel() * buf.element_size()
         register(buf.untyped_storage().data_ptr(), self.owner)
         return buf

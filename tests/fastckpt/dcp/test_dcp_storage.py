@@ -147,3 +147,24 @@ def test_saved_on_two_ranks_loads_with_the_stock_reader_on_three(tmp_path):
     run_ranks("save", tmp_path / "c", 2)
     for rank, out in enumerate(run_ranks("load", tmp_path / "c", 3, READER="stock")):
         assert f"rank {rank} EQUAL" in out, out[-3000:]
+
+
+def test_a_byte_item_that_would_run_code_is_refused_before_dcps_planner_unpickles_it(tmp_path, capsys):
+    """DCP's load planner unpickles byte items with torch.load(weights_only=False); ours checks the
+    pickle first. A checkpoint of DCP's own writer (no record needed) carrying a payload."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    dcp.save({"w": torch.ones(3), "extra": Payload()}, storage_writer=dcp.FileSystemWriter(tmp_path / "h"))
+    assert not marker.exists()
+    import fastckpt.dcp.reader as reader_module
+    reader_module._warned_stock = True
+    with pytest.raises(CheckpointException, match="DCP item 'extra'.*refusing to load global"):
+        dcp.load({"w": torch.zeros(3), "extra": None}, storage_reader=FastStorageReader(tmp_path / "h"))
+    assert not marker.exists()
+    from fastckpt.tools.cli import main
+    assert main(["verify", str(tmp_path / "h")]) == 0  # intact: verify says UNSAFE, runs nothing
+    assert "UNSAFE to load as it is" in capsys.readouterr().out and not marker.exists()

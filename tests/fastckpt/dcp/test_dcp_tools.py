@@ -101,10 +101,16 @@ def test_verify_reads_every_byte_and_names_a_damaged_item(folder):
     flip(folder / "step-3" / "__0_0.distcp", off + length - 300)
     code, out = cli("verify", folder / "step-3")
     assert code == 1 and "item 'model.b' is damaged" in out, out
-    off, length = item_offset(folder / "step-1", "note")  # a byte item: only the record's CRC sees it
+    off, length = item_offset(folder / "step-1", "note")  # a byte item: a torch.save archive as well
     flip(folder / "step-1" / "__0_0.distcp", off + length - 1)
     code, out = cli("verify", folder / "step-1")
-    assert code == 1 and "step-1/__0_0.distcp: file CRC-32 differs from its commit record" in out, out
+    assert code == 1 and "item 'note' is damaged" in out, out
+    off, length = item_offset(folder / "step-2", "model.b")  # the zeros before an aligned archive:
+    gap = off - 1  # no item holds them, the record's whole-file CRC does
+    ours(folder / "step-6", 6)
+    flip(folder / "step-6" / "__0_0.distcp", gap)
+    code, out = cli("verify", folder / "step-6")
+    assert code == 1 and "step-6/__0_0.distcp: file CRC-32 differs from its commit record" in out, out
     code, out = cli("verify", folder / "step-4")
     assert code == 1 and "incomplete" in out and "cannot be loaded" in out, out
 
