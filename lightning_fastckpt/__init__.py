@@ -7,19 +7,23 @@
 with DDP's gradient all-reduce. `TensorOffload` (a callback) offloads the training step's
 saved activations to SSD (Fastensor). `TunedModelCheckpoint(every_n_train_steps="auto",
 overhead=0.05)` chooses the interval and FastCheckpointIO's concurrency/writers by PCcheck's
-tuner, measured on this machine.
+tuner, measured on this machine. `FastModelParallelStrategy` is Lightning's ModelParallelStrategy
+(FSDP2, tensor parallelism) saving its distributed checkpoints through fastckpt.dcp.
 
 The names load on first use (PEP 562): importing the package itself imports no Lightning, so
 its host hook (lightning_fastckpt.deepspeed_removal) costs nothing in a process without it.
 """
 from __future__ import annotations
 
-__all__ = ["FastCheckpointIO", "LayerwiseCheckpointing", "TensorOffload", "TunedModelCheckpoint"]
+__all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "TensorOffload",
+           "TunedModelCheckpoint"]
 
 
 def __getattr__(name: str):
     if name == "FastCheckpointIO":
         from .checkpoint_io import FastCheckpointIO as value
+    elif name == "FastModelParallelStrategy":
+        from .model_parallel import FastModelParallelStrategy as value
     elif name == "LayerwiseCheckpointing":
         from .layerwise import LayerwiseCheckpointing as value
     elif name == "TensorOffload":

@@ -25,9 +25,10 @@ from ..format.reading import range_crcs
 from ..format.torch_format import check_crcs
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
-from ..verify import bad_chunk
+from ..verify import bad_chunk, verify_one
 from . import metadata as md_file
 from .reader import safe_byte_item
+from .writer import SUFFIX
 
 
 def read_metadata(directory: str, entry: Optional[FileEntry] = None):
@@ -45,6 +46,8 @@ def check_file(path: str, entry: Optional[FileEntry] = None) -> str:
     if name == md_file.NAME:
         metadata = read_metadata(directory, entry)
         return f"{path}: DCP metadata of {len(metadata.state_dict_metadata)} keys"
+    if not name.endswith(SUFFIX):  # a file committed with the checkpoint (Lightning's meta.pt)
+        return verify_one(path, entry)
     metadata = read_metadata(directory)
     mine = [(index, info) for index, info in (metadata.storage_data or {}).items()
             if plain_name(info.relative_path, path) == name]

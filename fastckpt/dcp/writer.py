@@ -18,7 +18,9 @@ file's entry for the commit record (its size, CRC-32 and chunk CRCs).
 finish is the commit (fastckpt.commit.file_sets.commit_gathered): DCP has gathered every rank's
 results, so every rank's file is durable; the coordinator writes `.metadata` (as DCP does,
 atomically and durably, marked as fastckpt's) and then the one commit record,
-`fastckpt-dcp.json`, naming every file and `.metadata` with their sizes and CRCs. A directory
+`fastckpt-dcp.json`, naming every file and `.metadata` with their sizes and CRCs — and the files
+the caller named in `also_commit`, which it wrote durably into the directory with fastckpt.save
+before the save (Lightning's `meta.pt`: the rest of a Lightning checkpoint). A directory
 whose record was never written is not loaded by FastStorageReader; the stock FileSystemReader
 loads a committed one unchanged.
 """
@@ -40,7 +42,8 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..commit.file_sets import commit_gathered
-from ..commit.record import FileEntry
+from ..commit.record import FileEntry, plain_name
+from ..format.zip_reader import read_index
 from ..named import NamedCheckpoints
 from ..errors import TornSnapshotError
 from ..write.deadline import Deadline
@@ -62,7 +65,7 @@ def storage_info(name: str, offset: int, length: int):
 class FastStorageWriter(StorageWriter):
     """Args:
         path: the checkpoint's directory (DCP's checkpoint_id may replace it per save).
-        step: what the commit record says of this checkpoint (-1: none given).
+        step: what the commit record says of this checkpoint (-1: none given); per save: expect().
         settings: the Checkpointer's settings (fastckpt.config.CheckpointerConfig's fields
             but root, store, keep, distributed and model), checked here, e.g. strategy="c",
             writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
@@ -77,6 +80,9 @@ class FastStorageWriter(StorageWriter):
         self.named = NamedCheckpoints(settings if settings is not None else kwargs)
         self.config = self.named.config
         self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
+        self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
+        self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
+        self._this = (step, [])  # the save in progress's (taken at reset)
         self.save_id = uuid.uuid4().hex
         self.rank, self.is_coordinator = 0, True
 
@@ -85,6 +91,7 @@ class FastStorageWriter(StorageWriter):
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
         self.save_id = uuid.uuid4().hex
+        self._this = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         if not kwargs.get("use_collectives", True):
@@ -115,7 +122,7 @@ class FastStorageWriter(StorageWriter):
         file_plan, places = plan_items(values)
         path = os.path.join(self.path, name)
         slots = {st.staged_slot(v) for v in values if isinstance(v, torch.Tensor)}
-        pending = self._named_for(slots).save(file_plan, path, self.step)
+        pending = self._named_for(slots).save(file_plan, path, self._this[0])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
@@ -157,13 +164,30 @@ class FastStorageWriter(StorageWriter):
         metadata.version = dcp_files.CURRENT_DCP_VERSION
         raw = md_file.write(os.path.join(self.path, md_file.NAME), metadata)
         files.append(FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw)))
-        commit_gathered(self.path, RECORD, files, self.step, len(results), meta={"dcp": True})
+        for name in self._this[1]:  # e.g. Lightning's meta.pt, written before this save began
+            files.append(self._entry_of(name))
+        commit_gathered(self.path, RECORD, files, self._this[0], len(results), meta={"dcp": True})
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
 
     # -- fastckpt's own -----------------------------------------------------
+    def expect(self, path, step: int = -1, also_commit=()) -> None:
+        """What the save into `path` records, said before it is issued: its step, and the files
+        (written durably with fastckpt.save into that directory) its record also names. Each save
+        takes its own at reset(), so saves in flight at once never see each other's."""
+        self._expected[os.path.abspath(os.fspath(path))] = (step, list(also_commit))
+
+    def _entry_of(self, name: str) -> FileEntry:
+        """The record's entry of a file fastckpt.save wrote (its own CRC-32, which verify checks)."""
+        path = os.path.join(self.path, plain_name(name, self.path))
+        idx = read_index(path)
+        if idx.file_crc is None:
+            raise ValueError(f"{path}: also_commit takes files written by fastckpt.save (their CRC-32 is "
+                             "what the record and fastckpt verify check)")
+        return FileEntry(name, 0, os.path.getsize(path), idx.file_crc)
+
     def _named_for(self, slots: set) -> NamedCheckpoints:
         """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
         'd': its buffers are private and page-aligned, a second copy would only cost time."""

@@ -1,0 +1,88 @@
+"""FastModelParallelStrategy: Lightning's ModelParallelStrategy (FSDP2) on 2 gloo ranks on CPU,
+saving its distributed checkpoints through fastckpt.dcp (async_save, FastStager, the commit).
+Every checkpoint ModelCheckpoint kept is committed with Lightning's meta.pt in its record; the
+ones it rotated out are gone; a run resumed from a kept checkpoint — by our strategy, and by
+Lightning's own ModelParallelStrategy (interop) — ends bit-equal to the uninterrupted run; a
+checkpoint whose commit never happened is refused."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fastckpt.commit import record
+from fastckpt.dcp import committed
+from fastckpt.dcp.writer import RECORD
+from support.paths import ROOT, WORKERS, python_path
+from support.processes import free_port
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+STEPS = 8
+
+
+def two_ranks(out, *args, ok: bool = True) -> list[str]:
+    port, procs = free_port(), []
+    os.makedirs(out, exist_ok=True)
+    for r in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+                   LOCAL_RANK=str(r), RANK=str(r), OMP_NUM_THREADS="1", PYTHONPATH=python_path(ROOT, WORKERS))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "lit_mp_worker.py"), str(out),
+                                       str(STEPS), *map(str, args)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    if ok:
+        for p, said in zip(procs, outs):
+            assert p.returncode == 0, said[-4000:]
+    return outs
+
+
+def equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mp")
+    two_ranks(out)
+    return out
+
+
+def test_kept_checkpoints_are_committed_with_meta_and_the_rotated_ones_are_gone(uninterrupted):
+    ck = uninterrupted / "ck"
+    names = sorted(os.listdir(ck))
+    assert names == ["epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"], names
+    for name in names:
+        info = record.read(str(ck / name), RECORD, every_rank=False)
+        assert {f.name for f in info.files} == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
+        assert info.world_size == 2 and info.step == int(name.split("step=")[1].split(".")[0])
+    assert [os.path.basename(i.path) for i in committed(ck)] == ["epoch=3-step=8.ckpt", "epoch=2-step=6.ckpt"]
+
+
+@pytest.mark.parametrize("stock", [False, True], ids=["ours", "lightnings-own"])
+def test_a_run_resumed_from_a_kept_checkpoint_ends_bit_equal(uninterrupted, tmp_path, stock):
+    ckpt = uninterrupted / "ck" / "epoch=2-step=6.ckpt"
+    copy = tmp_path / "from" / ckpt.name
+    shutil.copytree(ckpt, copy)
+    said = two_ranks(tmp_path / "resumed", "--resume", copy, *(["--stock"] if stock else []))
+    assert all(f"done {STEPS}" in s for s in said), said
+    want = torch.load(uninterrupted / "final.pt", weights_only=True)
+    got = torch.load(tmp_path / "resumed" / "final.pt", weights_only=True)
+    assert equal(got, want)
+
+
+def test_a_checkpoint_whose_commit_never_happened_is_refused(uninterrupted, tmp_path):
+    copy = tmp_path / "cut" / "epoch=2-step=6.ckpt"
+    shutil.copytree(uninterrupted / "ck" / "epoch=2-step=6.ckpt", copy)
+    os.remove(copy / RECORD)  # killed after .metadata, before the record
+    said = two_ranks(tmp_path / "resumed", "--resume", copy, ok=False)
+    assert any("never committed" in s for s in said), said[0][-3000:]
