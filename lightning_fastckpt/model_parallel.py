@@ -159,6 +159,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
             if self._writer is not None:
                 self._writer.close()
             self._writer = self._stager = None
+            self.checkpoint_io.teardown()  # ModelParallelStrategy.teardown never calls it (a full checkpoint's IO)
             super().teardown()
 
 

@@ -3,7 +3,8 @@ saving its distributed checkpoints through fastckpt.dcp (async_save, FastStager,
 Every checkpoint ModelCheckpoint kept is committed with Lightning's meta.pt in its record; the
 ones it rotated out are gone; a run resumed from a kept checkpoint — by our strategy, and by
 Lightning's own ModelParallelStrategy (interop) — ends bit-equal to the uninterrupted run; a
-checkpoint whose commit never happened is refused."""
+checkpoint whose commit never happened is refused. FastCheckpointIO given to Lightning's own
+ModelParallelStrategy (which bypasses a CheckpointIO for distributed checkpoints) says so."""
 from __future__ import annotations
 
 import os
@@ -86,3 +87,23 @@ def test_a_checkpoint_whose_commit_never_happened_is_refused(uninterrupted, tmp_
     os.remove(copy / RECORD)  # killed after .metadata, before the record
     said = two_ranks(tmp_path / "resumed", "--resume", copy, ok=False)
     assert any("never committed" in s for s in said), said[0][-3000:]
+
+
+def test_fastcheckpointio_given_to_a_strategy_that_bypasses_it_says_so(tmp_path):
+    said = two_ranks(tmp_path, "--stock", "--io")
+    assert "was saved by the strategy itself with PyTorch DCP, not through FastCheckpointIO" in said[0], said[0][-3000:]
+    assert "FastModelParallelStrategy" in said[0]
+    # rotation still works (the removed directory's name is gone at once; its files are freed in the
+    # background, which this worker's os._exit may cut short: ModelParallelStrategy.teardown never
+    # calls the CheckpointIO's teardown, which would wait for that)
+    visible = sorted(n for n in os.listdir(tmp_path / "ck") if not n.startswith("."))
+    assert visible == ["epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]
+
+
+def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
+    block = section.split("`FastModelParallelStrategy`", 1)[1].split("```py\n", 1)[1].split("```", 1)[0]
+    worker = {line.strip() for line in open(os.path.join(WORKERS, "lit_mp_worker.py"))}
+    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
+    assert block.strip() and not missing, missing

@@ -2,9 +2,10 @@
 configure_model) on 2 gloo ranks on CPU, started as torchrun starts them (env: RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_*).
 
-Usage: lit_mp_worker.py OUT STEPS [--stock] [--resume CKPT]
+Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--resume CKPT]
   trains to STEPS steps (ModelCheckpoint every 2 steps into OUT/ck, the 2 newest kept); with
-  --resume, from that checkpoint directory. --stock: Lightning's own ModelParallelStrategy.
+  --resume, from that checkpoint directory. --stock: Lightning's own ModelParallelStrategy
+  (--io: with FastCheckpointIO as its plugin, which that strategy bypasses).
   Rank 0 keeps the full model and optimizer state at the end in OUT/final.pt.
 One thread per process: every run computes each step with the same arithmetic.
 """
@@ -20,6 +21,7 @@ def main() -> None:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import ModelParallelStrategy
+    from lightning_fastckpt import FastCheckpointIO
     from lightning_fastckpt import FastModelParallelStrategy
 
     out, steps = sys.argv[1], int(sys.argv[2])
@@ -51,13 +53,15 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     # two steps an epoch: each checkpoint falls at an epoch's end, where Lightning resumes exactly
     data = torch.utils.data.TensorDataset(torch.randn(16, 16, generator=g), torch.randn(16, 4, generator=g))
-    strategy = ModelParallelStrategy() if "--stock" in sys.argv else \
-        FastModelParallelStrategy(fastckpt={"concurrency": 2, "chunk_mb": 1})
+    if "--stock" in sys.argv:
+        strategy = ModelParallelStrategy()
+    else:
+        strategy = FastModelParallelStrategy(fastckpt={"concurrency": 2, "chunk_mb": 1})
     keep = ModelCheckpoint(dirpath=os.path.join(out, "ck"), every_n_train_steps=2, save_top_k=2,
                            monitor="step", mode="max")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[keep],
-                        default_root_dir=out)
+                        default_root_dir=out, plugins=[FastCheckpointIO()] if "--io" in sys.argv else None)
     model = Net()
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=resume)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
