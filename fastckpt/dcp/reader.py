@@ -36,8 +36,8 @@ from torch.futures import Future
 from ..commit import record
 from ..commit.record import plain_name
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
-from ..format.reading import read_records
-from ..format.torch_format import check_structure, read_archives
+from ..format.reading import range_crcs, read_records
+from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from . import metadata as md_file
@@ -145,7 +145,11 @@ class FastStorageReader(StorageReader):
         if tensors:
             indexes = [read_index(path, self.storage_data[i.storage_index].offset,
                                   self.storage_data[i.storage_index].length) for i in tensors]
-            values = read_archives(path, indexes, "cpu", self.verify, self.threads)
+            try:
+                values = read_archives(path, indexes, "cpu", self.verify, self.threads)
+            except CorruptCheckpointError as e:  # which item: each archive checked on its own
+                bad = next((i.storage_index.fqn for i, idx in zip(tensors, indexes) if not archive_intact(path, idx)), None)
+                raise CorruptCheckpointError(f"DCP item {bad!r}: {e}" if bad else str(e)) from None
             for item, value in zip(tensors, values):
                 value = _chunk(value, item.storage_offsets, item.lengths)
                 target = planner.resolve_tensor(item).detach()
@@ -154,6 +158,16 @@ class FastStorageReader(StorageReader):
                                                  f"the plan asks for {tuple(target.size())}")
                 target.copy_(value)
                 planner.commit_tensor(item, target)
+
+
+def archive_intact(path: str, idx) -> bool:
+    """Whether every record of one item's archive matches its CRC-32."""
+    order = idx.ordered()
+    try:
+        check_crcs(path, idx, order, range_crcs(path, [(e.data_off, e.size) for e in order]))
+    except CorruptCheckpointError:
+        return False
+    return True
 
 
 def safe_byte_item(path: str, offset: int, length: int, fqn: str) -> None:
