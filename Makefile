@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu gpu-check test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu gpu-check test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/save_load.py
 	$(VPY) benchmarks/lightning_overhead.py
 	$(VPY) benchmarks/deepspeed_overhead.py
+	$(VPY) benchmarks/dcp.py
 	$(VPY) benchmarks/pmem_store.py
 	$(VPY) benchmarks/offload.py
 	$(VPY) benchmarks/tuned_interval.py
@@ -65,6 +66,10 @@ bench-lightning: $(STAMP)
 
 bench-deepspeed: $(STAMP)
 	$(VPY) benchmarks/deepspeed_overhead.py $(ARGS)
+
+# PyTorch DCP under FSDP2 (2 gloo ranks): DCP's save / async_save vs FastStorageWriter + FastStager
+bench-dcp: $(STAMP)
+	$(VPY) benchmarks/dcp.py $(ARGS)
 
 # every checkpointer of the plain loop, Lightning and DeepSpeed in one run on one GPU (after
 # `source .whl/gpu-env.sh` there, with that machine's python3); on CPU it runs with a small model

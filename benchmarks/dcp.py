@@ -1,0 +1,262 @@
+"""PyTorch DCP under FSDP2: fastckpt's FastStorageWriter + FastStager against DCP's own, and the bound.
+
+    python benchmarks/dcp.py --gib 1 --runs 3            # 2 gloo ranks on CPU
+    python benchmarks/dcp.py --device cuda --ranks 1     # on a lent GPU (contenders marked gpu)
+
+A model under fully_shard on RANKS processes, its parameters and AdamW state about GIB in all,
+trains one step, then each contender saves it after each of SAVES further steps (a fresh
+directory per save, the previous save finished first), on a gloo group of its own:
+  dcp.save            DCP's FileSystemWriter, synchronous (it fsyncs every file)
+  dcp.async_save      DCP's FileSystemWriter with DCP's DefaultStager (asynchronous staging)
+  fastckpt            FastStorageWriter with FastStager
+"Blocked" is what the training loop waits for before its next optimizer step may run:
+async_save's own return plus, for DCP's stager, its staging future; for FastStager, the
+optimizer step's gate (stager.synchronize_staging); for dcp.save, the whole call. "Durable" runs
+until the save's future is done. The bound is an O_DIRECT write of the same number of bytes
+(best of 1 and 4 threads, fdatasync) on the same disk in the same run. Loads: the last saves,
+on the same ranks (DCP's FileSystemReader vs FastStorageReader, which checks every CRC) and
+resharded to one process. Medians of RUNS runs (a warm-up run first, discarded). Rewrites its
+section of benchmarks/RESULTS.md (--no-results: not).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONTENDERS = ("dcp_save", "dcp_async", "fastckpt")
+
+
+# -- one rank (a child process) ----------------------------------------------
+def rank_main(a) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter
+
+    torch.set_num_threads(1)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if a.device == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(a.device, rank if a.device == "cuda" else 0) if a.device == "cuda" else torch.device("cpu")
+    if a.device == "cuda":
+        torch.cuda.set_device(dev)
+    mesh = init_device_mesh(a.device, (world,))
+    width = a.width
+    layers = max(1, int(a.gib * (1 << 30) / 3 / 4 / (width * width)))  # fp32 parameters + AdamW's 2 states
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(dev)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(4, width, device=dev)
+
+    def step():
+        model(x).square().mean().backward()
+        optim.step()
+        optim.zero_grad()
+
+    group = dist.new_group(backend="gloo")
+    out = os.path.join(a.dir, a.contender)
+    step()
+    times = {"blocked": [], "durable": []}
+    stager = FastStager(concurrency=1) if a.contender == "fastckpt" else None
+    writer = FastStorageWriter(out, chunk_mb=64) if a.contender == "fastckpt" else None
+    if a.contender == "dcp_async":
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        cuda = a.device == "cuda"
+        dcp_stager = DefaultStager(StagingOptions(cuda, False, True, cuda))
+    last = None
+    for i in range(a.saves):
+        step()
+        msd, osd = get_state_dict(model, optim)
+        state = {"model": msd, "optim": osd}
+        path = os.path.join(out, f"step-{i}")
+        dist.barrier()
+        t0 = time.perf_counter()
+        if a.contender == "dcp_save":
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), process_group=group)
+            blocked = durable = time.perf_counter() - t0
+        else:
+            if a.contender == "dcp_async":
+                r = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path), async_stager=dcp_stager,
+                                   process_group=group)
+                r.staging_completion.result()
+            else:
+                r = dcp.async_save(state, checkpoint_id=path, storage_writer=writer, async_stager=stager,
+                                   process_group=group)
+                stager.synchronize_staging()  # what the next optimizer step's gate waits for
+            blocked = time.perf_counter() - t0
+            r.upload_completion.result()
+            durable = time.perf_counter() - t0
+        times["blocked"].append(blocked)
+        times["durable"].append(durable)
+        last = path
+    if stager is not None:
+        stager.close()
+        writer.close()
+    if a.contender == "dcp_async":
+        dcp_stager.close()
+    loads = {}
+    for name, reader in (("load_stock", dcp.FileSystemReader), ("load_fastckpt", FastStorageReader)):
+        if name == "load_fastckpt" and a.contender != "fastckpt":
+            continue
+        msd, osd = get_state_dict(model, optim)
+        target = {"model": msd, "optim": osd}
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.load(target, storage_reader=reader(last), process_group=group)
+        dist.barrier()
+        loads[name] = time.perf_counter() - t0
+    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())  # this rank's share
+    if rank == 0:
+        print("RESULT " + json.dumps({"times": times, "loads": loads, "rank_bytes": nbytes, "last": last}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # never through interpreter shutdown with gloo threads about (tests/workers/fsdp2_worker.py)
+
+
+# -- the parent --------------------------------------------------------------
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranks(a, contender: str, dirname: str) -> dict:
+    port, procs = free_port(), []
+    for r in range(a.ranks):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-of", contender, "--dir", dirname,
+                                       "--gib", str(a.gib), "--saves", str(a.saves), "--device", a.device,
+                                       "--width", str(a.width)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{contender}: a rank exited with {p.returncode}:\n{out[-3000:]}")
+    return json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
+
+
+def resharded_load(path: str) -> float:
+    """The last fastckpt save loaded in one process as full tensors (DCP's planner reshards)."""
+    code = ("import sys, time, torch, warnings; warnings.simplefilter('ignore');"
+            "import torch.distributed.checkpoint as dcp;"
+            "from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner;"
+            "from torch.distributed.checkpoint.state_dict_loader import _load_state_dict;"
+            "from fastckpt.dcp import FastStorageReader; s = {}; t0 = time.perf_counter();"
+            "_load_state_dict(s, storage_reader=FastStorageReader(sys.argv[1]), planner=_EmptyStateDictLoadPlanner(),"
+            " no_dist=True); print(time.perf_counter() - t0)")
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-3000:])
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--saves", type=int, default=4,
+                   help="saves per run and contender, their median counts (FastStager copies its first at once)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--width", type=int, default=4096, help="the model's square layers (GIB decides how many)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dir", default=os.path.join(HERE, "out", "dcp_work"))
+    p.add_argument("--out", default=os.path.join(HERE, "out"))
+    p.add_argument("--no-results", action="store_true")
+    p.add_argument("--rank-of", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rank_of:
+        a.contender = a.rank_of
+        return rank_main(a)
+    sys.path.insert(0, HERE)
+    from helpers import bounds
+    from helpers.results import keep
+    rows: dict[str, list[float]] = {}
+    for run in range(a.runs + 1):  # run 0 warms everything up and is discarded
+        for contender in CONTENDERS:
+            shutil.rmtree(a.dir, ignore_errors=True)
+            os.makedirs(a.dir)
+            res = ranks(a, contender, a.dir)
+            total = res["rank_bytes"] * a.ranks
+            if run:
+                rows.setdefault(f"{contender}_blocked", []).append(statistics.median(res["times"]["blocked"]))
+                rows.setdefault(f"{contender}_durable", []).append(statistics.median(res["times"]["durable"]))
+                for k, v in res["loads"].items():
+                    rows.setdefault(f"{contender}_{k}", []).append(v)
+                if contender == "fastckpt":
+                    rows.setdefault("fastckpt_load_resharded_1", []).append(resharded_load(res["last"]))
+        raw = os.path.join(a.dir, "raw.bin")
+        if run:
+            rows.setdefault("odirect_write", []).append(bounds.direct_write_seconds(raw, total))
+        shutil.rmtree(a.dir, ignore_errors=True)
+        print(f"  run {run}/{a.runs} done{' (warm-up)' if run == 0 else ''}", flush=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    res = {"gib": a.gib, "bytes": total, "ranks": a.ranks, "device": a.device, "runs": a.runs, "saves": a.saves,
+           "median_s": med, "all_s": rows}
+    text = table(res)
+    print(text)
+    keep("dcp", a.out, res, text, plot, publish=not a.no_results)
+
+
+def table(res: dict) -> str:
+    m, gb = res["median_s"], res["bytes"] / 1e9
+    gpu = " (gpu)" if res["device"] == "cuda" else ""
+    lines = [f"### DCP under FSDP2{gpu}: {res['ranks']} ranks, {res['bytes'] / 2**30:.2f} GiB of parameters and AdamW "
+             f"state; medians of {res['runs']} runs (each the median of {res['saves']} saves)", "",
+             "| contender | blocked (s) | until durable (s) | GB/s durable | ratios |", "|---|---:|---:|---:|---|"]
+    lines.append(f"| O_DIRECT write + fdatasync of the same bytes (bound) | | {m['odirect_write']:.3f} | "
+                 f"{gb / m['odirect_write']:.2f} | |")
+    for c, name in (("dcp_save", "DCP `dcp.save`, FileSystemWriter"),
+                    ("dcp_async", "DCP `async_save`, FileSystemWriter + DefaultStager"),
+                    ("fastckpt", "fastckpt: FastStorageWriter + FastStager")):
+        ratio = ""
+        if c == "fastckpt":
+            ratio = (f"durable {m['dcp_async_durable'] / m['fastckpt_durable']:.2f}x faster than DCP async_save, "
+                     f"{m['odirect_write'] / m['fastckpt_durable']:.2f}x the O_DIRECT bound; blocked "
+                     f"{m['fastckpt_blocked'] / m['dcp_async_blocked']:.2f}x DCP+DefaultStager's")
+        lines.append(f"| {name} | {m[f'{c}_blocked']:.3f} | {m[f'{c}_durable']:.3f} | {gb / m[f'{c}_durable']:.2f} | "
+                     f"{ratio} |")
+    lines += ["", "| load | seconds |", "|---|---:|",
+              f"| DCP FileSystemReader, {res['ranks']} ranks (of DCP's save) | {m['dcp_save_load_stock']:.3f} |",
+              f"| DCP FileSystemReader, {res['ranks']} ranks (of fastckpt's save) | {m['fastckpt_load_stock']:.3f} |",
+              f"| FastStorageReader (every CRC checked), {res['ranks']} ranks | {m['fastckpt_load_fastckpt']:.3f} |",
+              f"| FastStorageReader resharded to 1 process (full tensors) | {m['fastckpt_load_resharded_1']:.3f} |"]
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    m = res["median_s"]
+    names = ["dcp_save", "dcp_async", "fastckpt"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [m[f"{n}_blocked"] for n in names], 0.4, label="blocked")
+    ax.bar([x + 0.2 for x in xs], [m[f"{n}_durable"] for n in names], 0.4, label="until durable")
+    ax.axhline(m["odirect_write"], color="k", linestyle="--", label="O_DIRECT write (bound)")
+    ax.set_xticks(list(xs), ["dcp.save", "DCP async_save", "fastckpt"])
+    ax.set_ylabel("seconds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
