@@ -37,6 +37,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 import fastckpt
 from fastckpt.config import CheckpointerConfig
+from fastckpt.errors import ConfigError
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter
 from fastckpt.dcp.writer import RECORD
 from fastckpt.fsutil import fsync_dir
@@ -50,6 +51,9 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         super().__init__(*args, **kwargs)
         self._fastckpt = fastckpt if isinstance(fastckpt, CheckpointerConfig) else \
             CheckpointerConfig.from_dict(dict(fastckpt or {}))  # checked now, before any process starts
+        if self._fastckpt.policy != "wait":
+            raise ConfigError("FastModelParallelStrategy saves with policy='wait' (a skipped save would leave "
+                              "Lightning's ModelCheckpoint believing it saved)")
         self._writer: Optional[FastStorageWriter] = None
         self._stager: Optional[FastStager] = None
         self._group = None
@@ -57,6 +61,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         self._saves = 0
         self._committed = -1  # the number of the newest save known committed
         self._deferred: list[tuple[str, int]] = []  # (directory, the saves issued before its removal)
+        self.stager_stats: dict = {}  # the last run's FastStager counts (after teardown)
 
     # -- saving ----------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
@@ -65,7 +70,9 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         if storage_options is not None:
             raise TypeError(f"`{type(self).__name__}.save_checkpoint(..., storage_options=...)` is not supported")
         path = Path(self.broadcast(filepath))
+        self._landed()  # every rank: a failed earlier save is raised on every rank, before any collective
         self._land(str(path))  # the previous save into this directory lands first
+        self._deferred = [(k, n) for k, n in self._deferred if k != str(path)]  # saved again: not removed
         self._remove_due()
         if self.global_rank == 0:
             _withdraw(path)
@@ -107,15 +114,16 @@ class FastModelParallelStrategy(ModelParallelStrategy):
     def remove_checkpoint(self, filepath) -> None:
         """Deletes the checkpoint now if it is not being written and a checkpoint saved after it was
         issued is committed; otherwise as soon as both hold. Never blocks."""
+        self._landed()  # every rank (Lightning calls this on every rank)
         if self.global_rank != 0:
             return
         self._deferred.append((str(Path(filepath)), self._saves))
         self._remove_due()
 
     def _remove_due(self) -> None:
+        """Rank 0 deletes what may go now (after _landed() on every rank noted what finished)."""
         if self.global_rank != 0:
             return
-        self._landed()
         still = []
         for key, issued in self._deferred:
             if key in self._saving or self._committed < issued - 1 or self._committed < 0:
@@ -147,20 +155,56 @@ class FastModelParallelStrategy(ModelParallelStrategy):
                                      options=StateDictOptions(cpu_offload=True))
         return fastckpt.load(path / _METADATA_FILENAME, weights_only=True if weights_only is None else weights_only)
 
+    # -- what is saved ------------------------------------------------------
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The sharded state as it lives (Lightning's copies it to the CPU first, on the training
+        thread: FastStager copies it off that thread, only what the next step will change)."""
+        if not self._save_distributed_checkpoint:
+            return super().lightning_module_state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=False))
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        if not self._save_distributed_checkpoint:
+            return super().optimizer_state(optimizer)
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))
+
     # -- the end -----------------------------------------------------------
     def teardown(self) -> None:
-        try:
-            for key in list(self._saving):
+        """Every save in flight lands (the first error is raised once everything is closed), the
+        removals due are done, the stager, writer and their group are closed."""
+        errors: list[BaseException] = []
+        for key in list(self._saving):
+            try:
                 self._land(key)
-            self._remove_due()
+            except BaseException as e:  # noqa: BLE001 - each one lands; the first is raised
+                errors.append(e)
+        for step in (self._remove_due, self._close_parts, self.checkpoint_io.teardown, super().teardown):
+            try:  # ModelParallelStrategy.teardown never calls the CheckpointIO's (a full checkpoint's)
+                step()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def _close_parts(self) -> None:
+        stager, writer, group = self._stager, self._writer, self._group
+        self._stager = self._writer = self._group = None
+        try:
+            if stager is not None:
+                self.stager_stats = dict(stager.stats)
+                stager.close()
         finally:
-            if self._stager is not None:
-                self._stager.close()
-            if self._writer is not None:
-                self._writer.close()
-            self._writer = self._stager = None
-            self.checkpoint_io.teardown()  # ModelParallelStrategy.teardown never calls it (a full checkpoint's IO)
-            super().teardown()
+            try:
+                if writer is not None:
+                    writer.close()
+            finally:
+                if group is not None and dist.is_initialized():
+                    dist.destroy_process_group(group)
 
 
 def checkpoint_rest(checkpoint: dict) -> dict:

@@ -2,9 +2,10 @@
 
 Owns one slot's buffers: for each tensor leaf of a state dict (a torch.Tensor, or a DTensor's
 local shard) a buffer of its own, reused by the next snapshot of the same structure and
-replaced where a leaf's shape, dtype or device changed. Host buffers are anonymous mappings,
-so each starts page-aligned and is a storage of its own: FastStorageWriter writes it as it is
-(O_DIRECT, no second copy). A host buffer for a CUDA tensor is page-locked (write.pinning).
+replaced where a leaf's shape, dtype or device changed. Host buffers start page-aligned and are
+each a storage of its own: FastStorageWriter writes them as they are (O_DIRECT, no second copy).
+A host buffer for a CUDA tensor is page-locked (CUDA's pinned host allocator); any other is an
+anonymous mapping.
 Strategy 'g' keeps a CUDA tensor's copy in spare memory of its own device (a host tensor's is
 a host buffer either way). `copy_leaf` fills one buffer.
 
@@ -20,7 +21,6 @@ from typing import Optional
 
 import torch
 
-from ..write import pinning
 from ..write.gate import local_tensor
 
 _registry: dict[int, "weakref.ref"] = {}  # storage address -> the slot whose snapshot it holds
@@ -59,14 +59,15 @@ def staged_slot(t: torch.Tensor):
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """nbytes of page-aligned host memory as a uint8 tensor that is its storage's only view."""
+    """nbytes of page-aligned host memory as a uint8 tensor that is its storage's only view:
+    page-locked by CUDA's own host allocator for a CUDA source (freed, and unlocked, with the
+    tensor), else an anonymous mapping."""
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
-    region = mmap.mmap(-1, nbytes)
-    buf = torch.frombuffer(region, dtype=torch.uint8, count=nbytes)  # keeps the mapping alive
     if pin:
-        pinning.register(buf.data_ptr(), nbytes, "a staged tensor")
-    return buf
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    region = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes)  # keeps the mapping alive
 
 
 class Buffers:
@@ -108,10 +109,7 @@ class Buffers:
     def _drop(self, i: int) -> None:
         buf = self._bufs.pop(i)
         self.allocated -= buf.numel() * buf.element_size()
-        ptr = buf.untyped_storage().data_ptr()
-        unregister(ptr, self.owner)
-        if buf.device.type == "cpu":
-            pinning.unregister(ptr)
+        unregister(buf.untyped_storage().data_ptr(), self.owner)
 
     def forget(self) -> None:
         """The buffers are left to whoever still references them: no longer staged here."""

@@ -37,6 +37,7 @@ close() at the end.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import logging
 import threading
@@ -77,6 +78,8 @@ class Slot:
         self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
         self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
         self.delivered = False  # the future is done
+        self.tensors = 0  # tensor leaves of this snapshot
+        self.taken_here = False  # the thread that staged it took the snapshot (a plain dcp.save)
         self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
         self.refs: list = []  # weak references to them, whose callbacks count them down
         self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
@@ -88,7 +91,10 @@ class Slot:
             return True
         if not self.delivered:
             return False
-        return self.alive == 0 or (self.taken_by is not None and not self.taken_by.is_alive())
+        ended = self.taken_by is not None and not self.taken_by.is_alive()
+        if self.tensors == 0:  # nothing to count: the save thread's end, or taken by the caller itself
+            return ended or self.taken_here
+        return self.alive == 0 or ended
 
     def torn(self) -> str:
         """'' when no tensor of the snapshot was written in place before it was copied (with 'd':
@@ -108,9 +114,9 @@ class StagedFuture(concurrent.futures.Future):
     def result(self, timeout=None):
         handed_over = self._stager._taken(self._slot, self._seq)
         box = super().result(timeout)  # [snapshot] until a save thread took it
-        if not box:
-            raise RuntimeError("this snapshot was already taken by the save it was staged for")
-        return box.pop() if handed_over else box[0]
+        if handed_over:
+            return box.pop()
+        return box[0] if box else None  # DCP's own callback, after the save thread took it
 
 
 class FastStager(AsyncStager):
@@ -138,11 +144,11 @@ class FastStager(AsyncStager):
         spread = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._agree: Agreement = DistAgreement(self.timeout_s) if spread else Agreement()
         self._slots: list[Slot] = []
-        self._cond = threading.Condition(threading.RLock())  # weakref callbacks may run anywhere
+        self._cond = threading.Condition()  # slots' states; waiters poll it (a save thread's end notifies nobody)
+        self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
         self._seq = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastckpt-dcp-stage")
         self._stream = None
-        self._background_errors: list[BaseException] = []
         self._gate = StepGate(self._before_update)
         self._gate.install()
         self._closed = False
@@ -157,7 +163,6 @@ class FastStager(AsyncStager):
         returns a future of the staged state dict (see the module docstring)."""
         if self._closed:
             raise RuntimeError("this FastStager is closed")
-        self._raise_background_errors()
         with_paths, spec = pytree.tree_flatten_with_path(state_dict)
         leaves = [leaf for _, leaf in with_paths]
         names = [pytree.keystr(path) for path, _ in with_paths]
@@ -169,14 +174,17 @@ class FastStager(AsyncStager):
         slot = self._take_slot(self._bytes_of(leaves))
         seq, self._seq = self._seq, self._seq + 1
         future = StagedFuture(self, slot, seq)
-        with self._cond:
-            slot.seq, slot.error, slot.alive, slot.delivered, slot.refs = seq, None, 0, False, []
+        with self._count_lock:
+            slot.seq, slot.alive, slot.refs = seq, 0, []
+        slot.error, slot.delivered, slot.tensors, slot.taken_here = None, False, 0, False
         slot.staged_by, slot.taken_by = threading.current_thread(), None
         slot.copied.clear()
         self.stats["staged"] += 1
         later: list[int] = []
         staged: list[Any] = list(leaves)
-        event = None
+        event = now_done = None
+        slot.tensors = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
+        self._device = _cuda_device(leaves)
         try:
             later, slot.watch = self._split(leaves, names)
             now = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and i not in later]
@@ -192,12 +200,13 @@ class FastStager(AsyncStager):
                 later = []
             self.stats["copied_later"] += len(later)
             event = self._after_current_stream(leaves, later)
-        except BaseException as e:  # noqa: BLE001 - agreed below, raised by every rank's save
+            now_done = _event_after(now, leaves)  # a CUDA copy made now ('g': device to device) is queued
+        except Exception as e:  # noqa: BLE001 - agreed below, raised by every rank's save
             slot.error = e
             later = []
         if not later:
             slot.copied.set()
-        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event)
+        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done)
         return future
 
     def synchronize_staging(self) -> None:
@@ -225,7 +234,6 @@ class FastStager(AsyncStager):
                     s.buffers.forget()
             self._slots = []
         self._agree.close()
-        self._raise_background_errors()
 
     # -- the copy -------------------------------------------------------------
     def _split(self, leaves, names):
@@ -251,18 +259,18 @@ class FastStager(AsyncStager):
         return self._track(slot, leaf.detach())
 
     def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
-        with self._cond:
+        with self._count_lock:
             slot.alive += 1
             slot.refs.append(weakref.ref(t, lambda _r, s=slot, seq=slot.seq: self._gone(s, seq)))
         return t
 
     def _gone(self, slot: Slot, seq: int) -> None:
         """A staged tensor of snapshot `seq` is gone (an older snapshot's, left to the garbage
-        collector, counts for nothing)."""
-        with self._cond:
+        collector, counts for nothing). Runs wherever the last reference went (the garbage
+        collector included): it takes no lock but the counts' own, and notifies nobody."""
+        with self._count_lock:
             if slot.seq == seq:
                 slot.alive -= 1
-                self._cond.notify_all()
 
     def _after_current_stream(self, leaves, later):
         """A CUDA event after the work queued so far on the current stream: the stager's own
@@ -275,10 +283,27 @@ class FastStager(AsyncStager):
         event.record()
         return event
 
-    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event) -> None:
+    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event, now_done) -> None:
         """On the stager's thread: the late copies, the check that the snapshot is whole, the
-        agreement across ranks, then the future."""
+        agreement across ranks, then the future — which is resolved whatever happens here."""
         try:
+            with (torch.cuda.device(self._device) if self._device is not None else contextlib.nullcontext()):
+                self._copy_late(slot, leaves, staged, later, event, now_done)
+        finally:
+            try:
+                self._deliver(slot, future, staged, spec)
+            except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a peer gone)
+                error = e
+                with self._cond:
+                    slot.delivered = True
+                    self._cond.notify_all()
+                self.stats["failed"] += 1
+                future.set_exception(error)
+
+    def _copy_late(self, slot: Slot, leaves, staged, later, event, now_done) -> None:
+        try:
+            if now_done is not None:
+                now_done.synchronize()
             if slot.error is None and later:
                 if event is not None:
                     self._stream.wait_event(event)
@@ -291,14 +316,17 @@ class FastStager(AsyncStager):
                     raise TornSnapshotError(
                         f"{torn} was written in place after async_save() and before its snapshot was copied; "
                         "this checkpoint is not saved (the training state itself is intact)")
-        except BaseException as e:  # noqa: BLE001 - agreed and raised by the save
+        except Exception as e:  # noqa: BLE001 - agreed and raised by the save
             slot.error = e
         finally:
             slot.copied.set()
             leaves.clear()  # the caller's tensors are let go here
             with self._cond:
                 self._cond.notify_all()
-        ok = self._agree.all_ok(slot.error is None, background=True)
+
+    def _deliver(self, slot: Slot, future: StagedFuture, staged, spec) -> None:
+        error = slot.error  # read before the slot can be taken again
+        ok = self._agree.all_ok(error is None, background=True)
         if ok:
             slot.buffers.keep_only(len(staged))
             result = pytree.tree_unflatten(staged, spec)
@@ -311,7 +339,7 @@ class FastStager(AsyncStager):
         if ok:
             future.set_result([result])
         else:
-            future.set_exception(slot.error or CheckpointWriteError(
+            future.set_exception(error or CheckpointWriteError(
                 "another rank could not stage its part of this checkpoint; it is not saved "
                 "(the training state itself is intact)"))
 
@@ -343,10 +371,9 @@ class FastStager(AsyncStager):
             s.buffers = st.Buffers(s, device_copy=self.strategy == "g")
         if s.live:  # 'd': the snapshot was the caller's tensors until now
             torn = s.torn()
-            if torn and s.error is None:
-                self._background_errors.append(TornSnapshotError(
-                    f"{torn} was written in place while async_save() was writing it (strategy 'd'); "
-                    "that checkpoint may mix two states: do not resume from it"))
+            if torn and s.error is None:  # FastStorageWriter refused it already; another writer cannot
+                log.error("fastckpt: %s was written in place while async_save() was writing it (strategy 'd'); "
+                          "unless FastStorageWriter refused that save, it may mix two states", torn)
             for ptr in s.live:
                 st.unregister(ptr, s)
         s.busy, s.taken_by, s.staged_by, s.watch, s.live, s.refs = False, None, None, None, [], []
@@ -383,6 +410,8 @@ class FastStager(AsyncStager):
         if me.name.startswith("fastckpt-dcp-stage"):
             return False
         with self._cond:
+            if me is slot.staged_by and slot.seq == seq:
+                slot.taken_here = True
             if slot.seq != seq or slot.taken_by is not None or me is slot.staged_by:
                 return False
             slot.taken_by = me
@@ -406,9 +435,20 @@ class FastStager(AsyncStager):
                         raise CheckpointWriteError(f"a snapshot was not copied in {self.timeout_s:.0f} s")
                     self._cond.wait(min(left, 0.05))
 
-    def _raise_background_errors(self) -> None:
-        if self._background_errors:
-            error = self._background_errors.pop(0)
-            self._background_errors.clear()
-            raise error
 
+def _cuda_device(leaves) -> Optional[int]:
+    """The CUDA device of the training thread when the state holds CUDA tensors (the stager's
+    thread copies and allocates for it there, not on device 0)."""
+    if any(isinstance(t, torch.Tensor) and st.local_tensor(t).device.type == "cuda" for t in leaves):
+        return torch.cuda.current_device()
+    return None
+
+
+def _event_after(now: list[int], leaves):
+    """An event after the copies made now, when one of them is a CUDA copy the current stream
+    still runs ('g' copies into device memory asynchronously)."""
+    if any(st.local_tensor(leaves[i]).device.type == "cuda" for i in now):
+        event = torch.cuda.Event()
+        event.record()
+        return event
+    return None

@@ -90,14 +90,16 @@ class FastStorageWriter(StorageWriter):
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
-        self.save_id = uuid.uuid4().hex
-        self._this = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        """Every save calls it (reset only when a checkpoint_id is given): this save's own id, step
+        and files to commit are taken here."""
         if not kwargs.get("use_collectives", True):
             raise ValueError("FastStorageWriter commits one checkpoint across ranks: "
                              "use_collectives=False (a checkpoint per rank) is not supported")
         self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
+        self.save_id = uuid.uuid4().hex
+        self._this = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id, modules=[md_file.WRITTEN_BY])
@@ -176,7 +178,7 @@ class FastStorageWriter(StorageWriter):
     def expect(self, path, step: int = -1, also_commit=()) -> None:
         """What the save into `path` records, said before it is issued: its step, and the files
         (written durably with fastckpt.save into that directory) its record also names. Each save
-        takes its own at reset(), so saves in flight at once never see each other's."""
+        takes its own when it starts, so saves in flight at once never see each other's."""
         self._expected[os.path.abspath(os.fspath(path))] = (step, list(also_commit))
 
     def _entry_of(self, name: str) -> FileEntry:

@@ -7,6 +7,7 @@ checkpoint whose commit never happened is refused. FastCheckpointIO given to Lig
 ModelParallelStrategy (which bypasses a CheckpointIO for distributed checkpoints) says so."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,7 +55,10 @@ def equal(a, b) -> bool:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("mp")
-    two_ranks(out)
+    said = two_ranks(out)
+    for s in said:  # the stager copied the optimizer's tensors after save_checkpoint returned
+        stats = json.loads(s.split("stager ", 1)[1].splitlines()[0])
+        assert stats["staged"] == STEPS // 2 and stats["copied_later"] > 0 and stats["failed"] == 0, stats
     return out
 
 

@@ -9,6 +9,7 @@ Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--resume CKPT]
   Rank 0 keeps the full model and optimizer state at the end in OUT/final.pt.
 One thread per process: every run computes each step with the same arithmetic.
 """
+import json
 import os
 import sys
 
@@ -69,6 +70,7 @@ def main() -> None:
     if trainer.global_rank == 0:
         torch.save({"model": msd, "optim": osd, "step": trainer.global_step}, os.path.join(out, "final.pt"))
     print(f"rank {trainer.global_rank} done {trainer.global_step}", flush=True)
+    print(f"stager {json.dumps(getattr(strategy, 'stager_stats', {}))}", flush=True)
 
 
 if __name__ == "__main__":

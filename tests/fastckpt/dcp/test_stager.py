@@ -252,3 +252,46 @@ def test_a_copy_failing_on_one_rank_fails_that_save_on_both_before_dcps_collecti
     for out in outs:
         assert "saved 3" not in out and "saved 4" in out, out
     assert sorted(os.listdir(tmp_path)) == ["step-1", "step-2", "step-4"]
+
+
+def test_a_snapshot_taken_by_its_save_thread_answers_anyone_else_without_raising(tmp_path):
+    """DCP's own callback may ask for the result after the save thread took the snapshot over."""
+    run = Run(tmp_path)
+    try:
+        run.step()
+        future = run.stager.stage(run.state())
+        got: list = []
+        taker = threading.Thread(target=lambda: got.append(future.result()))
+        taker.start()
+        taker.join(30)
+        assert isinstance(got[0], dict) and future.result() is None
+        del got
+    finally:
+        run.close()
+
+
+def test_a_snapshot_without_tensors_frees_its_slot_when_taken_where_it_was_staged(tmp_path):
+    run = Run(tmp_path, concurrency=1, commit_timeout_s=5)
+    try:
+        for i in range(3):  # one slot: each must be free again at once, not after the 5 s timeout
+            assert run.stager.stage({"step": i, "note": "x"}).result() == {"step": i, "note": "x"}
+    finally:
+        run.close()
+
+
+def test_an_agreement_that_fails_fails_that_save_and_hangs_nothing(tmp_path, monkeypatch):
+    run = Run(tmp_path, concurrency=1)
+    try:
+        run.step()
+
+        def gone(ok, background=False):
+            raise RuntimeError("the peer is gone (gloo timeout)")
+
+        monkeypatch.setattr(run.stager._agree, "all_ok", gone)
+        with pytest.raises(RuntimeError, match="peer is gone"):
+            run.save("lost").upload_completion.result()
+        monkeypatch.undo()
+        run.step()
+        run.save("next").upload_completion.result()  # the slot was given back
+    finally:
+        run.close()
