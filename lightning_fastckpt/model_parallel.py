@@ -13,8 +13,10 @@ hooks Lightning offers, and this class is ModelParallelStrategy with those three
   checkpoint, which rank 0 writes first with fastckpt.save). The model and optimizer states go
   through `dcp.async_save` with FastStorageWriter and FastStager on a gloo group of their own:
   save_checkpoint returns once the snapshot is issued; the next optimizer step waits only for
-  its copy. The commit record (written last) names every file, `meta.pt` included. Saving again
-  into a directory first withdraws its record, so it is never taken for committed while rewritten.
+  its copy. The commit record (written last) names every file, `meta.pt` included. A directory
+  holding a committed checkpoint that is saved into again (ModelCheckpoint's `last.ckpt`) keeps
+  it until the new one is committed in a hidden sibling, which then takes its place (two
+  renames; a crash between them is finished by the next save or load of that path).
 - remove: a directory still being written, or one removed before a newer checkpoint is committed,
   is deleted later (at a later save or at teardown) — never the last good checkpoint.
 - load: the model and optimizers through FastStorageReader (every item's CRC-32; a directory
@@ -74,17 +76,19 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         self._land(str(path))  # the previous save into this directory lands first
         self._deferred = [(k, n) for k, n in self._deferred if k != str(path)]  # saved again: not removed
         self._remove_due()
+        into = None
         if self.global_rank == 0:
-            _withdraw(path)
-            fastckpt.save(checkpoint_rest(checkpoint), path / _METADATA_FILENAME)
+            into = _prepare(path)
+            fastckpt.save(checkpoint_rest(checkpoint), into / _METADATA_FILENAME)
+        into = Path(self.broadcast(str(into)))  # rank 0 decided where this save is written
         self.barrier("fastckpt-dcp-save")  # nobody writes into the directory before it is ready
         state = {"state_dict": checkpoint.pop("state_dict")}
         state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
-        writer, stager, group = self._parts(path)
-        writer.expect(path, int(checkpoint.get("global_step", -1)), [_METADATA_FILENAME] if self.global_rank == 0 else [])
-        response = dcp.async_save(state, checkpoint_id=path, storage_writer=writer, async_stager=stager,
+        writer, stager, group = self._parts(into)
+        writer.expect(into, int(checkpoint.get("global_step", -1)), [_METADATA_FILENAME] if self.global_rank == 0 else [])
+        response = dcp.async_save(state, checkpoint_id=into, storage_writer=writer, async_stager=stager,
                                   process_group=group)
-        self._saving[str(path)] = (self._saves, response)
+        self._saving[str(path)] = (self._saves, response, into)
         self._saves += 1
 
     def _parts(self, path: Path):
@@ -100,13 +104,15 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         """Waits for the save into `key` (if one is in flight); raises its error."""
         entry = self._saving.pop(key, None)
         if entry is not None:
-            number, response = entry
+            number, response, into = entry
             response.upload_completion.result()
+            if self.global_rank == 0 and str(into) != key:  # committed beside the old one: swapped in
+                _swap_in(Path(key), into)
             self._committed = max(self._committed, number)
 
     def _landed(self) -> None:
         """Notes the saves that have finished (without waiting); raises the first failed one's error."""
-        for key, (number, response) in list(self._saving.items()):
+        for key, (number, response, into) in list(self._saving.items()):
             if response.upload_completion.done():
                 self._land(key)
 
@@ -138,9 +144,12 @@ class FastModelParallelStrategy(ModelParallelStrategy):
     # -- loading ---------------------------------------------------------
     def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))
+        self._land(str(path))
+        if self.global_rank == 0:
+            recover(path)  # a swap cut short by a crash is finished first
+        self.barrier("fastckpt-dcp-load")
         if not path.is_dir():  # a full checkpoint file: Lightning's own path
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._land(str(path))
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict)
         module = self.model
@@ -210,6 +219,59 @@ class FastModelParallelStrategy(ModelParallelStrategy):
 def checkpoint_rest(checkpoint: dict) -> dict:
     """What Lightning keeps in meta.pt: the checkpoint but its model and optimizer states."""
     return {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+
+
+NEW, OLD = ".fastckpt-new", ".fastckpt-old"  # beside a committed directory saved into again
+
+
+def _beside(path: Path, suffix: str) -> Path:
+    return path.parent / f".{path.name}{suffix}"
+
+
+def _committed(path: Path) -> bool:
+    return (path / RECORD).is_file()
+
+
+def _prepare(path: Path) -> Path:
+    """Where a save into `path` is written (rank 0): a directory that holds a committed checkpoint
+    is never withdrawn while the new one is written (ModelCheckpoint's last.ckpt is saved into
+    again and again; a crash then would leave none): the save goes into a hidden sibling,
+    swapped in once committed. Anything else is prepared in place."""
+    recover(path)
+    if path.is_dir() and _committed(path):
+        into = _beside(path, NEW)
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir()
+        fsync_dir(str(path.parent))
+        return into
+    _withdraw(path)
+    return path
+
+
+def _swap_in(path: Path, new: Path) -> None:
+    """The committed `new` takes `path`'s place (rank 0); the old one goes. A crash in between
+    leaves both hidden siblings, which recover() sorts out."""
+    old = _beside(path, OLD)
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.rename(path, old)
+    os.rename(new, path)
+    fsync_dir(str(path.parent))
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover(path: Path) -> None:
+    """Finishes what a crash cut short around `path` (rank 0): a committed new sibling whose swap
+    did not happen takes the place; an old one whose place is empty goes back; leftovers go."""
+    new, old = _beside(path, NEW), _beside(path, OLD)
+    if not path.exists():
+        back = new if new.is_dir() and _committed(new) else old if old.is_dir() and _committed(old) else None
+        if back is not None:
+            os.rename(back, path)
+            fsync_dir(str(path.parent))
+    for leftover in (new, old):  # the caller has landed any save into path: these are stale
+        if leftover.exists():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _withdraw(path: Path) -> None:

@@ -111,3 +111,28 @@ def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
     worker = {line.strip() for line in open(os.path.join(WORKERS, "lit_mp_worker.py"))}
     missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
     assert block.strip() and not missing, missing
+
+
+def test_last_ckpt_saved_into_again_and_again_is_always_a_committed_checkpoint(uninterrupted, tmp_path):
+    two_ranks(tmp_path / "run", "--last")
+    ck = tmp_path / "run" / "ck"
+    assert sorted(os.listdir(ck)) == ["last.ckpt"]  # no hidden sibling left behind
+    assert record.read(str(ck / "last.ckpt"), RECORD, every_rank=False).step == STEPS
+    said = two_ranks(tmp_path / "resumed", "--resume", ck / "last.ckpt")  # nothing left to train
+    assert all(f"done {STEPS}" in s for s in said), said
+    assert equal(torch.load(tmp_path / "resumed" / "final.pt", weights_only=True),
+                 torch.load(uninterrupted / "final.pt", weights_only=True))
+
+
+def test_a_swap_cut_short_by_a_crash_is_finished_by_the_next_load(uninterrupted, tmp_path):
+    from lightning_fastckpt.model_parallel import NEW, OLD, recover
+    kept = uninterrupted / "ck" / "epoch=3-step=8.ckpt"
+    last = tmp_path / "last.ckpt"
+    shutil.copytree(kept, tmp_path / f".last.ckpt{NEW}")  # renamed away, the new one not yet in place
+    recover(last)
+    assert record.read(str(last), RECORD, every_rank=False).step == STEPS and os.listdir(tmp_path) == ["last.ckpt"]
+    shutil.rmtree(last)
+    shutil.copytree(kept, tmp_path / f".last.ckpt{OLD}")  # the new one was never committed: the old returns
+    os.makedirs(tmp_path / f".last.ckpt{NEW}")
+    recover(last)
+    assert record.read(str(last), RECORD, every_rank=False).step == STEPS and os.listdir(tmp_path) == ["last.ckpt"]

@@ -2,10 +2,11 @@
 configure_model) on 2 gloo ranks on CPU, started as torchrun starts them (env: RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_*).
 
-Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--resume CKPT]
+Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--last] [--resume CKPT]
   trains to STEPS steps (ModelCheckpoint every 2 steps into OUT/ck, the 2 newest kept); with
   --resume, from that checkpoint directory. --stock: Lightning's own ModelParallelStrategy
-  (--io: with FastCheckpointIO as its plugin, which that strategy bypasses).
+  (--io: with FastCheckpointIO as its plugin, which that strategy bypasses). --last: ModelCheckpoint
+  keeps only last.ckpt, saved into again every 2 steps.
   Rank 0 keeps the full model and optimizer state at the end in OUT/final.pt.
 One thread per process: every run computes each step with the same arithmetic.
 """
@@ -58,8 +59,11 @@ def main() -> None:
         strategy = ModelParallelStrategy()
     else:
         strategy = FastModelParallelStrategy(fastckpt={"concurrency": 2, "chunk_mb": 1})
-    keep = ModelCheckpoint(dirpath=os.path.join(out, "ck"), every_n_train_steps=2, save_top_k=2,
-                           monitor="step", mode="max")
+    if "--last" in sys.argv:  # only last.ckpt, saved into again every 2 steps
+        keep = ModelCheckpoint(dirpath=os.path.join(out, "ck"), every_n_train_steps=2, save_top_k=0, save_last=True)
+    else:
+        keep = ModelCheckpoint(dirpath=os.path.join(out, "ck"), every_n_train_steps=2, save_top_k=2,
+                               monitor="step", mode="max")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[keep],
                         default_root_dir=out, plugins=[FastCheckpointIO()] if "--io" in sys.argv else None)
