@@ -44,6 +44,7 @@ from torch.futures import Future
 from ..commit.file_sets import commit_gathered
 from ..commit.record import FileEntry, plain_name
 from ..format.zip_reader import read_index
+from ..fsutil import fsync_dir
 from ..named import NamedCheckpoints
 from ..errors import TornSnapshotError
 from ..write.deadline import Deadline
@@ -109,6 +110,15 @@ class FastStorageWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator, after every rank planned and before any writes: a checkpoint this directory
+        held is withdrawn first (its record, then its .metadata), so a save cut short here is never
+        taken for the old checkpoint by our reader or DCP's."""
+        for name in (RECORD, md_file.NAME):
+            try:
+                os.unlink(os.path.join(self.path, name))
+            except FileNotFoundError:
+                continue
+            fsync_dir(self.path)
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:

@@ -168,3 +168,21 @@ def test_a_byte_item_that_would_run_code_is_refused_before_dcps_planner_unpickle
     from fastckpt.tools.cli import main
     assert main(["verify", str(tmp_path / "h")]) == 0  # intact: verify says UNSAFE, runs nothing
     assert "UNSAFE to load as it is" in capsys.readouterr().out and not marker.exists()
+
+
+def test_saving_again_into_a_committed_directory_withdraws_it_before_any_write(tmp_path, monkeypatch):
+    save(tmp_path / "c")
+    from fastckpt.dcp import writer as writer_module
+    seen = {}
+    real = writer_module.FastStorageWriter.write_data
+
+    def write_data(self, plan, planner):  # what a crash at the first write would leave
+        seen["files"] = sorted(os.listdir(self.path))
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(writer_module.FastStorageWriter, "write_data", write_data)
+    save(tmp_path / "c")
+    assert RECORD not in seen["files"] and ".metadata" not in seen["files"], seen
+    out = blank()
+    dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))  # and the new one commits
+    assert same(out, state())
