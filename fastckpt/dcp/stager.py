@@ -184,7 +184,7 @@ class FastStager(AsyncStager):
         staged: list[Any] = list(leaves)
         event = now_done = None
         slot.tensors = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
-        self._device = _cuda_device(leaves)
+        device = _cuda_device(leaves)
         try:
             later, slot.watch = self._split(leaves, names)
             now = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and i not in later]
@@ -206,7 +206,7 @@ class FastStager(AsyncStager):
             later = []
         if not later:
             slot.copied.set()
-        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done)
+        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done, device)
         return future
 
     def synchronize_staging(self) -> None:
@@ -283,11 +283,12 @@ class FastStager(AsyncStager):
         event.record()
         return event
 
-    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event, now_done) -> None:
+    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event, now_done,
+                device) -> None:
         """On the stager's thread: the late copies, the check that the snapshot is whole, the
         agreement across ranks, then the future — which is resolved whatever happens here."""
         try:
-            with (torch.cuda.device(self._device) if self._device is not None else contextlib.nullcontext()):
+            with (torch.cuda.device(device) if device is not None else contextlib.nullcontext()):
                 self._copy_late(slot, leaves, staged, later, event, now_done)
         finally:
             try:
