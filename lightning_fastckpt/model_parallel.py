@@ -59,7 +59,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         self._writer: Optional[FastStorageWriter] = None
         self._stager: Optional[FastStager] = None
         self._group = None
-        self._saving: dict[str, tuple[int, Any]] = {}  # directory -> (its save's number, DCP's response)
+        self._saving: dict[str, tuple[int, Any, Path]] = {}  # directory -> (save number, DCP's response, written into)
         self._saves = 0
         self._committed = -1  # the number of the newest save known committed
         self._deferred: list[tuple[str, int]] = []  # (directory, the saves issued before its removal)
