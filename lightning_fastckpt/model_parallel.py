@@ -34,7 +34,6 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 import fastckpt
@@ -43,6 +42,9 @@ from fastckpt.errors import ConfigError
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter
 from fastckpt.dcp.writer import RECORD
 from fastckpt.fsutil import fsync_dir
+
+
+_METADATA_FILENAME = "meta.pt"  # the rest of a Lightning checkpoint, the name Lightning's own loader reads
 
 
 class FastModelParallelStrategy(ModelParallelStrategy):

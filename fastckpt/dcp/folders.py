@@ -78,13 +78,14 @@ class DcpFolders(FolderKind):
         """(the state, which checkpoint it is): one DCP checkpoint, or from a folder of them the
         newest committed (or the one of `step`)."""
         directory = path if self.is_one(path, os.listdir(path)) else _pick(self, path, step)
+        from torch.distributed.checkpoint import default_planner, state_dict_loader
+
         from .reader import FastStorageReader
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
         state: dict = {}
-        # DCP's own conversion to one file (format_utils.dcp_to_torch_save) loads this way
-        _load_state_dict(state, storage_reader=FastStorageReader(directory),
-                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        # DCP's own conversion to one file (format_utils.dcp_to_torch_save) loads this way, through
+        # two names DCP keeps private: the planner that builds the state from .metadata alone
+        state_dict_loader._load_state_dict(state, storage_reader=FastStorageReader(directory),
+                                           planner=default_planner._EmptyStateDictLoadPlanner(), no_dist=True)
         return state, directory
 
 

@@ -48,7 +48,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.staging import AsyncStager
-from torch.utils import _pytree as pytree
+import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; DCP itself uses this one
 
 from ..commit.agreement import Agreement, DistAgreement
 from ..config import CheckpointerConfig
