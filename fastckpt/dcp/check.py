@@ -22,12 +22,11 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from ..commit.record import FileEntry, plain_name
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..format.reading import range_crcs
-from ..format.torch_format import check_crcs
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from ..verify import bad_chunk, verify_one
 from . import metadata as md_file
-from .reader import safe_byte_item
+from .reader import check_archive, safe_byte_item
 from .writer import SUFFIX
 
 
@@ -71,9 +70,7 @@ def check_file(path: str, entry: Optional[FileEntry] = None) -> str:
             continue
         tensors += 1
         try:
-            idx = read_index(path, info.offset, info.length)
-            order = idx.ordered()
-            check_crcs(path, idx, order, range_crcs(path, [(e.data_off, e.size) for e in order]))
+            check_archive(path, read_index(path, info.offset, info.length))
         except CorruptCheckpointError as e:
             raise CorruptCheckpointError(f"{path}: item {_key(index)} is damaged: {e}") from None
     if whole_ok is False:
