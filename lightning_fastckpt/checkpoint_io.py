@@ -28,6 +28,8 @@ from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
+from . import bypassed
+
 CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
                      "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
 
@@ -71,6 +73,7 @@ class FastCheckpointIO(CheckpointIO):
                                       distributed=None if per_rank else False)
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
+        bypassed.watch()  # a strategy that saves distributed checkpoints without us says so
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
@@ -136,8 +139,8 @@ class FastCheckpointIO(CheckpointIO):
         still being written, as soon as both hold (at a later save or at teardown). Never
         blocks: ModelCheckpoint removes the previous file right after issuing the next save,
         so waiting here would make every save wait for the one before it."""
-        if self.named.pending(os.fspath(path)) is None and os.path.isfile(os.path.join(path, ".metadata")):
-            _warn_bypassed(os.fspath(path))
+        if self.named.pending(os.fspath(path)) is None and bypassed.is_dcp_folder(os.fspath(path)):
+            bypassed.say(os.fspath(path))
         self.named.remove(os.fspath(path))
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
@@ -161,18 +164,3 @@ class FastCheckpointIO(CheckpointIO):
         """Waits for every checkpoint in flight and raises the first write error (on_error="raise")."""
         self.saves.end_run()  # no optimizer step of anyone reaches this plugin any more
         self.named.close()
-
-
-_warned_bypassed = False
-
-
-def _warn_bypassed(path: str) -> None:
-    """Lightning asks this CheckpointIO to remove a distributed (DCP) checkpoint it never saved:
-    the strategy saved it itself. Said once per process."""
-    global _warned_bypassed
-    if not _warned_bypassed:
-        _warned_bypassed = True
-        warnings.warn(f"fastckpt: {path} was saved by the strategy itself with PyTorch DCP, not through "
-                      "FastCheckpointIO: Lightning's ModelParallelStrategy and FSDPStrategy(state_dict_type="
-                      "'sharded') do not use a CheckpointIO for distributed checkpoints. Use "
-                      "lightning_fastckpt.FastModelParallelStrategy to save them through fastckpt.", stacklevel=3)

@@ -104,6 +104,14 @@ def test_fastcheckpointio_given_to_a_strategy_that_bypasses_it_says_so(tmp_path)
     assert visible == ["epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]
 
 
+def test_it_says_so_at_the_first_save_even_when_nothing_is_ever_removed(tmp_path):
+    said = two_ranks(tmp_path, "--stock", "--io", "--last")  # last.ckpt only: no removal reaches the plugin
+    assert said[0].count("was saved by the strategy itself with PyTorch DCP, not through FastCheckpointIO") == 1, \
+        said[0][-3000:]
+    assert "last.ckpt was saved by the strategy itself" in said[0]
+    assert "saved by the strategy itself" not in said[1]  # rank 0 says it
+
+
 def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]

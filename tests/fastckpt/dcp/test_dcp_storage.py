@@ -1,8 +1,9 @@
 """fastckpt.dcp's FastStorageWriter and FastStorageReader under real torch.distributed.checkpoint:
-a state saved on 2 gloo ranks (DTensor shards) loads on 1, 2 and 3 ranks equal to the full state
-(resharding is DCP's planner's); our checkpoints load with DCP's stock FileSystemReader and
-stock checkpoints with ours (one warning); a checkpoint whose commit never happened, a damaged
-item, a replaced or hostile `.metadata` are refused with one line and nothing run."""
+a state saved on 2 gloo ranks (DTensor shards) loads on 1, 2 and 3 ranks, and one saved on 1 or 3
+loads on 2, equal to the full state (resharding is DCP's planner's); our checkpoints load with
+DCP's stock FileSystemReader and stock checkpoints with ours (one warning); a checkpoint whose
+commit never happened, a damaged item, a replaced or hostile `.metadata` are refused with one
+line and nothing run."""
 from __future__ import annotations
 
 import os
@@ -132,13 +133,14 @@ def test_a_damaged_item_a_replaced_metadata_and_a_hostile_one_are_refused(tmp_pa
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("world", [0, 2, 3])
-def test_saved_on_two_ranks_loads_resharded_on_one_two_and_three(tmp_path, world):
-    """world 0: one process without a process group (plain full tensors)."""
-    run_ranks("save", tmp_path / "c", 2)
+@pytest.mark.parametrize("saved_on, loaded_on", [(2, 0), (2, 2), (2, 3), (1, 2), (3, 2)])
+def test_saved_on_some_ranks_loads_resharded_on_others(tmp_path, saved_on, loaded_on):
+    """1 <-> 2 <-> 3 ranks; loaded_on 0: one process without a process group (plain full tensors)."""
+    run_ranks("save", tmp_path / "c", saved_on)
     info = record.read(str(tmp_path / "c"), RECORD, every_rank=False)
-    assert info.world_size == 2 and {f.name for f in info.files} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
-    outs = run_ranks("load", tmp_path / "c", world)
+    assert info.world_size == saved_on
+    assert {f.name for f in info.files} == {".metadata"} | {f"__{r}_0.distcp" for r in range(saved_on)}
+    outs = run_ranks("load", tmp_path / "c", loaded_on)
     for rank, out in enumerate(outs):
         assert f"rank {rank} EQUAL" in out, out[-3000:]
 
