@@ -2,8 +2,8 @@
 
 Lightning's ModelParallelStrategy and FSDPStrategy(state_dict_type="sharded") write a
 distributed checkpoint with PyTorch DCP directly and never call the CheckpointIO, so a
-FastCheckpointIO given to them would be silently unused. `watch()` (called by every
-FastCheckpointIO) wraps those strategies' `save_checkpoint`: once a save returns, a DCP
+FastCheckpointIO given to them would be silently unused. `watch(FastCheckpointIO)` (called by
+every FastCheckpointIO) wraps those strategies' `save_checkpoint`: once a save returns, a DCP
 directory (its `.metadata`) at the path of a strategy whose CheckpointIO is a FastCheckpointIO
 means the strategy bypassed it, and the process is told so once, with what to use instead.
 `remove_checkpoint` of such a directory says the same (lightning_fastckpt.checkpoint_io).
@@ -32,9 +32,9 @@ def is_dcp_folder(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ".metadata"))
 
 
-def watch() -> None:
+def watch(ours: type) -> None:
     """Wraps the bypassing strategies' save_checkpoint (once; subclasses that override it, such
-    as FastModelParallelStrategy, are not touched)."""
+    as FastModelParallelStrategy, are not touched); `ours`: the CheckpointIO class they bypass."""
     from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
     for cls in (FSDPStrategy, ModelParallelStrategy):
         original = cls.__dict__["save_checkpoint"]
@@ -44,10 +44,9 @@ def watch() -> None:
         @functools.wraps(original)
         def save_checkpoint(self, checkpoint, filepath, storage_options=None, _original=original):
             _original(self, checkpoint, filepath, storage_options)
-            from .checkpoint_io import FastCheckpointIO
             io = self.checkpoint_io  # or a wrapper of it (AsyncCheckpointIO)
-            ours = isinstance(io, FastCheckpointIO) or isinstance(getattr(io, "checkpoint_io", None), FastCheckpointIO)
-            if ours and self.is_global_zero and is_dcp_folder(os.fspath(filepath)):
+            given = isinstance(io, ours) or isinstance(getattr(io, "checkpoint_io", None), ours)
+            if given and self.is_global_zero and is_dcp_folder(os.fspath(filepath)):
                 say(os.fspath(filepath))
 
         save_checkpoint._fastckpt_watched = True

@@ -73,7 +73,7 @@ class FastCheckpointIO(CheckpointIO):
                                       distributed=None if per_rank else False)
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
-        bypassed.watch()  # a strategy that saves distributed checkpoints without us says so
+        bypassed.watch(FastCheckpointIO)  # a strategy that saves distributed checkpoints without us says so
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}

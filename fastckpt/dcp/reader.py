@@ -17,9 +17,12 @@ read_data reads, per file, the items this rank needs: byte items as DCP wrote th
 pickle first run through the restricted unpickler (DCP's planner unpickles it with
 weights_only=False: nothing that names a global off the allowlist reaches it); each tensor
 item an archive (a torch.save of one tensor: ours or DCP's), parsed by fastckpt's zip validator
-(fastckpt.format.zip_reader) at its offset and read with its neighbours in one parallel pass,
-every record checked against its CRC-32 (verify=False skips the check), unpickled by the
-restricted unpickler, narrowed to the requested chunk and copied into the planner's tensor.
+(fastckpt.format.zip_reader) at its offset, its pickle run through the restricted unpickler,
+every record checked against its CRC-32 (verify=False skips the check). An item stored as the
+very tensor the planner hands (a load on the ranks that saved it) is read straight into that
+tensor, a file's such items in one parallel pass (fastckpt.dcp.in_place); any other (a
+resharded chunk) is read with its neighbours into memory of its own, in batches of at most
+STAGED_BATCH bytes, narrowed to the requested chunk and copied into the planner's tensor.
 """
 from __future__ import annotations
 
@@ -40,10 +43,12 @@ from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
+from . import in_place
 from . import metadata as md_file
 from .writer import RECORD
 
 _warned_stock = False
+STAGED_BATCH = 256 << 20  # bytes of archives a staged read holds at once
 
 
 class FastStorageReader(StorageReader):
@@ -132,6 +137,7 @@ class FastStorageReader(StorageReader):
     def _read_file(self, path: str, items: list, planner: LoadPlanner) -> None:
         if self.commit is not None and os.path.basename(path) not in {f.name for f in self.commit.files}:
             raise CorruptCheckpointError(f"{path} is not a file of the committed checkpoint {self.path}")
+        items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)  # the file read in order
         blobs = [i for i in items if i.type == LoadItemType.BYTE_IO]
         tensors = [i for i in items if i.type != LoadItemType.BYTE_IO]
         if blobs:
@@ -145,19 +151,48 @@ class FastStorageReader(StorageReader):
         if tensors:
             indexes = [read_index(path, self.storage_data[i.storage_index].offset,
                                   self.storage_data[i.storage_index].length) for i in tensors]
-            try:
-                values = read_archives(path, indexes, "cpu", self.verify, self.threads)
-            except CorruptCheckpointError as e:  # which item: each archive checked on its own
-                bad = next((i.storage_index.fqn for i, idx in zip(tensors, indexes) if not archive_intact(path, idx)), None)
-                raise CorruptCheckpointError(f"DCP item {bad!r}: {e}" if bad else str(e)) from None
-            for item, value in zip(tensors, values):
-                value = _chunk(value, item.storage_offsets, item.lengths)
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != value.size():
-                    raise CorruptCheckpointError(f"{path}: {item.storage_index.fqn} holds {tuple(value.size())}, "
-                                                 f"the plan asks for {tuple(target.size())}")
-                target.copy_(value)
-                planner.commit_tensor(item, target)
+            targets = [planner.resolve_tensor(i).detach() for i in tensors]
+            direct = [in_place.fits(path, idx, i.storage_offsets, i.lengths, t)
+                      for i, idx, t in zip(tensors, indexes, targets)]
+            placed = [(i.storage_index.fqn, idx, t) for i, idx, t, d in zip(tensors, indexes, targets, direct) if d]
+            in_place.read(path, placed, self.verify, self.threads)
+            for item, target, d in zip(tensors, targets, direct):
+                if d:
+                    planner.commit_tensor(item, target)
+            staged = [(i, idx, t) for i, idx, t, d in zip(tensors, indexes, targets, direct) if not d]
+            for batch in _batches(staged):
+                self._read_staged(path, batch, planner)
+
+    def _read_staged(self, path: str, batch: list, planner: LoadPlanner) -> None:
+        """(item, archive, target) each: the archives read whole into memory of their own, then each
+        chunk asked for copied into its target (a resharded load's items, or tensors not on the CPU)."""
+        tensors, indexes, targets = zip(*batch)
+        try:
+            values = read_archives(path, list(indexes), "cpu", self.verify, self.threads)
+        except CorruptCheckpointError as e:  # which item: each archive checked on its own
+            bad = next((i.storage_index.fqn for i, idx in zip(tensors, indexes) if not archive_intact(path, idx)), None)
+            raise CorruptCheckpointError(f"DCP item {bad!r}: {e}" if bad else str(e)) from None
+        for item, value, target in zip(tensors, values, targets):
+            value = _chunk(value, item.storage_offsets, item.lengths)
+            if target.size() != value.size():
+                raise CorruptCheckpointError(f"{path}: {item.storage_index.fqn} holds {tuple(value.size())}, "
+                                             f"the plan asks for {tuple(target.size())}")
+            target.copy_(value)
+            planner.commit_tensor(item, target)
+
+
+def _batches(staged: list, limit: int = STAGED_BATCH) -> list:
+    """Consecutive runs of items whose archives hold at most `limit` bytes together (one item
+    alone may hold more): memory for a staged read is bounded, and reused from batch to batch."""
+    out, size = [[]], 0
+    for entry in staged:
+        n = entry[1].comment_off - entry[1].base
+        if out[-1] and size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(entry)
+        size += n
+    return [b for b in out if b]
 
 
 def check_archive(path: str, idx) -> None:

@@ -4,7 +4,8 @@ mmap=True (the default for CPU loads): the file is mapped privately
 (copy-on-write, as torch.load(mmap=True) does) and each record becomes a
 zero-copy view; with verify=True every byte is read once, by the parallel
 CRC, so the data is resident when load returns. mmap=False: parallel preads
-into fresh anonymous memory, CRC'd while hot.
+into fresh anonymous memory, CRC'd while hot. read_into: parallel preads into tensors the caller
+owns (a load's own destination), CRC'd while hot.
 """
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bo
     crcs = _native.read_ranges(path, [(b.data_ptr(), off, n) for b, (off, n) in zip(bufs, spans)],
                                threads, SPLIT, verify)
     return bufs, list(crcs)
+
+
+def read_into(path: str, places: list[tuple[torch.Tensor, int]], verify: bool,
+              threads: int | None = None) -> list[int]:
+    """places: (contiguous CPU tensor, file offset) -> each tensor's bytes read from its offset
+    in one parallel pass (the tensor's memory is the destination: no buffer of our own);
+    returns their CRC-32s (zeros when not verify)."""
+    for t, _ in places:
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("read_into fills contiguous CPU tensors")
+    crcs = _native.read_ranges(path, [(t.data_ptr(), off, t.nbytes) for t, off in places],
+                               threads or hardware_threads(), SPLIT, verify)
+    return list(crcs)
 
 
 def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 << 20) -> list[int]:

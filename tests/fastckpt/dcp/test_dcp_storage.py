@@ -96,6 +96,35 @@ def test_our_checkpoint_loads_with_dcps_stock_reader_and_theirs_with_ours(tmp_pa
         dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "theirs"))
 
 
+def test_items_stored_as_the_tensors_asked_for_are_read_into_them_the_rest_staged(tmp_path, monkeypatch):
+    import fastckpt.dcp.reader as reader_module
+    staged = []
+    real = reader_module.read_archives
+    monkeypatch.setattr(reader_module, "read_archives", lambda path, idx, *a: staged.append(len(idx)) or real(path, idx, *a))
+    save(tmp_path / "c")
+    out = blank()
+    ptrs = {k: v.data_ptr() for k, v in out.items() if isinstance(v, torch.Tensor) and v.numel()}
+    dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))
+    assert same(out, state()) and staged == []  # every tensor read in place, none staged
+    assert all(out[k].data_ptr() == p for k, p in ptrs.items())
+    out = blank()
+    out["w"] = torch.zeros(200, 300).t()  # not contiguous: staged, then copied
+    out["half"] = torch.zeros(64)  # another dtype: staged, converted as DCP's reader converts
+    dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))
+    assert staged == [2] and torch.equal(out["w"], state()["w"]) and torch.equal(out["half"], state()["half"].float())
+    data = tmp_path / "c" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    big = next(f for f in record.read(str(tmp_path / "c"), RECORD, every_rank=False).files if f.name == data.name)
+    _, off, length, _ = max(big.spans, key=lambda s: s[2])  # the largest span: w's data
+    raw[off + length // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    for target in (torch.zeros(300, 200), torch.zeros(200, 300).t()):  # in place, staged
+        out = blank()
+        out["w"] = target
+        with pytest.raises(CheckpointException, match=r"DCP item 'w': .*CRC-32"):
+            dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))
+
+
 def test_a_checkpoint_whose_commit_never_happened_is_not_loaded(tmp_path):
     save(tmp_path / "c")
     os.remove(tmp_path / "c" / RECORD)  # killed after .metadata, before the record
