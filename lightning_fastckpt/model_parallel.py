@@ -113,10 +113,15 @@ class FastModelParallelStrategy(ModelParallelStrategy):
             self._committed = max(self._committed, number)
 
     def _landed(self) -> None:
-        """Notes the saves that have finished (without waiting); raises the first failed one's error."""
-        for key, (number, response, into) in list(self._saving.items()):
-            if response.upload_completion.done():
-                self._land(key)
+        """Lands the saves that rank 0 sees finished, on every rank (a rank not done with one yet
+        waits for it: briefly, as rank 0's save ends with DCP's last collective); raises the first
+        failed one's error on every rank alike. Each rank judging by its own futures could raise on
+        one rank while the other went on to the next collective."""
+        done = None
+        if self.global_rank == 0:
+            done = [key for key, (_, response, _) in self._saving.items() if response.upload_completion.done()]
+        for key in self.broadcast(done):
+            self._land(key)
 
     # -- removing --------------------------------------------------------
     def remove_checkpoint(self, filepath) -> None:

@@ -112,6 +112,16 @@ def test_it_says_so_at_the_first_save_even_when_nothing_is_ever_removed(tmp_path
     assert "saved by the strategy itself" not in said[1]  # rank 0 says it
 
 
+def test_a_save_that_failed_on_one_rank_is_raised_on_every_rank_at_the_next_save(tmp_path):
+    said = two_ranks(tmp_path, "--fail-second-save", ok=False)  # a hang would time out (300 s)
+    for rank, out in enumerate(said):
+        assert "injected: rank 1 cannot write its file of the second save" in out, f"rank {rank}: {out[-3000:]}"
+        assert f"rank {rank} done" not in out  # the run stopped there, on both ranks
+    kept = [n for n in os.listdir(tmp_path / "ck") if not n.startswith(".")]
+    assert "epoch=0-step=2.ckpt" in kept  # the save before it is there, committed
+    assert record.read(str(tmp_path / "ck" / "epoch=0-step=2.ckpt"), RECORD, every_rank=False).step == 2
+
+
 def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
     readme = open(os.path.join(ROOT, "README.md")).read()
     section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]

@@ -2,11 +2,12 @@
 configure_model) on 2 gloo ranks on CPU, started as torchrun starts them (env: RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_*).
 
-Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--last] [--resume CKPT]
+Usage: lit_mp_worker.py OUT STEPS [--stock [--io]] [--last] [--resume CKPT] [--fail-second-save]
   trains to STEPS steps (ModelCheckpoint every 2 steps into OUT/ck, the 2 newest kept); with
   --resume, from that checkpoint directory. --stock: Lightning's own ModelParallelStrategy
   (--io: with FastCheckpointIO as its plugin, which that strategy bypasses). --last: ModelCheckpoint
-  keeps only last.ckpt, saved into again every 2 steps.
+  keeps only last.ckpt, saved into again every 2 steps. --fail-second-save: rank 1's file of the
+  second save fails to write (an OSError raised in FastStorageWriter.write_data).
   Rank 0 keeps the full model and optimizer state at the end in OUT/final.pt.
 One thread per process: every run computes each step with the same arithmetic.
 """
@@ -27,6 +28,16 @@ def main() -> None:
     from lightning_fastckpt import FastModelParallelStrategy
 
     out, steps = sys.argv[1], int(sys.argv[2])
+    if "--fail-second-save" in sys.argv and os.environ["RANK"] == "1":
+        from fastckpt.dcp import FastStorageWriter
+        real, calls = FastStorageWriter.write_data, []
+
+        def write_data(self, plan, planner):
+            calls.append(1)
+            if len(calls) == 2:
+                raise OSError("injected: rank 1 cannot write its file of the second save")
+            return real(self, plan, planner)
+        FastStorageWriter.write_data = write_data
     resume = sys.argv[sys.argv.index("--resume") + 1] if "--resume" in sys.argv else None
 
     class Net(L.LightningModule):
