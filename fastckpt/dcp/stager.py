@@ -7,8 +7,9 @@ it and writes what it holds. What happens between:
 
 - Slots. At most `concurrency` snapshots are staged or being written at a time, each in a slot
   of its own buffers (staged.py), reused by the slot's next snapshot. A stage() that finds every
-  slot taken waits for one (policy='wait'), or — agreed on every rank — raises SaveSkipped
-  (policy='skip'). `staging_mb` bounds the slots' memory as well.
+  slot taken waits for one (policy='wait', up to commit_timeout_s), or raises SaveSkipped
+  (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or refused after
+  that wait, is so on every rank. `staging_mb` bounds the slots' memory as well.
 - The copy. As TrainingSaves saves: before any optimizer step has run, and until the run has
   shown that nothing but the optimizer writes the saved tensors between a save and the next
   step (write.watch.Trust), stage() copies everything before it returns. Then, tensors no
@@ -142,7 +143,8 @@ class FastStager(AsyncStager):
         self.timeout_s = config.commit_timeout_s
         self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
         spread = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        self._agree: Agreement = DistAgreement(self.timeout_s) if spread else Agreement()
+        # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
+        self._agree: Agreement = DistAgreement(2 * self.timeout_s) if spread else Agreement()
         self._slots: list[Slot] = []
         self._cond = threading.Condition()  # slots' states; waiters poll it (a save thread's end notifies nobody)
         self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
@@ -380,27 +382,35 @@ class FastStager(AsyncStager):
         s.busy, s.taken_by, s.staged_by, s.watch, s.live, s.refs = False, None, None, None, [], []
 
     def _take_slot(self, nbytes: int) -> Slot:
+        """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
+        after waiting up to commit_timeout_s for one), so a rank that found none never leaves the
+        others to start the save's collectives without it."""
         with self._cond:
             slot = self._free_slot(nbytes)
             if slot is None and self.policy == "wait":
                 deadline = time.monotonic() + self.timeout_s
-                while slot is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise CheckpointWriteError(
-                            f"no staging slot became free in {self.timeout_s:.0f} s ({len(self._slots)} saves in "
-                            "flight); is an earlier async_save stuck, or its staged state still referenced?")
-                    self._cond.wait(min(left, 0.05))
+                while slot is None and time.monotonic() < deadline:
+                    self._cond.wait(min(max(deadline - time.monotonic(), 0.0), 0.05))
                     slot = self._free_slot(nbytes)
             if slot is not None:
                 slot.busy = True
-        if self.policy == "skip" and not self._agree.all_ok(slot is not None):
-            if slot is not None:
+        everyone = False
+        try:
+            everyone = self._agree.all_ok(slot is not None)
+        finally:  # refused, or the agreement itself failed (a peer gone): the slot is given back
+            if slot is not None and not everyone:
                 with self._cond:
                     slot.busy = False
-            self.stats["skipped"] += 1
-            raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "
-                              "this async_save was skipped on every rank")
+        if not everyone:
+            if self.policy == "skip":
+                self.stats["skipped"] += 1
+                raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "
+                                  "this async_save was skipped on every rank")
+            raise CheckpointWriteError(
+                f"no staging slot became free in {self.timeout_s:.0f} s on "
+                f"{'this rank' if slot is None else 'another rank'} ({self.concurrency} saves in flight); "
+                "this async_save was refused on every rank. Is an earlier async_save stuck, or its "
+                "staged state still referenced?")
         return slot
 
     def _taken(self, slot: Slot, seq: int) -> bool:

@@ -5,6 +5,9 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          concurrency 1, policy 'skip': rank 1 keeps its first snapshot referenced, so its only slot
          stays taken; the next async_save raises SaveSkipped on *both* ranks ("skipped"); once rank 1
          lets go, the next save commits ("saved N").
+       stager_worker.py wait CKPT
+         as skip, with policy 'wait' and commit_timeout_s 3: rank 1 waits 3 s for a slot in vain;
+         the save is refused on *both* ranks ("refused"), then the next one commits ("saved 3").
        stager_worker.py fail CKPT
          rank 1's background copy of the third save fails (an injected error); that save fails on
          both ranks, before DCP's collectives ("failed <error type>"), nothing of it is committed,
@@ -25,13 +28,15 @@ def main() -> None:
     mode, ckpt = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     from fastckpt.dcp import FastStager, FastStorageWriter, SaveSkipped, staged
+    from fastckpt.errors import CheckpointWriteError
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(32, 32)
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     group = dist.new_group(backend="gloo")
     writer = FastStorageWriter(ckpt, chunk_mb=1)
-    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait")
+    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
+                        commit_timeout_s=3 if mode == "wait" else 600)
 
     def step(n: int) -> None:
         model(torch.full((4, 32), float(n))).sum().backward()
@@ -43,7 +48,7 @@ def main() -> None:
         return dcp.async_save(state, checkpoint_id=os.path.join(ckpt, f"step-{n}"), storage_writer=writer,
                               async_stager=stager, process_group=group)
 
-    if mode == "skip":
+    if mode in ("skip", "wait"):
         step(1)
         held = stager.stage({"model": model.state_dict()})
         kept = held.result() if rank == 1 else None  # rank 1's only slot stays taken
@@ -54,6 +59,8 @@ def main() -> None:
             print("saved 2", flush=True)
         except SaveSkipped:
             print("skipped", flush=True)
+        except CheckpointWriteError as e:
+            print(f"refused: {e}", flush=True)
         del kept
         step(3)
         save(3).upload_completion.result()

@@ -245,6 +245,15 @@ def test_skip_is_agreed_on_every_rank(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step-3"]
 
 
+def test_a_slot_waited_for_in_vain_on_one_rank_refuses_that_save_on_every_rank(tmp_path):
+    outs = two_ranks("wait", tmp_path)
+    assert "refused: no staging slot became free in 3 s on this rank" in outs[1], outs[1]
+    assert "refused: no staging slot became free in 3 s on another rank" in outs[0], outs[0]
+    for out in outs:
+        assert "saved 2" not in out and "saved 3" in out, out
+    assert sorted(os.listdir(tmp_path)) == ["step-3"]
+
+
 def test_a_copy_failing_on_one_rank_fails_that_save_on_both_before_dcps_collectives(tmp_path):
     outs = two_ranks("fail", tmp_path)
     assert "failed RuntimeError: injected" in outs[1], outs[1]
