@@ -238,19 +238,14 @@ def two_ranks(mode: str, directory) -> list[str]:
     return outs
 
 
-def test_skip_is_agreed_on_every_rank(tmp_path):
-    outs = two_ranks("skip", tmp_path)
-    for out in outs:  # only rank 1's slot was taken; both skipped, then both saved
-        assert "skipped" in out and "saved 2" not in out and "saved 3" in out, out
-    assert sorted(os.listdir(tmp_path)) == ["step-3"]
-
-
-def test_a_slot_waited_for_in_vain_on_one_rank_refuses_that_save_on_every_rank(tmp_path):
-    outs = two_ranks("wait", tmp_path)
-    assert "refused: no staging slot became free in 3 s on this rank" in outs[1], outs[1]
-    assert "refused: no staging slot became free in 3 s on another rank" in outs[0], outs[0]
-    for out in outs:
-        assert "saved 2" not in out and "saved 3" in out, out
+@pytest.mark.parametrize("mode, said", [
+    ("skip", ("skipped", "skipped")),
+    ("wait", ("refused: no staging slot became free in 3 s on another rank",
+              "refused: no staging slot became free in 3 s on this rank"))])
+def test_a_save_without_a_slot_on_one_rank_is_skipped_or_refused_on_every_rank(tmp_path, mode, said):
+    outs = two_ranks(mode, tmp_path)  # only rank 1's slot was taken (with 'wait': for 3 s, in vain)
+    for out, expected in zip(outs, said):
+        assert expected in out and "saved 2" not in out and "saved 3" in out, out
     assert sorted(os.listdir(tmp_path)) == ["step-3"]
 
 
