@@ -138,10 +138,8 @@ def drop_folder(path: str) -> None:
     """Every file of a checkpoint out of the page cache, so each load reads the disk: DCP's
     buffered writes would leave its files cached, fastckpt's O_DIRECT writes leave none."""
     sys.path.insert(0, HERE)
-    from helpers.bounds import drop_cache
-    for name in os.listdir(path):
-        if os.path.isfile(os.path.join(path, name)):
-            drop_cache(os.path.join(path, name))
+    from helpers import bounds
+    bounds.drop_folder(path)
 
 
 # -- the parent --------------------------------------------------------------

@@ -51,8 +51,7 @@ def load_seconds(nbytes: int, work: str) -> dict:
                               lambda p: dcp.load({"w": torch.empty_like(state["w"])}, checkpoint_id=p))):
         path = os.path.join(work, f"load-{name}.pt")
         save(path)
-        for f in ([os.path.join(path, n) for n in os.listdir(path)] if os.path.isdir(path) else [path]):
-            bounds.drop_cache(f)
+        bounds.drop_folder(path)
         t0 = time.perf_counter()
         load(path)
         out[name] = time.perf_counter() - t0

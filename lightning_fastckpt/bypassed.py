@@ -14,6 +14,8 @@ import functools
 import os
 import warnings
 
+from fastckpt.dcp import metadata as md_file
+
 _said = False
 
 
@@ -29,7 +31,7 @@ def say(path: str) -> None:
 
 
 def is_dcp_folder(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ".metadata"))
+    return os.path.isfile(os.path.join(path, md_file.NAME))
 
 
 def watch(ours: type) -> None:

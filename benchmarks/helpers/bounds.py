@@ -31,6 +31,15 @@ def drop_cache(path: str) -> None:
         os.close(fd)
 
 
+def drop_folder(path: str) -> None:
+    """drop_cache of every file of a folder (a DCP checkpoint) or of one file."""
+    if not os.path.isdir(path):
+        return drop_cache(path)
+    for name in os.listdir(path):
+        if os.path.isfile(os.path.join(path, name)):
+            drop_cache(os.path.join(path, name))
+
+
 def _direct_io(path: str, nbytes: int, threads: int, write: bool) -> float:
     buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT wants
     buf.write(os.urandom(1 << 20) * (BLOCK >> 20))
