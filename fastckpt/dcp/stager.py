@@ -53,71 +53,14 @@ import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; 
 
 from ..commit.agreement import Agreement, DistAgreement
 from ..config import CheckpointerConfig
-from ..errors import CheckpointWriteError, FastckptError, TornSnapshotError
+from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
 from ..write.native_engine import MiB
 from . import staged as st
+from .slots import SaveSkipped, Slot, StagedFuture
 
 log = logging.getLogger("fastckpt")
 IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
-
-
-class SaveSkipped(FastckptError):
-    """policy='skip': every staging slot was taken on some rank, so no rank saved this time."""
-
-
-class Slot:
-    """One snapshot's place: its buffers, and where its snapshot stands."""
-
-    def __init__(self, stager: "FastStager", index: int):
-        self.index = index
-        self.buffers = st.Buffers(self, device_copy=stager.strategy == "g")
-        self.busy = False
-        self.seq = -1
-        self.copied = threading.Event()  # no copy of this snapshot reads the caller's tensors any more
-        self.error: Optional[BaseException] = None
-        self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
-        self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
-        self.delivered = False  # the future is done
-        self.tensors = 0  # tensor leaves of this snapshot
-        self.taken_here = False  # the thread that staged it took the snapshot (a plain dcp.save)
-        self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
-        self.refs: list = []  # weak references to them, whose callbacks count them down
-        self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
-        self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
-
-    def finished(self) -> bool:
-        """The save that staged here no longer needs the snapshot."""
-        if not self.busy:
-            return True
-        if not self.delivered:
-            return False
-        ended = self.taken_by is not None and not self.taken_by.is_alive()
-        if self.tensors == 0:  # nothing to count: the save thread's end, or taken by the caller itself
-            return ended or self.taken_here
-        return self.alive == 0 or ended
-
-    def torn(self) -> str:
-        """'' when no tensor of the snapshot was written in place before it was copied (with 'd':
-        before it was written); else the first one's path. Decided once."""
-        return self.watch.check() if self.watch is not None else ""
-
-
-class StagedFuture(concurrent.futures.Future):
-    """The future stage() returns. A save thread taking its result waits for the earlier saves
-    (saves stay in order) and takes the snapshot over: the future lets go of it then, so the
-    slot is free the moment that save is done with it (not once DCP drops the future too)."""
-
-    def __init__(self, stager: "FastStager", slot: Slot, seq: int):
-        super().__init__()
-        self._stager, self._slot, self._seq = stager, slot, seq
-
-    def result(self, timeout=None):
-        handed_over = self._stager._taken(self._slot, self._seq)
-        box = super().result(timeout)  # [snapshot] until a save thread took it
-        if handed_over:
-            return box.pop()
-        return box[0] if box else None  # DCP's own callback, after the save thread took it
 
 
 class FastStager(AsyncStager):
