@@ -18,6 +18,19 @@ no longer held here, so backward's memory shrinks as it goes. close() (the end o
 with-block, or of the step in the plugins) removes whatever is left, also when the step
 raised; the first start() also removes step directories left by processes that died (kill -9).
 A second backward through the same graph (retain_graph=True) is refused clearly.
+
+What unpack hands back is what pack took: its shape, strides and dtype too (io_tools writes
+the storage a transposed, permuted or channels_last tensor lies in as it lies, and rebuilds
+a slice with gaps into memory of its strides), so backward computes exactly as without
+offload, whatever code path a kernel picks for a layout.
+
+Only what frees memory is written. A saved tensor whose storage lives on anyway stays in
+memory (stats["kept_alive_elsewhere"]): a parameter, a view of one (Linear saves weight.t()),
+any view of a leaf that needs its gradient (the user holds it); and a storage seen to outlive
+its offload — at its first use in backward, with every write done, nothing here holds it, so
+someone else does (a buffer, the user's batch, a cache) — is kept from then on, whether it is
+that same storage again or the tensor saved at the same place of a later step (its index
+among this step's offloadable saves, shape, strides, dtype and device).
 release_memory (default on) has glibc hand freed activation-sized buffers back to the system
 (malloc_release.py): without it the memory offload frees mostly stays in the process.
 """
@@ -40,10 +53,10 @@ from .malloc_release import release_large_frees
 
 class _Handle:
     __slots__ = ("index", "path", "device", "nbytes", "ready", "written", "read", "uses", "used", "original",
-                 "__weakref__")
+                 "site", "__weakref__")
 
-    def __init__(self, index: int, path: str, t: torch.Tensor):
-        self.index, self.path, self.device = index, path, t.device
+    def __init__(self, index: int, path: str, t: torch.Tensor, site: tuple):
+        self.index, self.path, self.device, self.site = index, path, t.device, site
         self.nbytes = t.numel() * t.element_size()
         self.ready = None  # a CUDA event: the forward has produced t
         if t.is_cuda:
@@ -62,6 +75,15 @@ class _Handle:
 def _identity(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
             t._version)
+
+
+def _held_by_its_owner(t: torch.Tensor) -> bool:
+    """A parameter, or a view of a leaf that needs its gradient (weight.t(), a slice of the
+    user's input): whoever owns that leaf keeps its storage alive."""
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    root = t._base if t._base is not None else t
+    return root.is_leaf and root.requires_grad
 
 
 PREFIX = "fastckpt-act-"
@@ -107,7 +129,11 @@ class ActivationOffload:
         self._pending_writes: deque = deque()
         self._hooks = None
         self._swept = False
-        self.stats = {"offloaded": 0, "shared": 0, "bytes": 0, "kept": 0, "peak_inflight": 0, "prefetched": 0}
+        self._sites = 0  # offloadable saves of this step so far (a save's place in its step)
+        self._outlived: dict[int, StorageWeakRef] = {}  # storages seen to outlive their offload
+        self._outlived_sites: set[tuple] = set()  # the places in a step where that was seen
+        self.stats = {"offloaded": 0, "shared": 0, "bytes": 0, "kept": 0, "kept_alive_elsewhere": 0,
+                      "peak_inflight": 0, "prefetched": 0}
 
     # -- the context -------------------------------------------------------------
     def __enter__(self) -> "ActivationOffload":
@@ -159,15 +185,21 @@ class ActivationOffload:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
         with self._lock:
-            self._order, self._live, self._inflight = [], {}, 0
+            self._order, self._live, self._inflight, self._sites = [], {}, 0, 0
             self._pending_writes.clear()
+            self._outlived = {k: ref for k, ref in self._outlived.items() if not ref.expired()}
 
     # -- the hooks ---------------------------------------------------------------
     def _pack(self, t: torch.Tensor):
         nbytes = t.numel() * t.element_size()
-        if (nbytes < self.threshold or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided
-                or self._pool is None):
+        if nbytes < self.threshold or t.layout != torch.strided or self._pool is None:
             self.stats["kept"] += 1
+            return t
+        site = (self._sites, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        self._sites += 1
+        if self._alive_elsewhere(t, site):
+            self.stats["kept"] += 1
+            self.stats["kept_alive_elsewhere"] += 1
             return t
         ident = _identity(t)
         with self._lock:
@@ -183,23 +215,33 @@ class ActivationOffload:
                     oldest.written.result()
                 finally:
                     self._lock.acquire()
-            h = _Handle(len(self._order), os.path.join(self._dir, f"{len(self._order)}.fct"), t)
+            h = _Handle(len(self._order), os.path.join(self._dir, f"{len(self._order)}.fct"), t, site)
             self._inflight += nbytes
             self.stats["peak_inflight"] = max(self.stats["peak_inflight"], self._inflight)
             self._order.append(h)
             self._live[ident] = h
-            h.written = self._pool.submit(self._write, h, t)  # holds t only until it is written
+            h.written = self._pool.submit(self._write, h, [t])  # holds t only until it is written
             self._pending_writes.append(h)
         self.stats["offloaded"] += 1
         self.stats["bytes"] += nbytes
         return h
 
-    def _write(self, h: _Handle, t: torch.Tensor) -> None:
+    def _alive_elsewhere(self, t: torch.Tensor, site: tuple) -> bool:
+        """Whether t's storage lives on without autograd's saved tensors (then writing it frees nothing)."""
+        if _held_by_its_owner(t):
+            return True
+        with self._lock:
+            seen = self._outlived.get(StorageWeakRef(t.untyped_storage()).cdata)
+            return (seen is not None and not seen.expired()) or site in self._outlived_sites
+
+    def _write(self, h: _Handle, box: list) -> None:
+        t = box.pop()  # the only reference here: gone before the write counts as done
         try:
             if h.ready is not None:
                 h.ready.synchronize()
             self.io.save(t.detach(), h.path)
         finally:
+            del t
             with self._lock:
                 self._inflight -= h.nbytes
                 if h in self._pending_writes:
@@ -234,6 +276,10 @@ class ActivationOffload:
         t = future.result()
         with self._lock:
             packed.used += 1
+            if packed.used == 1 and not self._pending_writes and not packed.original.expired():
+                # every write is done, so nothing here holds the storage: something else does
+                self._outlived[packed.original.cdata] = packed.original
+                self._outlived_sites.add(packed.site)
             if packed.used >= packed.uses:  # its last use: nothing here keeps the tensor or the file
                 packed.read = None
                 try:

@@ -2,13 +2,14 @@
 
   posix   buffered pwrite/pread from the native core (through the page cache)
   direct  O_DIRECT from/to an aligned bounce buffer in the native core (bypasses the cache)
-  numpy   numpy.save / numpy.load (allow_pickle=False) of the tensor's bytes
-  torch   torch.save / torch.load(weights_only=True) of the tensor
+  numpy   numpy.save / numpy.load (allow_pickle=False) of the payload's bytes
+  torch   torch.save / torch.load(weights_only=True) of the payload's bytes
   kvikio  kvikio.CuFile (GPU Direct Storage, or kvikio's compat mode) for CUDA tensors
 
-Each writes the same tensor file (tensor_file.py: a header naming the tool, then its
-payload), so any file is read back through read_tensor whoever wrote it. A tool that
-cannot run here (no CUDA or kvikio; O_DIRECT refused by the directory's filesystem) is
+Each writes the same tensor file (tensor_file.py: a header naming the tool and the
+tensor's geometry, then its payload), so any file is read back through read_tensor whoever
+wrote it, with the shape, strides and dtype it was written with (payload_of, rebuild).
+A tool that cannot run here (no CUDA or kvikio; O_DIRECT refused by the directory's filesystem) is
 reported by available_tools() with its reason, and never chosen.
 """
 from __future__ import annotations
@@ -34,24 +35,58 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def payload_of(t: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """(the flat bytes a tool writes for t, on t's device; their order, as tensor_file says).
+    The stretch of storage t's elements lie in, as it lies and without a copy, when it holds
+    no more elements than t (contiguous, transposed, permuted, channels_last, expanded);
+    else (a slice with gaps) t's elements in row-major order."""
+    t = t.detach()
+    n = tf.span(t.shape, t.stride())
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=t.device), "storage"
+    if n <= t.numel():
+        return t.as_strided((n,), (1,), t.storage_offset()).view(torch.uint8), "storage"
+    return t.contiguous().view(-1).view(torch.uint8), "elements"
+
+
+def rebuild(b: torch.Tensor, h: dict, path: str) -> torch.Tensor:
+    """The tensor the payload bytes b of the file at path hold (on b's device), with the file's
+    shape, strides and dtype (h: tensor_file.read's header)."""
+    shape, stride, dtype = h["shape"], h["stride"], h["dtype_t"]
+    if h["span"] == 0:
+        return torch.empty_strided(shape, stride, dtype=dtype, device=b.device)
+    flat = b.view(dtype)
+    if h["order"] == "storage":
+        return flat.as_strided(shape, stride)
+    if stride == tf.contiguous_strides(shape):
+        return flat.view(shape)
+    try:  # a slice with gaps: memory of its own strides, its elements copied in
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=b.device)
+    except (RuntimeError, MemoryError) as e:
+        raise CorruptCheckpointError(f"{path}: no room for a tensor of shape {shape} and strides {stride} "
+                                     f"({str(e).splitlines()[0]})") from None
+    return out.copy_(flat.view(shape))
+
+
 def crc_of(b: torch.Tensor) -> int:
     """CRC-32 of a flat uint8 host tensor (0 when empty)."""
     return _native.crc32(b.data_ptr(), b.numel()) if b.numel() else 0
 
 
-def _write_header(path: str, tool: str, t: torch.Tensor, crc: int) -> None:
+def _write_header(path: str, tool: str, t: torch.Tensor, order: str, b: torch.Tensor, crc: int) -> None:
     with open(path, "wb") as f:
-        f.write(tf.encode(tool, t, crc))
+        f.write(tf.encode(tool, t, order, b.numel(), crc))
 
 
 def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
-    """Writes t to path with one tool (the file is replaced)."""
+    """Writes t to path with one tool (the file is replaced); read_tensor gives back its shape,
+    strides, dtype and values."""
     if tool == "kvikio":
         return _write_kvikio(t, path)
-    host = t.detach().cpu() if t.device.type != "cpu" else t
-    b = _flat_bytes(host)
+    b, order = payload_of(t)
+    b = b.cpu()  # one copy of the payload to the host for a CUDA tensor; none for a host one
     crc = crc_of(b)
-    _write_header(path, tool, host, crc)
+    _write_header(path, tool, t, order, b, crc)
     if tool == "posix":
         _native.write_buffered(path, tf.HEADER, b.data_ptr(), b.numel())
     elif tool == "direct":
@@ -61,8 +96,8 @@ def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
             f.seek(tf.HEADER)
             np.save(f, b.numpy(), allow_pickle=False)
     elif tool == "torch":
-        buf = io.BytesIO()
-        torch.save(host.detach().contiguous(), buf)
+        buf = io.BytesIO()  # torch.save writes a view's whole storage: the payload alone, then
+        torch.save(b if b.untyped_storage().nbytes() == b.numel() else b.clone(), buf)
         with open(path, "r+b") as f:
             f.seek(tf.HEADER)
             f.write(buf.getbuffer())
@@ -72,7 +107,8 @@ def write_tensor(t: torch.Tensor, path: str, tool: str) -> None:
 
 def read_tensor(path: str, device=None, verify: bool = True, header: dict | None = None) -> torch.Tensor:
     """The tensor in path, read by the tool its header names (tf.read's result, when the caller
-    has it already); CRC-checked when verify."""
+    has it already), with the shape, strides and dtype it was written with; CRC-checked when
+    verify."""
     h = header if header is not None else tf.read(path)
     tool, n = h["tool"], h["nbytes"]
     if tool == "kvikio":
@@ -103,8 +139,7 @@ def read_tensor(path: str, device=None, verify: bool = True, header: dict | None
         raise CorruptCheckpointError(f"{path}: payload has {b.numel()} bytes, header says {n}")
     if verify and crc_of(b) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
-    t = b.view(h["dtype_t"]).reshape(h["shape"]) if n else torch.empty(h["shape"], dtype=h["dtype_t"])
-    return t.to(device) if device is not None else t
+    return rebuild(b.to(device) if device is not None else b, h, path)
 
 
 def kvikio_or_why():
@@ -122,10 +157,9 @@ def _write_kvikio(t: torch.Tensor, path: str) -> None:
     kvikio, why = kvikio_or_why()
     if kvikio is None:
         raise OSError(f"tool 'kvikio' is unavailable here: {why}")
-    src = t.detach().contiguous()
-    b = src.reshape(-1).view(torch.uint8) if src.numel() else torch.empty(0, dtype=torch.uint8, device=src.device)
+    b, order = payload_of(t)
     crc = device_crc.crc32_where_it_is(b)
-    _write_header(path, "kvikio", src, crc)
+    _write_header(path, "kvikio", t, order, b, crc)
     if b.numel():
         with kvikio.CuFile(path, "r+") as f:
             f.write(b, file_offset=tf.HEADER)
@@ -144,8 +178,7 @@ def _read_kvikio(path: str, h: dict, device, verify: bool) -> torch.Tensor:
                 f.read(b, file_offset=tf.HEADER)
     if verify and device_crc.crc32_where_it_is(b) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
-    t = b.view(h["dtype_t"]).reshape(h["shape"])
-    return t.to(device) if device is not None else t
+    return rebuild(b.to(device) if device is not None else b, h, path)
 
 
 def available_tools(directory: str, cuda: bool = False) -> dict[str, str | None]:

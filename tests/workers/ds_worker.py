@@ -6,7 +6,8 @@
         a fresh engine loads the newest committed tag and trains the same 2 steps
     python ds_worker.py reference SAVE_DIR OUT --stage S --steps M
         M steps without saving; writes every loss and the full parameters after every step
-        (and the activation-offload counts when FASTCKPT_ENTRY has "offload" or OFFLOAD_HELPER=DIR)
+        (and the activation-offload counts when FASTCKPT_ENTRY has "offload" or OFFLOAD_HELPER=DIR;
+        with WATCH_LAYOUT=1 also what offload handed back to autograd, layout_watch.LayoutWatch)
     python ds_worker.py loop SAVE_DIR OUT --stage S --steps M [--save-before-update]
         M steps, save_checkpoint after every one (the test kill -9s it somewhere in between),
         or between backward and the update, so the update meets the snapshot still copying
@@ -26,6 +27,7 @@
         on rank 0 (it copies fastckpt's model-state files), a second engine loads it (load_universal)
     python ds_worker.py config-error SAVE_DIR OUT
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
+MODEL=block trains layout_watch.BlockNet (a transformer block) instead of the small MLP.
 DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
 """
 from __future__ import annotations
@@ -50,14 +52,18 @@ fastckpt.reproducible(threads=1)
 import deepspeed  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
+from layout_watch import BlockNet, LayoutWatch  # noqa: E402
+
+WATCHES: list[LayoutWatch] = []
 
 
 def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None, load_universal=False):
     torch.manual_seed(0)
     width = int(os.environ.get("WIDTH", "64"))
     hidden = [torch.nn.Linear(width, width), torch.nn.ReLU()] if os.environ.get("HIDDEN") else []
-    model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.LayerNorm(width), *hidden,
-                                torch.nn.Linear(width, 8))
+    model = (BlockNet(width) if os.environ.get("MODEL") == "block" else
+             torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.LayerNorm(width), *hidden,
+                                 torch.nn.Linear(width, 8)))
     # two parameter groups, as most recipes have: DeepSpeed steps (and fastckpt gates) them one by one
     groups = [{"params": [p for p in model.parameters() if p.dim() > 1], "weight_decay": 0.01},
               {"params": [p for p in model.parameters() if p.dim() <= 1], "weight_decay": 0.0}]
@@ -75,6 +81,9 @@ def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None, load_u
     if os.environ.get("OFFLOAD_HELPER"):  # activation offload without the config entry
         deepspeed_fastckpt.offload_activations(eng, directory=os.environ["OFFLOAD_HELPER"], threshold_mb=0.001,
                                                mode="tool", tool="direct")
+    off = deepspeed_fastckpt.offload.offload_of(eng)
+    if off is not None and os.environ.get("WATCH_LAYOUT"):
+        WATCHES.append(LayoutWatch(off))
     return eng
 
 
@@ -142,6 +151,7 @@ def main() -> None:
             out["params_after"].append(full_params(eng))
         off = deepspeed_fastckpt.offload.offload_of(eng)
         out["offload"] = dict(off.stats) if off is not None else None
+        out["layout"] = WATCHES[0].summary() if WATCHES else None
     elif a.mode == "auto-interval":  # checkpoint when deepspeed_fastckpt.checkpoint_due says so
         import time
         out["saved_at"] = []

@@ -1,6 +1,6 @@
 """Tensor offload on a GPU: the kvikio tool (GDS, or kvikio's compat mode), the adaptive choice
-among every tool for CUDA tensors, activation offload of a CUDA model (bit-equal gradients),
-and fastckpt.save(tool="kvikio"). Skipped without CUDA; kvikio's own tests skip without kvikio."""
+among every tool for CUDA tensors, activation offload of a CUDA model (bit-equal gradients;
+every kind of CUDA tensor back in its layout, through every tool), and fastckpt.save(tool="kvikio"). Skipped without CUDA; kvikio's own tests skip without kvikio."""
 from __future__ import annotations
 
 import os
@@ -13,6 +13,7 @@ from fastckpt.format import device_crc
 from fastckpt.offload import ActivationOffload, TensorIO, available_tools, io_tools
 from fastckpt.offload.io_tools import read_tensor, write_tensor
 from fastckpt.write.gds import kvikio_mode
+from workers.layout_watch import SavesForBackward, kinds_of_tensors, same_tensor
 
 pytestmark = pytest.mark.gpu
 needs_kvikio = pytest.mark.skipif(kvikio_mode() is None, reason="kvikio is not installed or has no driver")
@@ -56,6 +57,24 @@ def test_activation_offload_of_a_cuda_model_is_bit_equal(tmp_path):
             assert off.stats["offloaded"] >= 6
         grads.append([p.grad.clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("tool", ["posix", "direct", "numpy", "torch", "kvikio"])
+def test_every_kind_of_cuda_tensor_comes_back_to_autograd_as_it_was_saved(tmp_path, tool):
+    if tool == "kvikio" and kvikio_mode() is None:
+        pytest.skip("kvikio is not installed or has no driver")
+    for name, t in kinds_of_tensors("cuda").items():
+        off = ActivationOffload(str(tmp_path), threshold_mb=0, io=TensorIO(mode="tool", tool=tool))
+        write_tensor(t, str(tmp_path / "f"), tool)
+        back = read_tensor(str(tmp_path / "f"), device="cuda")
+        assert same_tensor(back, t), (name, t.stride(), back.stride())
+        os.unlink(tmp_path / "f")
+        got = []
+        x = torch.ones(2, device="cuda", requires_grad=True)
+        with off:
+            SavesForBackward.apply(x, t, got).sum().backward()
+        assert off.stats["offloaded"] == 1 and len(got) == 1 and same_tensor(got[0], t), (name, t.stride())
     assert os.listdir(tmp_path) == []
 
 
