@@ -3,6 +3,8 @@
 save() writes PATH.tmp through the parallel writer, fdatasyncs it, renames it
 over PATH and fsyncs the directory, so PATH is either the old file or the new
 one, never a torn mix. load() checks every CRC before returning (verify=True).
+The saves of a process share one engine (its staging is faulted in and pinned
+once); its threads end whenever no save is using it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from .write.deadline import DEFAULT_STALL_S
 from .write.pinning import pin_chunks
 
 _pinned = False
+_users = 0  # saves using the shared engine now
+_users_lock = threading.Lock()
 
 
 class Saved(int):
@@ -61,31 +65,46 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
         return _save_with_tool(state, path, format, tool)
     plan = plan_file(state, format)
     tmp = path + ".tmp"
-    engine = _engine()
+    engine = _take_engine()
     w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(stall_timeout_s, lambda: engine.progress))
     try:
         w.release_all()
         res = w.finish() if progress is None else _finish_reporting(w, plan.file_size, progress)
     except BaseException as e:
         w.abort(e)
+        _give_engine_back(engine, done=False)
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+    _give_engine_back(engine, done=True)
     os.replace(tmp, path)
     fsync_dir(parent)
     return Saved(res.bytes, o_direct=res.direct_io)
 
 
-def _engine():
+def _take_engine():
     """The shared engine of one-file saves, its staging pinned for CUDA copies once."""
-    global _pinned
-    engine = default_engine()
-    if not _pinned:
-        _pinned = True
-        pin_chunks(engine.pool.addresses(), engine.pool.chunk_bytes)
-    return engine
+    global _pinned, _users
+    with _users_lock:
+        engine = default_engine()
+        if not _pinned:
+            _pinned = True
+            pin_chunks(engine.pool.addresses(), engine.pool.chunk_bytes)
+        _users += 1
+        return engine
+
+
+def _give_engine_back(engine, done: bool) -> None:
+    """The last save using the shared engine ends its threads (its staging stays for the next):
+    nothing of a finished save keeps running. Not after a failed save, whose writes may still
+    be stuck in them (a stalled disk): joining those would hang the error."""
+    global _users
+    with _users_lock:
+        _users -= 1
+        if _users == 0 and done:
+            engine.park()
 
 
 def _save_with_tool(state, path: str, format: str, tool) -> Saved:

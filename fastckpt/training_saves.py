@@ -7,8 +7,11 @@ write and leaves the update's own tensors to the background copy; the next updat
 those copies (write.gate.StepGate calls the plugin's gate first). Until the run has shown
 that nothing else writes those tensors between a save and the next step (write.watch), a
 save waits for its copy before returning. At the second step — optimizer state exists by
-then — staging is faulted in for the first save, in the background. Layer-wise, a save's
-copies of the update's tensors are held until each DDP bucket is final (write.layerwise).
+then — staging is faulted in for the first save, in the background, by the front end in use
+last (StepGate.newest), unless it was last used by a save outside any run (reserve_ahead):
+steps it sees then may be another trainer's, and nothing would free what it reserved.
+Layer-wise, a save's copies of the update's tensors are held until each DDP bucket is final
+(write.layerwise).
 During a run a removed file's blocks are freed off the training thread; nothing of this
 outlives end_run().
 """
@@ -35,6 +38,9 @@ class TrainingSaves:
         self.gate.install()
         self.held = HeldSnapshots(self.gate)
         self.active = False  # from the first save or update of a run to end_run()
+        # off while the gate was armed again by a save outside any run (trainer.save_checkpoint
+        # after fit): see the module's docstring
+        self.reserve_ahead = True
         self.synchronous = False  # the caller saves off the training thread: nothing left behind
         self._freer: Optional[ThreadPoolExecutor] = None
         named.free = self._free
@@ -67,7 +73,7 @@ class TrainingSaves:
         self.active = True
         self.held.clear()  # whatever a bucket did not release goes now
         self._before_update(*optimizer)
-        if self.gate.steps_seen == 2:
+        if self.gate.steps_seen == 2 and self.reserve_ahead and self.gate.newest():
             self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
 
     def _free(self, job: Callable[[], None]) -> None:

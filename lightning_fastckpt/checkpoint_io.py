@@ -113,23 +113,29 @@ class FastCheckpointIO(CheckpointIO):
             self.saves.synchronous = True
             warnings.warn("FastCheckpointIO is called off the training thread (wrapped by "
                           "AsyncCheckpointIO?): it already saves asynchronously, so it now makes each "
-                          "save durable before returning; the wrapper only adds a copy, and its "
-                          "removals of older top-k files can reach this plugin before their saves do.",
-                          stacklevel=2)
+                          "save durable before returning and closes its threads after each; the "
+                          "wrapper only adds a copy, and its removals of older top-k files can reach "
+                          "this plugin before their saves do.", stacklevel=2)
         if not running or self.saves.synchronous:
             # trainer.save_checkpoint() outside fit, or a caller already off the training thread
             # (AsyncCheckpointIO wrapping this plugin: its teardown waits for its own thread and
-            # never reaches ours): durable when it returns, its commit thread gone
+            # never reaches ours): no teardown of ours follows, so the save is durable when it
+            # returns and nothing of it outlives it — its Checkpointer is closed (threads, staging;
+            # the next save opens one) and the removals that waited for a newer checkpoint are done
             pending.release_all()
-            self.named.wait()
-            pending.wait()
-            self.named.remove_deferred()  # removals that waited for a newer checkpoint: it is here
+            self.saves.reserve_ahead = running  # armed again by this save: see TrainingSaves
+            try:
+                self.named.wait()
+                pending.wait()
+            finally:
+                self.named.close()
 
     # -- loading ---------------------------------------------------------
     @override
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.saves.gate.install()  # a resume starts a run
+        self.saves.reserve_ahead = True
         return self.named.load(os.fspath(path), map_location, self.verify, True if weights_only is None else weights_only)
 
     # -- removing --------------------------------------------------------

@@ -18,6 +18,7 @@ plugin's teardown, never from a finalizer: torch iterates over its hooks during 
 from __future__ import annotations
 
 import collections
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -30,6 +31,7 @@ from .watch import SnapshotWatch, Trust
 
 _live_gates: "weakref.WeakSet[StepGate]" = weakref.WeakSet()
 _dispatch_handle = None
+_armings = itertools.count(1)
 
 
 def _dispatch(optimizer, args, kwargs):
@@ -56,12 +58,21 @@ class StepGate:
         self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         self.steps_seen = 0
         self.trust = Trust()
+        self.armed_at = 0
 
     def install(self) -> None:
+        """Reacts to optimizer steps from now on (again: the front end is in use now)."""
         global _dispatch_handle
         if _dispatch_handle is None:
             _dispatch_handle = register_optimizer_step_pre_hook(_dispatch)
         _live_gates.add(self)  # weakly: the hook never keeps a plugin alive
+        self.armed_at = next(_armings)
+
+    def newest(self) -> bool:
+        """Whether no live gate was installed (or used) after this one. Every gate sees every
+        optimizer's steps; one left installed by a front end that never tore down (a Lightning
+        CheckpointIO that loaded outside fit) sees another trainer's steps as well."""
+        return all(g.armed_at <= self.armed_at for g in list(_live_gates))
 
     def remove(self) -> None:
         """Stops reacting to optimizer steps; the process-wide hook goes with the last gate."""

@@ -178,7 +178,8 @@ class HostStream:
     def mark(self) -> Mark:
         done = threading.Event()
         if self._closed:  # everything issued runs before the worker ends
-            threading.Thread(target=lambda: (self._thread.join(), done.set()), daemon=True).start()
+            threading.Thread(target=lambda: (self._thread.join(), done.set()), name="fastckpt-mark",
+                             daemon=True).start()
         else:
             self._q.put(done)
         return Mark(done, lambda: self._error)

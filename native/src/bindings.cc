@@ -192,6 +192,7 @@ PYBIND11_MODULE(_native, m) {
       }, py::arg("region"), py::arg("shift"), py::arg("pieces"), py::arg("data_begin"),
          py::arg("data_end"), py::arg("n_records"), py::arg("held") = false)
       .def_property_readonly("pool", &Engine::pool, py::return_value_policy::reference_internal)
+      .def("park", &Engine::park, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("progress", &Engine::progress)
       .def_property_readonly("copy_threads", &Engine::copy_threads)
       .def_property_readonly("write_threads", &Engine::write_threads);

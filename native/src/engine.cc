@@ -10,7 +10,13 @@
 namespace fastckpt {
 
 Engine::Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
-    : pool_(chunk_bytes), writers_(write_threads, kWriterNice), copiers_(copy_threads) {}
+    : pool_(chunk_bytes), writers_(write_threads, kWriterNice, "fastckpt-write"),
+      copiers_(copy_threads, 0, "fastckpt-copy") {}
+
+void Engine::park() {
+  copiers_.park();  // they feed the writers
+  writers_.park();
+}
 
 std::shared_ptr<WriteJob> Engine::submit(const std::string& path, std::vector<Piece> pieces,
                                          uint64_t data_begin, uint64_t data_end, uint64_t file_size,

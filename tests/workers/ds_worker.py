@@ -26,6 +26,9 @@
         3 steps, save_checkpoint(tag="t"), at once DeepSpeed's ds_to_universal makes "t_universal"
         on rank 0 (it copies fastckpt's model-state files), a second engine loads it (load_universal)
     python ds_worker.py config-error SAVE_DIR OUT
+    python ds_worker.py threads SAVE_DIR OUT --stage S
+        a save before any step, then 3 steps each followed by a save; after destroy() (as in
+        every mode) OUT names the threads left that were not there before the engine was made
 Every rank runs the same command (RANK/WORLD_SIZE from the environment); rank 0 writes OUT.
 MODEL=block trains layout_watch.BlockNet (a transformer block) instead of the small MLP.
 DS_ACCELERATOR=cuda: the model on this rank's GPU and NCCL instead of gloo.
@@ -53,6 +56,7 @@ import deepspeed  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 from layout_watch import BlockNet, LayoutWatch  # noqa: E402
+from threads_left import threads_left, threads_now  # noqa: E402
 
 WATCHES: list[LayoutWatch] = []
 
@@ -136,6 +140,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - the test reads the message
             torch.save({"error": f"{type(e).__name__}: {e}"}, a.out)
         return
+    before = threads_now()
     eng = make_engine(a.stage, a.dtype, a.engine)
     out = {"engine": type(eng.checkpoint_engine).__name__}
     if a.mode == "train":
@@ -210,6 +215,11 @@ def main() -> None:
         out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
                    params_loaded=full_params(other))
         other.destroy()
+    elif a.mode == "threads":  # saves outside a run and in it
+        eng.save_checkpoint(a.save_dir, tag="before", client_state={"data_pos": 0, "note": "threads"})
+        for i in range(3):
+            step(eng, i)
+            eng.save_checkpoint(a.save_dir, client_state={"data_pos": i + 1, "note": "threads"})
     elif a.mode == "loop" and a.save_before_update:  # the update starts while the snapshot copies
         for i in range(a.steps):
             step(eng, i, lambda: eng.save_checkpoint(a.save_dir, client_state={"data_pos": i, "note": "loop"}))
@@ -248,6 +258,7 @@ def main() -> None:
         torch.save(out, a.out)
         return  # the atexit hook must still land and commit the tag
     eng.destroy()  # waits until the tag is committed on every rank
+    out["threads_left"] = threads_left(before)
     if int(os.environ["RANK"]) == 0:
         torch.save(out, a.out)
     torch.distributed.barrier()

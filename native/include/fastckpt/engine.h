@@ -37,6 +37,9 @@ class Engine {
   StagingPool& pool() { return pool_; }
   // Units copied or written by any job of this engine so far (see Workers).
   uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  // Ends the copy and writer threads while nothing is in flight (the next job starts them
+  // again): an engine kept for later holds its staging, not its threads.
+  void park();
   size_t copy_threads() const { return copiers_.size(); }
   size_t write_threads() const { return writers_.size(); }
 

@@ -16,18 +16,30 @@ class ThreadPool {
  public:
   // nice > 0 lowers the workers' scheduling priority (Linux: per thread), so
   // background writers yield the CPU to copies the training loop waits on.
-  explicit ThreadPool(size_t n, int nice = 0);
+  // name (at most 15 characters) is what top -H, py-spy and /proc/<pid>/task/*/comm
+  // show for each worker.
+  explicit ThreadPool(size_t n, int nice = 0, const char* name = "fastckpt-pool");
   // Runs every task already submitted, then joins the workers.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // Queues a task; starts the workers again after park().
   void submit(std::function<void()> task);
-  size_t size() const { return workers_.size(); }
+  // Runs every task already submitted, then ends the workers: an idle pool holds no thread.
+  // Called with nothing in flight and never from one of its own tasks.
+  void park();
+  size_t size() const { return n_; }
 
  private:
+  void start_workers();  // under life_
+  void end_workers();    // under life_
   void run();
 
+  const size_t n_;
+  const int nice_;
+  const char* const name_;
+  std::mutex life_;  // starting and ending the workers: a submit never meets them half ended
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
