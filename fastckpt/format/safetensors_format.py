@@ -271,19 +271,29 @@ def check_crcs(path, meta, head_bytes, names, crcs, sizes, expect_crc) -> None:
 
 
 def _rebuild(skel, entries: dict[str, torch.Tensor], device, weights_only: bool):
+    moved: dict[str, torch.Tensor] = {}
+
+    def entry(name: str) -> torch.Tensor:
+        """An entry on the device asked for, moved once: the views of one storage stay views of
+        one storage there, with their strides (a view moved on its own would come back
+        contiguous, in memory of its own)."""
+        if device is None:
+            return entries[name]
+        if name not in moved:
+            moved[name] = entries[name].to(device)
+        return moved[name]
+
     def on_tensor(ref: dict) -> torch.Tensor:
         if "entry" in ref:
-            t = entries[ref["entry"]]
+            t = entry(ref["entry"])
         else:
-            raw = entries[ref["storage"]]
+            raw = entry(ref["storage"])
             dtype = getattr(torch, ref["dtype"])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown dtype {ref['dtype']!r}")
             storage = raw.untyped_storage()
             check_view(storage.nbytes(), dtype.itemsize, ref["offset"], ref["size"], ref["stride"], "safetensors skeleton")
             t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, ref["offset"], ref["size"], ref["stride"])
-        if device is not None:
-            t = t.to(device)
         if ref.get("param"):
             return torch.nn.Parameter(t, requires_grad=ref["requires_grad"])
         return t.requires_grad_(ref["requires_grad"]) if t.is_floating_point() or t.is_complex() else t

@@ -186,26 +186,45 @@ class SnapshotView:
     copy_now: bool
 
 
-def freeze_unowned(state, owned: set[int], kept: Optional[list] = None, path: str = ""):
+def freeze_unowned(state, owned: set[int], kept: Optional[list] = None, path: str = "",
+                   copies: Optional[dict] = None):
     """`state` with every tensor whose storage is not in `owned` replaced by a copy made now:
     what something other than the optimizer update (a forward pass, a buffer update) may
     change before the gated snapshot has copied it. Containers keep their types. kept, when
-    given, collects (path, tensor) of the tensors left as they are."""
+    given, collects (path, tensor) of the tensors left as they are.
+
+    A storage is copied once and each tensor of it becomes the same view of the copy (offset,
+    shape, strides; a Parameter stays one): the checkpoint holds what a save outside training
+    holds, and a load gives back views of one storage with their strides, not tensors of their
+    own made contiguous. The copy is the whole storage, as the file writes it either way."""
+    copies = {} if copies is None else copies
     if isinstance(state, torch.Tensor):
         if storage_key(state) in owned:
             if kept is not None:
                 kept.append((path, state))
             return state
-        return state.detach().clone()
+        return _frozen(state, copies)
     if isinstance(state, dict):
-        out = {k: freeze_unowned(v, owned, kept, f"{path}.{k}" if path else str(k)) for k, v in state.items()}
+        out = {k: freeze_unowned(v, owned, kept, f"{path}.{k}" if path else str(k), copies) for k, v in state.items()}
         return out if type(state) is dict else _same_mapping(state, out)
     if isinstance(state, (list, tuple)):
-        items = [freeze_unowned(v, owned, kept, f"{path}[{i}]") for i, v in enumerate(state)]
+        items = [freeze_unowned(v, owned, kept, f"{path}[{i}]", copies) for i, v in enumerate(state)]
         if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple
             return type(state)(*items)
         return type(state)(items)
     return state
+
+
+def _frozen(t: torch.Tensor, copies: dict) -> torch.Tensor:
+    """t as the same view of a copy of its storage (made once per storage, in `copies`)."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
+        return t.detach().clone()  # a tensor subclass (DTensor) copies itself
+    storage = t.untyped_storage()
+    copy = copies.get(storage.data_ptr()) if storage.nbytes() else None
+    if copy is None:
+        copy = copies[storage.data_ptr()] = storage.clone()
+    out = torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.size(), t.stride())
+    return torch.nn.Parameter(out, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else out
 
 
 def _same_mapping(original: dict, values: dict) -> dict:

@@ -13,7 +13,7 @@ from fastckpt.format import device_crc
 from fastckpt.write import device_file
 from fastckpt.verify import verify_file
 from fastckpt.write.gds import kvikio_mode
-from support.states import assert_same, state_matrix
+from support.states import assert_same, assert_sharing, state_matrix
 from support.processes import kill_at_random
 
 pytestmark = pytest.mark.gpu
@@ -35,6 +35,7 @@ def test_cuda_state_roundtrip(tmp_path, strategy, fmt):
         out = ck.load(map_location="cuda")
         assert ck.stats["pinned"] or p.write.mode.startswith("kvikio")
     assert_same(state, out)
+    assert_sharing(out)  # each storage moved once: its views are still its views there
     assert out["big"].is_cuda
     if fmt == "torch":
         assert_same(state, torch.load(info.file_for(0), weights_only=True, map_location="cuda"))
