@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu gpu-check test-many bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu gpu-check test-many test-bits-loaded bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -44,6 +44,19 @@ gpu-check:
 
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/fastckpt/test_crash.py tests/fastckpt/pmem/test_pmem.py -k "kill9" --many
+
+# the tests that compare bits across runs (training with and without offload, resumed and
+# uninterrupted runs, activations as autograd saved them), TIMES runs beside two busy loops:
+# a result that depends on scheduling or on a BLAS code path shows here
+BITS_FILES := tests/deepspeed_fastckpt/test_deepspeed.py tests/fastckpt/offload/test_offload_activations.py \
+              tests/fastckpt/offload/test_offload_layout.py tests/lightning_fastckpt/test_lightning_io.py \
+              tests/lightning_fastckpt/test_lightning_ddp.py tests/fastckpt/test_reproducibility.py \
+              tests/fastckpt/dcp/test_fsdp2.py
+BITS_K  := bit or equal or exact or layout or as_it_was or same_weights
+TIMES   ?= 3
+test-bits-loaded: $(STAMP)
+	$(VPY) tests/support/under_load.py --times $(TIMES) --busy 2 --grep "passed|failed|error" -- \
+	  $(VPY) -m pytest -q -p no:cacheprovider $(BITS_FILES) -k "$(BITS_K)"
 
 # every benchmark (each records its section of benchmarks/RESULTS.md; JSON and plot in benchmarks/out/)
 bench: $(STAMP)

@@ -1,7 +1,8 @@
 """Fastensor's measurements on this machine: per-tool tensor I/O bandwidth, the adaptive
 choice's hit rate against an oracle, and what activation offload does to memory.
 
-    python benchmarks/offload.py [--parts bandwidth hitrate memory] [--runs 3] [--cap-mb 1024]
+    python benchmarks/offload.py [--parts bandwidth hitrate memory written] [--runs 3] [--cap-mb 1024]
+                                 [--written-batch 1024] [--before TREE]
 
 bandwidth  every tool (posix, direct, numpy, torch; kvikio with CUDA) writes and reads one
            tensor of each size (1 MiB - 1.5 GiB), medians of --runs; each read is cold (the
@@ -16,6 +17,10 @@ hitrate    three learners (TensorIO aware="w", "r", "wr") handle a shuffled stre
            each size's learning uses (explore x tools), and in all.
 memory     benchmarks/helpers/offload_memory.py: the largest batch of a deep CPU model that trains
            under a memory cap with and without activation offload, and time per step.
+written    the same model at one batch (--written-batch), uncapped: the bytes offload writes per
+           step, how many saved tensors it wrote and kept, and the step time — for this tree and,
+           with --before TREE, for another checkout of fastckpt (its extension built) in the
+           same run: what a change to what offload writes did.
 Prints tables, writes JSON + PNG, and its section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
@@ -41,6 +46,7 @@ from fastckpt.offload import TensorIO, available_tools  # noqa: E402
 from fastckpt.offload.io_tools import read_tensor, write_tensor  # noqa: E402
 
 MiB = 1 << 20
+PARTS = ("bandwidth", "hitrate", "memory", "written")
 
 
 def timed_pair(t: torch.Tensor, path: str, tool: str) -> tuple[float, float]:
@@ -204,16 +210,19 @@ def memory_table(res: dict) -> str:
         return "memory: a search found no fitting batch"
 
     def row(name, r):
+        written = (f"{r['offloaded']['bytes'] / r['steps'] / MiB:.0f} MiB" if r.get("offloaded") and r.get("steps")
+                   else "-")
         return (f"| {name} | {r['batch']} | {r['peak_rss_mb']:.0f} MiB | {r['cap_peak_mb'] or float('nan'):.0f} MiB | "
-                f"{r['step_s']:.2f} s | {r['batch'] / r['step_s']:.0f} |")
+                f"{r['step_s']:.2f} s | {r['batch'] / r['step_s']:.0f} | {written} |")
 
     ratio = res["max_batch_on"] / res["max_batch_off"]
     lines = [f"Cap {res['cap_mb']} MiB ({off['cap_kind']}); model: {res['depth']} blocks of Linear({res['width']}) -> "
              f"GELU -> LayerNorm, SGD, {res['activation_bytes_per_sample'] / 1024:.0f} KiB of saved activations per "
              f"sample; offload: threshold {res['threshold_mb']} MiB, at most {res['inflight_mb']:.0f} MiB being "
              f"written, aware=wr.\n",
-             "| run | batch | peak RSS | cap's peak (page cache included) | time per step | samples/s |",
-             "|---|---|---|---|---|---|",
+             "| run | batch | peak RSS | cap's peak (page cache included) | time per step | samples/s | "
+             "offload wrote per step |",
+             "|---|---|---|---|---|---|---|",
              row("largest batch without offload", off), row("largest batch with offload", on)]
     if same:
         lines.append(row("offload at the no-offload batch", same))
@@ -222,6 +231,43 @@ def memory_table(res: dict) -> str:
                  f"{on['batch'] / on['step_s']:.0f} at the largest batches"
                  + (f"; at the same batch ({off['batch']}) a step takes {same['step_s'] / off['step_s']:.2f}x as long"
                     if same else "") + ".")
+    return "\n".join(lines)
+
+
+# -- written --------------------------------------------------------------------
+def written(work: str, batch: int, depth: int, width: int, steps: int, inflight_mb: float, threshold_mb: float,
+            before: str | None) -> dict:
+    """What offload writes per step at one batch, for this tree and (before) another checkout."""
+    import json
+    import subprocess
+    trees = {"this tree": os.path.dirname(HERE)}
+    if before:
+        trees[f"--before {before}"] = os.path.abspath(before)
+    rows = {}
+    for name, tree in trees.items():
+        cmd = [sys.executable, offload_memory.CHILD, "--batch", str(batch), "--offload", "on", "--dir", work,
+               "--depth", str(depth), "--width", str(width), "--steps", str(steps), "--inflight-mb",
+               str(inflight_mb), "--threshold-mb", str(threshold_mb)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=tree), check=True)
+        r = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+        head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        rows[name] = dict(r, commit=head.stdout.strip() or "?")
+        print(f"  {name}: {r['offloaded']['bytes'] / steps / MiB:.1f} MiB written per step", flush=True)
+    return {"batch": batch, "depth": depth, "width": width, "steps": steps, "threshold_mb": threshold_mb,
+            "rows": rows}
+
+
+def written_table(res: dict) -> str:
+    lines = [f"Model as above ({res['depth']} blocks of Linear({res['width']})), batch {res['batch']}, "
+             f"{res['steps']} steps, uncapped; offload threshold {res['threshold_mb']} MiB. Per step:\n",
+             "| fastckpt | written | saved tensors written | shared (written once) | kept: below threshold, "
+             "or alive elsewhere | of which alive elsewhere | median step |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in res["rows"].items():
+        st, n = r["offloaded"], res["steps"]
+        alive = f"{st['kept_alive_elsewhere'] / n:.0f}" if "kept_alive_elsewhere" in st else "(not counted)"
+        lines.append(f"| {name} ({r['commit']}) | {st['bytes'] / n / MiB:.1f} MiB | {st['offloaded'] / n:.0f} | "
+                     f"{st['shared'] / n:.0f} | {st['kept'] / n:.0f} | {alive} | {r['step_s']:.2f} s |")
     return "\n".join(lines)
 
 
@@ -249,8 +295,7 @@ def plot(res: dict, path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["bandwidth", "hitrate", "memory"],
-                    choices=["bandwidth", "hitrate", "memory"])
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     ap.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64, 256, 1024, 1536], help="MiB")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hit-sizes", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256])
@@ -262,6 +307,8 @@ def main() -> None:
     ap.add_argument("--start-batch", type=int, default=1024)
     ap.add_argument("--inflight-mb", type=float, default=64)
     ap.add_argument("--threshold-mb", type=float, default=1.0)
+    ap.add_argument("--written-batch", type=int, default=1024)
+    ap.add_argument("--before", default=None, help="another checkout of fastckpt (built) for the written part")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--no-results", action="store_true", help="do not rewrite RESULTS.md")
@@ -296,9 +343,12 @@ def main() -> None:
                 data = bandwidth(work, args.sizes, args.runs)
             elif part == "hitrate":
                 data = hitrate(work, args.hit_sizes, args.per_size, args.seed, args.explore)
-            else:
+            elif part == "memory":
                 data = offload_memory.run(args.cap_mb, work, args.depth, args.width, 3, args.start_batch, 0.06,
                                           args.inflight_mb, args.threshold_mb)
+            else:
+                data = written(work, args.written_batch, args.depth, args.width, 3, args.inflight_mb,
+                               args.threshold_mb, args.before)
             res[part] = dict(data, when=stamp, command=command, args=vars(args))
             print(section(part, res[part]), flush=True)
     finally:
@@ -311,7 +361,6 @@ def results_text(res: dict) -> str:
     return head + "\n" + "\n\n".join(section(p, res[p]) for p in PARTS if p in res)
 
 
-PARTS = ("bandwidth", "hitrate", "memory")
 
 
 def previous_parts(out_dir: str) -> dict:
@@ -334,7 +383,9 @@ def section(part: str, data: dict) -> str:
                 f"{data['sizes_mb'][0]}-{data['sizes_mb'][-1]} MiB x {data['per_size']}, shuffled; explore="
                 f"{data['explore']}: scored after each size's first {data['explore']} x {len(data['tools'])} "
                 f"learning uses){origin}\n\n" + hitrate_table(data))
-    return f"### Largest trainable batch under a memory cap{origin}\n\n" + memory_table(data)
+    if part == "memory":
+        return f"### Largest trainable batch under a memory cap{origin}\n\n" + memory_table(data)
+    return f"### What offload writes per step{origin}\n\n" + written_table(data)
 
 
 if __name__ == "__main__":

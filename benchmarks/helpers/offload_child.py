@@ -62,7 +62,7 @@ def main() -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-    out = {"batch": a.batch, "offload": a.offload, "first_step_s": times[0], "step_s": sorted(times[1:])[len(times[1:]) // 2]
+    out = {"batch": a.batch, "steps": a.steps, "offload": a.offload, "first_step_s": times[0], "step_s": sorted(times[1:])[len(times[1:]) // 2]
            if len(times) > 1 else times[0], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "offloaded": off.stats if off is not None else None,
            "tools": sorted({t for e in off.io.wdic.values() for t in e}) if off is not None else None}

@@ -19,6 +19,9 @@ with-block, or of the step in the plugins) removes whatever is left, also when t
 raised; the first start() also removes step directories left by processes that died (kill -9).
 A second backward through the same graph (retain_graph=True) is refused clearly.
 
+release_memory (default on) has glibc hand freed activation-sized buffers back to the system
+(malloc_release.py): without it the memory offload frees mostly stays in the process.
+
 What unpack hands back is what pack took: its shape, strides and dtype too (io_tools writes
 the storage a transposed, permuted or channels_last tensor lies in as it lies, and rebuilds
 a slice with gaps into memory of its strides), so backward computes exactly as without
@@ -30,9 +33,8 @@ any view of a leaf that needs its gradient (the user holds it); and a storage se
 its offload — at its first use in backward, with every write done, nothing here holds it, so
 someone else does (a buffer, the user's batch, a cache) — is kept from then on, whether it is
 that same storage again or the tensor saved at the same place of a later step (its index
-among this step's offloadable saves, shape, strides, dtype and device).
-release_memory (default on) has glibc hand freed activation-sized buffers back to the system
-(malloc_release.py): without it the memory offload frees mostly stays in the process.
+among this step's offloadable saves, shape, strides, dtype and device; the newest OUTLIVED_SITES
+places are remembered).
 """
 from __future__ import annotations
 
@@ -87,6 +89,7 @@ def _held_by_its_owner(t: torch.Tensor) -> bool:
 
 
 PREFIX = "fastckpt-act-"
+OUTLIVED_SITES = 4096  # places remembered (shapes that change from step to step add places)
 
 
 def _remove_dead_steps(base: str) -> None:
@@ -131,7 +134,7 @@ class ActivationOffload:
         self._swept = False
         self._sites = 0  # offloadable saves of this step so far (a save's place in its step)
         self._outlived: dict[int, StorageWeakRef] = {}  # storages seen to outlive their offload
-        self._outlived_sites: set[tuple] = set()  # the places in a step where that was seen
+        self._outlived_sites: dict[tuple, None] = {}  # the places in a step where that was seen, oldest first
         self.stats = {"offloaded": 0, "shared": 0, "bytes": 0, "kept": 0, "kept_alive_elsewhere": 0,
                       "peak_inflight": 0, "prefetched": 0}
 
@@ -279,7 +282,9 @@ class ActivationOffload:
             if packed.used == 1 and not self._pending_writes and not packed.original.expired():
                 # every write is done, so nothing here holds the storage: something else does
                 self._outlived[packed.original.cdata] = packed.original
-                self._outlived_sites.add(packed.site)
+                self._outlived_sites[packed.site] = None
+                if len(self._outlived_sites) > OUTLIVED_SITES:
+                    del self._outlived_sites[next(iter(self._outlived_sites))]
             if packed.used >= packed.uses:  # its last use: nothing here keeps the tensor or the file
                 packed.read = None
                 try:

@@ -7,7 +7,8 @@ after the last, so every run shares the CPU with them. One line per run: its exi
 seconds, and the lines of its output that match --grep (e.g. the demo's verdict lines, or
 pytest's summary). Ends with how many runs exited 0. Exit status: 0 when every run did.
 Issue 29's checks: `-- python -m fastckpt.demo` (idle: --busy 0; loaded: --busy 2) and
-`-- python -m pytest -q tests/...` over the tests that compare bits across runs.
+`-- python -m pytest -q tests/...` over the tests that compare bits across runs (`make
+test-bits-loaded` runs that selection: the Makefile names its files and -k).
 """
 from __future__ import annotations
 
