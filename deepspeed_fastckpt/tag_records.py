@@ -34,7 +34,7 @@ from typing import Callable, Optional
 from fastckpt.commit import record as commit
 from fastckpt.commit.record import CommitInfo, file_size
 from fastckpt.errors import CorruptCheckpointError
-from fastckpt.fsutil import read_regular, write_atomic
+from fastckpt.fsutil import makedirs_durable, read_regular, write_atomic
 from fastckpt.pmem.pointer import is_pool_pointer
 
 SizeOf = Callable[[str], Optional[int]]
@@ -89,7 +89,7 @@ def write_latest(save_dir: str, tag: str) -> None:
 def mark_open(save_dir: str, tag: str) -> None:
     """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the commit)."""
     tag_dir = os.path.join(save_dir, str(tag))
-    os.makedirs(tag_dir, exist_ok=True)
+    makedirs_durable(tag_dir)
     os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
 
 

@@ -1,6 +1,10 @@
-"""Small filesystem helpers: fsync a directory, write a file atomically, read a small file
-that must be a regular one (a FIFO or device planted under a checkpoint's name must not hang
-or feed a reader)."""
+"""Small filesystem helpers: fsync a directory, make directories durable by name, write a file
+atomically, read a small file that must be a regular one (a FIFO or device planted under a
+checkpoint's name must not hang or feed a reader).
+
+A name (a file or directory made or renamed) survives a power loss only once its directory
+is fsync'ed after it: POSIX orders no two of them, so a record may land without the files it
+names unless their directory was fsync'ed first (tests/crashsim replays such losses)."""
 from __future__ import annotations
 
 import os
@@ -35,6 +39,19 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """os.makedirs(path, exist_ok=True), and every directory it made durable by name (its
+    parent fsync'ed once it exists)."""
+    path = os.path.abspath(path)
+    made, p = [], path
+    while not os.path.isdir(p) and os.path.dirname(p) != p:
+        made.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    for d in reversed(made):
+        fsync_dir(os.path.dirname(d))
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..errors import CorruptCheckpointError
-from ..fsutil import read_regular, write_atomic
+from ..fsutil import fsync_dir, read_regular, write_atomic
 
 COMMIT_NAME = "COMMIT"
 VERSION = 1
@@ -105,9 +105,12 @@ def plain_name(name, path: str) -> str:
 
 def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
     """Commits info: its record, atomically and durably, at `info.path/name` (the files it
-    names must be durable already). The only writer of commit records. fs: an fsspec
-    filesystem (an object store: no rename, so the record is simply put last, after the data)."""
+    names must be durable already; their names and the folder's own are made durable here,
+    first: a record never lands without them). The only writer of commit records. fs: an
+    fsspec filesystem (an object store: no rename, so the record is simply put last, after the data)."""
     if fs is None:
+        fsync_dir(info.path)
+        fsync_dir(os.path.dirname(os.path.abspath(info.path)))
         write_atomic(os.path.join(info.path, name), encode(info))
     else:
         fs.pipe_file(f"{info.path}/{name}", encode(info))

@@ -44,7 +44,7 @@ from torch.futures import Future
 from ..commit.file_sets import commit_gathered
 from ..commit.record import FileEntry, plain_name
 from ..format.zip_reader import read_index
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import TornSnapshotError
 from ..write.deadline import Deadline
@@ -106,7 +106,7 @@ class FastStorageWriter(StorageWriter):
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id, modules=[md_file.WRITTEN_BY])
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        os.makedirs(self.path, exist_ok=True)
+        makedirs_durable(self.path)
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

@@ -31,7 +31,7 @@ from ..commit import record as commit
 from ..commit.record import CommitInfo, FileEntry, file_size
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..format import load_file, sniff
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, makedirs_durable
 from .protocol import ByPath, Listed, Store
 from .root_store import RootStore
 
@@ -118,7 +118,7 @@ class PathStore(Store, ByPath):
         if is_remote(path):
             filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         else:
-            os.makedirs(os.path.dirname(local_path(path)), exist_ok=True)
+            makedirs_durable(os.path.dirname(local_path(path)))
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):
@@ -164,7 +164,7 @@ class PathStore(Store, ByPath):
             return target, os.path.join(self._staging, f"{counter}-{rank}.tmp")
         target = local_path(target)
         if self.per_rank:  # a fresh name each time: the old COMMIT keeps vouching for old files
-            os.makedirs(target, exist_ok=True)
+            makedirs_durable(target)
             stem, ext = RootStore.file_name(rank, fmt).rsplit(".", 1)
             return target, os.path.join(target, f"{stem}.{os.getpid()}-{counter}.{ext}")
         parent, name = os.path.split(target)

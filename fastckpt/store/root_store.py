@@ -16,7 +16,7 @@ from typing import Optional
 from ..commit import record as commit
 from ..commit.record import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
-from ..fsutil import fsync_dir, read_regular, write_atomic
+from ..fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
 from .protocol import Listed, Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
@@ -40,7 +40,7 @@ class RootStore(Store):
     # -- writing ---------------------------------------------------------
     def prepare(self) -> None:
         try:
-            os.makedirs(self.root, exist_ok=True)
+            makedirs_durable(self.root)
         except OSError as e:
             raise CheckpointWriteError(f"cannot create checkpoint root {self.root!r}: {e.strerror}") from e
         if not os.access(self.root, os.W_OK | os.X_OK):
@@ -52,7 +52,7 @@ class RootStore(Store):
 
     def new_dir(self, step: int, counter: int) -> str:
         path = os.path.join(self.root, f"step-{step:08d}.c{counter:06d}")
-        os.makedirs(path, exist_ok=True)
+        makedirs_durable(path)
         return path
 
     @staticmethod

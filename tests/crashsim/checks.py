@@ -1,0 +1,158 @@
+"""What a disk left by a power loss must give, per kind of save: check(folder, marks) -> problems.
+
+The promise is the same everywhere: the newest checkpoint the reader picks without reading its
+bytes (a record, `latest`) is complete — it loads bit-exact, no fallback needed — and it is not
+older than the newest one the program was told was committed. Nothing committed before is lost,
+and nothing torn is ever given. And the order on disk holds whoever reads it: a commit record
+that can be read names files that are all there, intact (data durable first); a `latest`
+pointer names a checkpoint whose record is there (the record before `latest`).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from .saves import PATH_SAVES, state_of
+
+
+def _told(marks: list[str]) -> int | None:
+    """The newest step (or save index) the program was told was committed."""
+    done = [int(m.split(":", 1)[1]) for m in marks if m.startswith("committed:")]
+    return max(done) if done else None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def records_hold(folder: str, record_name: str, every_rank: bool = True, verify=None) -> list[str]:
+    """Every folder under `folder` whose commit record reads (its own CRC intact) has every file
+    the record names, each matching the record's size and CRC-32 (verify(path, entry): the
+    check `fastckpt verify` makes of such a file; default fastckpt.verify.verify_file)."""
+    from fastckpt.commit import record
+    from fastckpt.errors import CorruptCheckpointError
+    from fastckpt.verify import verify_file
+    verify = verify or verify_file
+    problems = []
+    for d, _, files in os.walk(folder):
+        if record_name not in files:
+            continue
+        try:
+            info = record.read(d, record_name, size_of=None, every_rank=every_rank)
+        except (CorruptCheckpointError, OSError):
+            continue  # a record that does not read commits nothing
+        for f in info.files:
+            path = os.path.join(d, f.name)
+            try:
+                if os.path.getsize(path) != f.bytes:
+                    raise CorruptCheckpointError(f"{os.path.getsize(path)} bytes, the record says {f.bytes}")
+                verify(path, f)
+            except (OSError, CorruptCheckpointError) as e:
+                problems.append(f"{os.path.relpath(d, folder)}/{record_name} is there, its file {f.name} is not "
+                                f"intact: {str(e).splitlines()[0][:160]}")
+    return problems
+
+
+def _has_record(folder: str, name: str, every_rank: bool = True) -> bool:
+    from fastckpt.commit import record
+    from fastckpt.errors import CorruptCheckpointError
+    try:
+        record.read(folder, name, size_of=None, every_rank=every_rank)
+        return True
+    except (CorruptCheckpointError, OSError):
+        return False
+
+
+def root_store(folder: str, marks: list[str]) -> list[str]:
+    import json
+
+    import fastckpt
+    from fastckpt.commit import record
+    told, problems = _told(marks), records_hold(folder, record.COMMIT_NAME)
+    try:
+        with open(os.path.join(folder, "latest"), "rb") as f:
+            latest = json.loads(f.read())
+    except (OSError, ValueError):
+        latest = None
+    if isinstance(latest, dict) and not _has_record(os.path.join(folder, str(latest.get("dir"))), record.COMMIT_NAME):
+        problems.append(f"`latest` names {latest.get('dir')}, which has no commit record that reads")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ck = fastckpt.Checkpointer(folder)
+        try:
+            named = ck.latest()  # by its record and `latest`, no byte read
+            verified = ck.latest(verified=True)
+            state = ck.load() if verified is not None else None
+        except Exception as e:  # noqa: BLE001 - any failure to read a disk left by a crash is the finding
+            return problems + [f"reading it failed: {type(e).__name__}: {e}"]
+        finally:
+            ck.close()
+    if told is not None and (named is None or named.step < told):
+        problems.append(f"told step {told} was committed, the disk's newest is "
+                        f"{None if named is None else named.step}")
+    if named is not None and (verified is None or verified.step != named.step):
+        problems.append(f"latest() names step {named.step}, whose bytes do not check (the newest that does: "
+                        f"{None if verified is None else verified.step})")
+    if verified is not None and not _same(state, state_of(verified.step)):
+        problems.append(f"load() of step {verified.step} differs from what was saved")
+    problems += [f"warned: {w.message}" for w in said if "fastckpt" in str(w.message) and named is not None
+                 and "fall" in str(w.message)]
+    return problems
+
+
+def path_store(folder: str, marks: list[str]) -> list[str]:
+    """Each name is its old checkpoint or its new one, complete; a name told committed is there."""
+    import fastckpt
+    told, problems = _told(marks), []
+    for name in sorted({n for n, _ in PATH_SAVES}):
+        saves = [(i, step) for i, (n, step) in enumerate(PATH_SAVES) if n == name]
+        owed = [i for i, _ in saves if told is not None and i <= told]
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            if owed:
+                problems.append(f"{name}: told save {owed[-1]} was committed, the file is gone")
+            continue
+        try:
+            got = fastckpt.load(path)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name}: present but does not load: {type(e).__name__}: {e}")
+            continue
+        allowed = [step for i, step in saves if not owed or i >= owed[-1]]
+        if not any(_same(got, state_of(step)) for step in allowed):
+            problems.append(f"{name}: loads as none of the saves it may hold (steps {allowed})")
+    return problems
+
+
+def dcp(folder: str, marks: list[str]) -> list[str]:
+    """newest_committed names a folder DCP's load (our reader, every CRC) fills bit-exact."""
+    import torch.distributed.checkpoint as dcp_api
+
+    from fastckpt.dcp import FastStorageReader, newest_committed
+    from fastckpt.dcp.check import check_file
+    from fastckpt.dcp.writer import RECORD
+    told, problems = _told(marks), records_hold(folder, RECORD, every_rank=False, verify=check_file)
+    try:
+        newest = newest_committed(folder)
+    except Exception as e:  # noqa: BLE001
+        return [f"newest_committed failed: {type(e).__name__}: {e}"]
+    step = None if newest is None else int(os.path.basename(newest).split("-")[1])
+    if told is not None and (step is None or step < told):
+        return problems + [f"told step {told} was committed, the newest committed is {step}"]
+    if step is None:
+        return problems
+    target = {k: v for k, v in state_of(step).items()}
+    target = {"model": {k: torch.zeros_like(v) for k, v in target["model"].items()},
+              "opt": {"exp_avg": torch.zeros_like(target["opt"]["exp_avg"])}, "step": -1}
+    try:
+        dcp_api.load(target, storage_reader=FastStorageReader(newest))
+    except Exception as e:  # noqa: BLE001
+        return problems + [f"step {step}, named committed, does not load: {type(e).__name__}: {e}"]
+    if not _same(target, state_of(step)):
+        problems.append(f"step {step} loads other values than were saved")
+    return problems
