@@ -75,7 +75,8 @@ class FastckptEngine(CheckpointEngine):
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         files, self._files = self._files, []
-        self.committer.submit(info.save_dir, info.tag, files, step=self._global_steps)
+        self.committer.submit(info.save_dir, info.tag, files, step=self._global_steps,
+                              save_latest=bool(getattr(info, "save_latest", True)))
         self._global_steps = -1
         self.named.forget_landed()
         return True

@@ -86,6 +86,21 @@ def write_latest(save_dir: str, tag: str) -> None:
     write_atomic(os.path.join(save_dir, LATEST), tag.encode())
 
 
+def name_in_deepspeeds_latest(save_dir: str, tag: str, counter: int) -> None:
+    """Once a tag is committed (rank 0, after write_latest): DeepSpeed's own `latest` names it,
+    written atomically and durably — DeepSpeed writes it in place with a plain open(), which a
+    power loss can leave naming an older tag (a resume would go back past a committed one) or
+    torn. Left alone when it names a newer committed tag."""
+    named = read_latest(save_dir, "latest")
+    if named is not None and named != tag:
+        try:
+            if read_record(save_dir, named, size_of=None).counter > counter:
+                return
+        except CorruptCheckpointError:
+            pass  # not a committed tag (one in flight, or not a tag at all): this one is newer
+    write_atomic(os.path.join(save_dir, "latest"), tag.encode())
+
+
 def mark_open(save_dir: str, tag: str) -> None:
     """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the commit)."""
     tag_dir = os.path.join(save_dir, str(tag))

@@ -3,8 +3,9 @@
 
 What is DeepSpeed's here: a tag's files lie in `save_dir/tag/`, so its record lies there too,
 as `fastckpt-tag.json` (the core's record format, written by the core's one writer); once it
-is durable, `save_dir/fastckpt-latest` names the tag (DeepSpeed's own `latest` is written by
-the training thread with a plain open()); a pool-backed file leaves a pointer where DeepSpeed
+is durable, `save_dir/fastckpt-latest` names the tag, and so does DeepSpeed's own `latest`
+when the save asked for it (DeepSpeed writes it with a plain open() when the save is issued;
+it is written again here, atomically and durably, once the tag is committed); a pool-backed file leaves a pointer where DeepSpeed
 globs for it; a save_dir withdrawn by its owner (Lightning's ModelCheckpoint) while tags of it
 are in flight is deleted once they land, and they are not committed. The layout and its
 readers: deepspeed_fastckpt.tag_records.
@@ -19,7 +20,7 @@ from fastckpt.commit.file_sets import FileSets
 from fastckpt.named import NamedCheckpoints
 from fastckpt.write.deadline import Deadline
 
-from .tag_records import TAG_RECORD, newest_counter, write_latest
+from .tag_records import TAG_RECORD, name_in_deepspeeds_latest, newest_counter, write_latest
 
 
 class TagCommitter:
@@ -34,15 +35,19 @@ class TagCommitter:
         deadline = Deadline(config.stall_timeout_s, named.progress)
         self.format = "safetensors" if named.pool else config.format
         self.sets = FileSets(TAG_RECORD, make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
-                             after_record=_name_latest, on_durable=named.leave_pointer if named.pool else None,
+                             after_record=self._name_latest, on_durable=named.leave_pointer if named.pool else None,
                              report=report, name="fastckpt-tag")
         self.agreement = self.sets.agreement
+        self._save_latest: dict[str, bool] = {}  # tag folder -> whether its save asked for `latest`
 
-    def submit(self, save_dir: str, tag: str, files: list, step: int) -> None:
+    def submit(self, save_dir: str, tag: str, files: list, step: int, save_latest: bool = True) -> None:
         """files: [(path, Pending)] this rank wrote for the tag; step: DeepSpeed's global_steps as its
-        model-states file records them (-1 when this rank saved none)."""
-        self.sets.submit(os.path.join(save_dir, str(tag)), files, step, self.format, meta={"tag": str(tag)},
-                         label=f"tag {tag!r} in {save_dir}")
+        model-states file records them (-1 when this rank saved none); save_latest: the save's own
+        (DeepSpeed writes `latest` only when it is set)."""
+        folder = os.path.join(save_dir, str(tag))
+        if self.agreement.rank == 0:  # the rank that writes the record, and `latest` after it
+            self._save_latest[os.path.abspath(folder)] = save_latest
+        self.sets.submit(folder, files, step, self.format, meta={"tag": str(tag)}, label=f"tag {tag!r} in {save_dir}")
 
     def wait_for(self, save_dir: str) -> None:
         """Until no tag of save_dir is in flight here (committed or failed)."""
@@ -64,5 +69,9 @@ class TagCommitter:
         self.sets.close()
 
 
-def _name_latest(info) -> None:
-    write_latest(os.path.dirname(info.path), os.path.basename(info.path))
+    def _name_latest(self, info) -> None:
+        """Rank 0, once the tag's record is durable: fastckpt-latest names it, then DeepSpeed's `latest`."""
+        save_dir, tag = os.path.dirname(info.path), os.path.basename(info.path)
+        write_latest(save_dir, tag)
+        if self._save_latest.pop(os.path.abspath(info.path), True):
+            name_in_deepspeeds_latest(save_dir, tag, info.counter)

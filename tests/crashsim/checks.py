@@ -156,3 +156,35 @@ def dcp(folder: str, marks: list[str]) -> list[str]:
     if not _same(target, state_of(step)):
         problems.append(f"step {step} loads other values than were saved")
     return problems
+
+
+def deepspeed(folder: str, marks: list[str], expected: str) -> list[str]:
+    """The tag DeepSpeed's load would read (through fastckpt's choice) is committed, not older
+    than told, and its every file is the one that was committed (expected/TAG); fastckpt-latest
+    names a tag whose record is there."""
+    from deepspeed_fastckpt.load_tag import choose
+    from deepspeed_fastckpt.tag_records import LATEST, TAG_RECORD, read_record
+    from fastckpt.commit.record import file_size
+    told, problems = _told(marks), records_hold(folder, TAG_RECORD, every_rank=False)
+    try:
+        with open(os.path.join(folder, LATEST), "rb") as f:
+            named = f.read().decode(errors="replace")
+    except OSError:
+        named = None
+    if named and not _has_record(os.path.join(folder, named), TAG_RECORD, every_rank=False):
+        problems.append(f"{LATEST} names {named!r}, which has no commit record that reads")
+    try:
+        choice = choose(folder, None, file_size)
+    except Exception as e:  # noqa: BLE001
+        return problems + [f"choosing the tag to load failed: {type(e).__name__}: {e}"]
+    step = int(choice.tag.removeprefix("global_step")) if choice.tag else None
+    if told is not None and (step is None or step < told):
+        problems.append(f"told step {told} was committed, a load would read {choice.tag} ({choice.status})")
+    if choice.tag is None:
+        return problems
+    for f in read_record(folder, choice.tag).files:
+        with open(os.path.join(folder, choice.tag, f.name), "rb") as got, \
+                open(os.path.join(expected, choice.tag, f.name), "rb") as want:
+            if got.read() != want.read():
+                problems.append(f"{choice.tag}/{f.name} differs from the file that was committed")
+    return problems

@@ -3,6 +3,8 @@
     python tests/crashsim/saves.py root ROOT   # a Checkpointer, store="root": 4 saves, 2 in flight at once
     python tests/crashsim/saves.py path ROOT   # a Checkpointer, store="path": last.ckpt saved over 3 times
     python tests/crashsim/saves.py dcp ROOT    # torch.distributed.checkpoint.save through FastStorageWriter
+    python tests/crashsim/saves.py deepspeed ROOT  # a DeepSpeed engine with a "fastckpt" entry: 3 tags,
+                                                   # each copied to ROOT.expected once committed
 
 Each marks what it was told (mark(): opening ROOT/.sim-mark-TEXT, which the recording shim logs
 and nothing creates): "committed:K" once the save of step K (and every one before it) is
@@ -70,6 +72,44 @@ def dcp(root: str) -> None:
         mark(root, f"committed:{step}")
 
 
+def deepspeed(root: str) -> None:
+    """One rank (gloo, DeepSpeed's CPU accelerator), ZeRO-1: a tag a step, two of them in flight
+    at once; each tag's files copied beside the root once it is committed (what a load must give)."""
+    import shutil
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", str(port)), ("DS_ACCELERATOR", "cpu")):
+        os.environ.setdefault(k, v)
+    import deepspeed as ds
+
+    import deepspeed_fastckpt  # noqa: F401  (registers the engine)
+    ds.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    cfg = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+           "fastckpt": {"concurrency": 2, "chunk_mb": 1}}
+    eng, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    g = torch.Generator().manual_seed(7)
+    for step in (1, 2, 3):
+        eng.backward((eng(torch.randn(4, 32, generator=g)) ** 2).mean())
+        eng.step()
+        eng.save_checkpoint(root, tag=f"global_step{step}")
+        if step == 2:
+            continue  # in flight beside step 3
+        eng.checkpoint_engine.wait()
+        for done in range(1, step + 1):
+            tag = f"global_step{done}"
+            if not os.path.exists(os.path.join(root + ".expected", tag)):
+                shutil.copytree(os.path.join(root, tag), os.path.join(root + ".expected", tag))
+        mark(root, f"committed:{step}")
+    eng.destroy()
+    torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     kind, where = sys.argv[1], sys.argv[2]
-    {"root": root_store, "path": path_store, "dcp": dcp}[kind](where)
+    {"root": root_store, "path": path_store, "dcp": dcp, "deepspeed": deepspeed}[kind](where)

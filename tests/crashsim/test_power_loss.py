@@ -10,6 +10,7 @@ of a few lines; `make test-planted` shows the suite catches them planted into fa
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -90,12 +91,16 @@ def test_the_simulator_catches_each_write_order_bug_in_a_program_of_a_few_lines(
         assert verdict.problems, f"{order}: no state showed it"
 
 
-@pytest.mark.parametrize("kind", ["root", "path", "dcp"])
+@pytest.mark.parametrize("kind", ["root", "path", "dcp", "deepspeed"])
 def test_every_disk_a_power_loss_can_leave_gives_the_newest_committed_checkpoint(tmp_path, shim, work, kind):
+    if kind == "deepspeed":
+        pytest.importorskip("deepspeed")
     root = tmp_path / "root"
     rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)])
     assert any(op.kind == "fsync" for op in rec.ops) and any(op.kind == "mark" for op in rec.ops), rec.output[-2000:]
-    verdict = judge(rec, CHECKS[kind], work)
+    check = (functools.partial(checks.deepspeed, expected=str(root) + ".expected") if kind == "deepspeed"
+             else CHECKS[kind])
+    verdict = judge(rec, check, work)
     print(f"\n{kind}: {len(rec.ops)} file operations, {verdict.crash_points} crash points, "
           f"{verdict.states} distinct disks checked")
     assert verdict.problems == [], "\n".join(verdict.problems)

@@ -86,6 +86,29 @@ def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
     assert tag_status(str(tmp_path), "unreadable", file_size)[0] == "damaged"
 
 
+def test_deepspeeds_latest_is_named_again_durably_once_a_tag_commits_never_going_back(tmp_path):
+    """DeepSpeed writes `latest` in place with a plain open(): after a power loss it may name an
+    older tag than the newest committed (the simulator found a resume going back two steps).
+    Once a tag commits, `latest` is written again atomically — unless it already names a newer
+    committed tag; a name that is no committed tag (one in flight, torn bytes) is replaced."""
+    from fastckpt.commit import record
+    from fastckpt.commit.record import CommitInfo
+    from deepspeed_fastckpt.tag_records import TAG_RECORD, name_in_deepspeeds_latest, read_latest
+    for counter, tag in ((1, "global_step1"), (2, "global_step2")):
+        (tmp_path / tag).mkdir()
+        record.write(CommitInfo(counter, str(tmp_path / tag), 0, counter, 0.0, 1, "torch", (), {}), TAG_RECORD)
+    (tmp_path / "latest").write_text("global_step2")
+    name_in_deepspeeds_latest(str(tmp_path), "global_step1", 1)  # an older tag landing late
+    assert read_latest(str(tmp_path), "latest") == "global_step2"
+    (tmp_path / "latest").write_text("global_step1")  # what a power loss left
+    name_in_deepspeeds_latest(str(tmp_path), "global_step2", 2)
+    assert read_latest(str(tmp_path), "latest") == "global_step2"
+    for left in ("global_st", "global_step3"):  # torn, or a tag still in flight
+        (tmp_path / "latest").write_text(left)
+        name_in_deepspeeds_latest(str(tmp_path), "global_step2", 2)
+        assert read_latest(str(tmp_path), "latest") == "global_step2"
+
+
 def test_nothing_to_load_is_said_not_silent(tmp_path):
     (tmp_path / "ck").mkdir()
     got = run("resume-nothing", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1")
