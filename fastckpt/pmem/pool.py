@@ -11,6 +11,10 @@ Crash safety: a version's data and metadata are persisted before its slot is sea
 and the slot is sealed before the active word flips to it; the previous version's slot
 is never the one being written. After a crash at any point the pool opens with each
 model's active version, or, should that fail to verify, its newest older sealed one.
+A new pool is whole on disk before anything is saved into it: sized, its superblock
+persisted, the file fsync'ed and its name made durable (its directory fsync'ed). A file
+a crash left while the pool was being created — empty, or its first page still blank —
+holds no checkpoint: readers find none (is_blank), and the next save makes the pool anew.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 from .. import _native
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
+from ..fsutil import fsync_dir
 from . import claims
 from . import layout as L
 
@@ -50,6 +55,19 @@ class Version:
     @property
     def nbytes(self) -> int:
         return self.desc.meta_len + self.desc.data_len
+
+
+def is_blank(path: str) -> bool:
+    """A regular file that is empty or whose first page is all zeros: a pool whose creation a
+    crash cut short (its superblock never reached the disk), which holds nothing."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        with open(path, "rb") as f:
+            return not any(f.read(4096))
+    except OSError:
+        return False
 
 
 def check_device_path(path: str) -> None:
@@ -91,20 +109,24 @@ class Pool:
         try:
             with self._flock():  # whoever creates the pool does it whole before anyone maps it
                 st = os.fstat(self._lock_fd)
-                fresh = stat.S_ISREG(st.st_mode) and st.st_size == 0
+                fresh = stat.S_ISREG(st.st_mode) and (st.st_size == 0 or is_blank(self.path))
                 size = 0
                 if fresh and not create:
-                    raise CorruptCheckpointError(f"{self.path} is an empty file, not a fastckpt pool")
-                if fresh:
+                    raise CorruptCheckpointError(f"{self.path} is an empty or blank file, not a fastckpt pool")
+                if fresh:  # new, or a creation a crash cut short: made anew, whole
                     size = (size_mb or 0) << 20
                     if size < L.MIN_POOL:
                         raise ConfigError(f"a new pool needs pool_mb >= {L.MIN_POOL >> 20} (got {size_mb!r})")
+                    os.ftruncate(self._lock_fd, 0)
                 self.native = _native.PmemPool(self.path, size, fresh, force)
                 self.view = memoryview(self.native)
-                if not any(self.view[:4096]):  # new (or created by a process that died at once)
+                if not any(self.view[:4096]):  # a device-dax device never written
                     if not create:
                         raise CorruptCheckpointError(f"{self.path} is not a fastckpt pool (it is blank)")
                     self.native.write(0, L.encode_super(self.native.size))
+                if fresh:  # its size and its name durable before anything is saved into it
+                    os.fsync(self._lock_fd)
+                    fsync_dir(parent)
                 try:
                     L.decode_super(bytes(self.view[:64]))
                 except ValueError as e:

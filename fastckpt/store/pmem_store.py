@@ -27,7 +27,7 @@ from ..commit.record import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
-from ..pmem.pool import Pool, Version, check_device_path
+from ..pmem.pool import Pool, Version, check_device_path, is_blank
 from ..pmem.pointer import is_pool_pointer, write_pointer
 from ..write.pinning import unregister
 from ..write.protocol import MappedSink, WriteResult
@@ -145,7 +145,7 @@ class PoolStore(Store, ByPath):
             if create:
                 auto = max(L.MIN_POOL, L.HEAP_OFF + int(need * self.slots * self.world_size * HEADROOM))
                 self.pool = Pool(self.root, self.pool_mb or -(-auto >> 20), self.persist)
-            elif os.path.exists(self.root):
+            elif os.path.exists(self.root) and not is_blank(self.root):  # blank: a creation cut short
                 self.pool = Pool(self.root, None, self.persist, create=False)
         return self.pool
 

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .saves import PATH_SAVES, state_of
+from .saves import MODEL, PATH_SAVES, POOL, state_of
 
 
 def _told(marks: list[str]) -> int | None:
@@ -103,6 +103,31 @@ def root_store(folder: str, marks: list[str]) -> list[str]:
         problems.append(f"load() of step {verified.step} differs from what was saved")
     problems += [f"warned: {w.message}" for w in said if "fastckpt" in str(w.message) and named is not None
                  and "fall" in str(w.message)]
+    return problems
+
+
+def pool(folder: str, marks: list[str]) -> list[str]:
+    """The pool opens at a version not older than told, whose bytes check, and loads it bit-exact."""
+    import fastckpt
+    told, problems = _told(marks), []
+    path = os.path.join(folder, POOL)
+    if not os.path.exists(path):
+        return [f"told step {told} was committed, the pool file is gone"] if told is not None else []
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        try:
+            with fastckpt.Checkpointer(path, store="pmem", model=MODEL, concurrency=1) as ck:
+                named, verified = ck.latest(), ck.latest(verified=True)
+                state = ck.load() if verified is not None else None
+        except Exception as e:  # noqa: BLE001
+            return [f"opening the pool failed: {type(e).__name__}: {str(e)[:200]}"]
+    if told is not None and (named is None or named.step < told):
+        problems.append(f"told step {told} was committed, the pool's current is {None if named is None else named.step}")
+    if named is not None and (verified is None or verified.step != named.step):
+        problems.append(f"the pool's current step {named.step} does not check (the newest that does: "
+                        f"{None if verified is None else verified.step})")
+    if verified is not None and not _same(state, state_of(verified.step)):
+        problems.append(f"load() of step {verified.step} differs from what was saved")
     return problems
 
 

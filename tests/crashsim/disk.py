@@ -2,8 +2,9 @@
 
 The model is POSIX's, not one filesystem's:
 - a file's bytes and size (write, pwrite, ftruncate, fallocate, an open with O_TRUNC, a page
-  msync wrote) are durable once an fsync/fdatasync of that file (msync of that range) follows
-  them; before that each may be lost or kept, a file's own in the order they were made;
+  of a mapping) are durable once an fsync/fdatasync of that file follows them (a page: an
+  msync of its range; a size: any msync, Linux's being fdatasync of a range); before that each
+  may be lost or kept, a file's own in the order they were made;
 - a name (a file or directory made, removed or renamed) is durable once its directory is
   fsync'ed after it (a rename: both directories); before that it may be lost or kept, a rename
   whole or not at all — in the order the names changed (a journal's), or any one of them lost
@@ -14,7 +15,8 @@ crash_points() are the moments just before each fsync and the end: between two f
 survive only grows, so a crash there is covered by the one just before the next. states(c) are
 the disks a crash at c can leave, as choices of what not yet durable survived: all, none, a
 prefix of the names' journal, one directory's names lost, one change of names alone lost, and
-per file a prefix of its bytes with the others all or none. materialize() writes one disk out.
+per file a prefix of its bytes (a few cuts of a file with many) with the others all or none.
+materialize() writes one disk out.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import os
 from dataclasses import dataclass
 
 from .oplog import Op
+
+MAX_CUTS = 12  # prefixes tried of a file with many pending writes
 
 
 @dataclass
@@ -189,15 +193,33 @@ class Replay:
         synced_before = {s.node for s in self.syncs if m.seq < s.seq < c and s.node in m.dirs}
         return m.dirs <= synced_before
 
-    def _durable_data(self, d: Data, c: int) -> bool:
-        for s in self.syncs:
-            if d.seq < s.seq < c and s.node == d.ino:
-                if s.ranged:  # an msync of a range
-                    if s.off <= d.off < s.off + s.length:
-                        return True
-                elif d.kind != "page":
-                    return True
-        return False
+    def _durable_at(self) -> dict[int, float]:
+        """Data op seq -> the seq of the first sync that made it durable (inf: none did)."""
+        if not hasattr(self, "_made_durable"):
+            by_node: dict[int, list[Sync]] = {}
+            for sync in self.syncs:
+                by_node.setdefault(sync.node, []).append(sync)
+            self._made_durable = {}
+            for d in self.data:
+                first = float("inf")
+                for sync in by_node.get(d.ino, ()):
+                    # msync is Linux's fdatasync of its range: the file's size goes with it
+                    covers = (d.kind == "size" or sync.off <= d.off < sync.off + sync.length) if sync.ranged \
+                        else d.kind != "page"
+                    if sync.seq > d.seq and covers:
+                        first = sync.seq
+                        break
+                self._made_durable[d.seq] = first
+        return self._made_durable
+
+    @staticmethod
+    def _cuts(n: int) -> list[int]:
+        """Where a file's pending bytes are cut (a prefix of k kept): every k for a few, else the
+        first and last few and MAX_CUTS spread between (a pool's thousands of pages)."""
+        if n <= MAX_CUTS:
+            return list(range(n))
+        spread = {round(i * n / MAX_CUTS) for i in range(MAX_CUTS)}
+        return sorted(spread | {0, 1, 2, 3, n - 3, n - 2, n - 1})
 
     def states(self, c: int) -> list[tuple[str, frozenset, frozenset]]:
         """(label, metas kept, data kept) for the disks a crash at c can leave."""
@@ -205,7 +227,8 @@ class Replay:
         forced = frozenset(m.seq for m in metas if self._durable_meta(m, c))
         pending = [m for m in metas if m.seq not in forced]
         datas = [d for d in self.data if d.seq < c or (d.kind == "page" and d.since < c)]
-        dforced = frozenset(d.seq for d in datas if d.seq < c and self._durable_data(d, c))
+        made = self._durable_at()
+        dforced = frozenset(d.seq for d in datas if d.seq < c and made[d.seq] < c)
         dpending = [d for d in datas if d.seq not in dforced]
         meta_all = forced | {m.seq for m in pending}
         meta_choices = [("names: all", meta_all), ("names: durable only", forced)]
@@ -223,7 +246,7 @@ class Replay:
         for ino, ds in by_file.items():
             others_all = data_all - {d.seq for d in ds}
             others_none = dforced
-            for k in range(len(ds)):
+            for k in self._cuts(len(ds)):
                 data_choices.append((f"bytes: file {ino} first {k} of {len(ds)}", others_all | {d.seq for d in ds[:k]}))
             data_choices.append((f"bytes: file {ino} all, others none", others_none | {d.seq for d in ds}))
         out = []

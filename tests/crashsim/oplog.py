@@ -24,7 +24,7 @@ class Op:
     seq: int
     kind: str
     ino: int  # the inode it touched (a rename: the renamed one)
-    ino2: int  # rename: the inode it replaced (-1: none); page: the op after which it may have landed
+    ino2: int  # rename: the inode it replaced (-1: none); page: the op before the stores it holds
     off: int  # write/page/fsync of a range: offset; truncate: the size it left
     length: int
     flags: int  # open: its flags (CREATED); fsync: 1 fdatasync, 2 a range (msync); truncate: 1 fallocate

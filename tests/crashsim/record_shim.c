@@ -4,17 +4,17 @@
  * With $FASTCKPT_SIM_ROOT (an absolute directory) and $FASTCKPT_SIM_LOG (a file outside it)
  * set, every open/creat, write/pwrite/pwritev/writev, ftruncate, fallocate, fsync/fdatasync,
  * rename, unlink, mkdir and rmdir on a path under the root — the process's own and its native
- * writers' alike — is appended to the log, with the bytes written and the inode it touched;
- * mmap of such a file and msync of the mapping record the pages msync made durable (the pool),
- * each with the op after which its new bytes might already have reached the disk. A call is
- * made and numbered under one lock, so within a process the numbers follow the order the calls
- * completed in (across processes: see next_seq); one
- * not modelled (sendfile, copy_file_range, link, symlink) under the root is logged as
- * "unsupported", and the replay refuses such a log rather than judge it.
- * Opening $FASTCKPT_SIM_ROOT/.sim-mark-TEXT logs a marker (TEXT) and creates nothing.
+ * writers' alike — is appended to the log, with the bytes written and the inode it touched.
+ * The pages of such a file mapped shared are watched (the pool): a page whose bytes changed is
+ * recorded at the first op after the stores, and msync records the range it made durable.
+ * A call is made and numbered under one lock, so within a process the numbers follow the order
+ * the calls completed in (across processes: see next_seq). A call not modelled (sendfile,
+ * copy_file_range, link, symlink) under the root is logged as "unsupported", and the replay
+ * refuses such a log rather than judge it. Opening $FASTCKPT_SIM_ROOT/.sim-mark-TEXT logs a
+ * marker (TEXT) and creates nothing.
  *
- * A record (appended whole): u32 magic 'FCSR', u8 op, 3 pad, u64 seq, i64 ino, i64 ino2, u64 off, u64 len,
- * i32 flags, u32 path_len, u32 path2_len, u32 data_len, then path, path2, data.
+ * A record (appended whole): u32 magic 'FCSR', u8 op, 3 pad, u64 seq, i64 ino, i64 ino2,
+ * u64 off, u64 len, i32 flags, u32 path_len, u32 path2_len, u32 data_len, then path, path2, data.
  * Build: cc -shared -fPIC -O2 -o record_shim.so record_shim.c -ldl -lpthread
  */
 #define _GNU_SOURCE
@@ -141,9 +141,25 @@ static uint64_t next_seq(void) {
   return __atomic_add_fetch(shared, 1, __ATOMIC_SEQ_CST);
 }
 
+static void observe(void);
+
 /* Appends one record in one write (O_APPEND: whole, whoever else appends); called with the lock
- * held. data may be an iovec list. */
+ * held. data may be an iovec list. Any mapped page that changed since it was last observed is
+ * recorded first (a PAGE record), so a page's bytes are known at every op. */
+static void emit_record(int op, int64_t ino, int64_t ino2, uint64_t off, uint64_t len, int flags,
+                        const char* path, const char* path2, const struct iovec* iov, int iovcnt, size_t data_len);
+static int observing;
 static void emit(int op, int64_t ino, int64_t ino2, uint64_t off, uint64_t len, int flags, const char* path,
+                 const char* path2, const struct iovec* iov, int iovcnt, size_t data_len) {
+  if (!observing && op != OP_PAGE) {
+    observing = 1;
+    observe();
+    observing = 0;
+  }
+  emit_record(op, ino, ino2, off, len, flags, path, path2, iov, iovcnt, data_len);
+}
+
+static void emit_record(int op, int64_t ino, int64_t ino2, uint64_t off, uint64_t len, int flags, const char* path,
                  const char* path2, const struct iovec* iov, int iovcnt, size_t data_len) {
   REAL(write, write_fn);
   if (log_fd < 0) {
@@ -442,7 +458,7 @@ int symlink(const char* a, const char* b) {
   return real_symlink(a, b);
 }
 
-/* -- mappings (the pool): what msync makes durable, page by page ------------------------ */
+/* -- mappings (the pool): what each page held when, and what msync made durable ------------ */
 #define MAX_MAPS 64
 struct mapping {
   char* addr;
@@ -450,10 +466,30 @@ struct mapping {
   off_t off;
   int64_t ino;
   char path[PATH_MAX];
-  unsigned char* shadow; /* the bytes as last made durable (or as mapped) */
-  uint64_t* since;       /* per page: the op after which its current bytes may have reached the disk */
+  unsigned char* seen;   /* the bytes as last observed */
 };
 static struct mapping maps[MAX_MAPS];
+static int n_maps;
+
+/* Every page of every mapping whose bytes changed since last observed: a PAGE record (ino2: the
+ * op this process recorded before it — the bytes were stored after that op and by this one,
+ * perhaps written back to the disk already). Called with the lock held before each recorded op,
+ * so every store is seen at the first op after it. */
+static void observe(void) {
+  uint64_t before = seq;
+  for (int i = 0; i < MAX_MAPS && n_maps > 0; i++) {
+    struct mapping* m = &maps[i];
+    if (m->addr == NULL) continue;
+    size_t pages = (m->len + 4095) / 4096;
+    for (size_t p = 0; p < pages; p++) {
+      size_t at = p * 4096, n = m->len - at < 4096 ? m->len - at : 4096;
+      if (memcmp(m->seen + at, m->addr + at, n) == 0) continue;
+      struct iovec v = {m->addr + at, n};
+      emit(OP_PAGE, m->ino, (int64_t)before, (uint64_t)(m->off + at), n, 0, m->path, NULL, &v, 1, n);
+      memcpy(m->seen + at, m->addr + at, n);
+    }
+  }
+}
 
 void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   REAL(mmap, mmap_fn);
@@ -461,22 +497,24 @@ void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   if (fd < 0 || !(flags & MAP_SHARED) || !(prot & PROT_WRITE) || !fd_under_root(fd, path, sizeof path))
     return real_mmap(addr, len, prot, flags, fd, off);
   pthread_mutex_lock(&lock);
+  observe();
   void* r = real_mmap(addr, len, prot, flags, fd, off);
   if (r != MAP_FAILED) {
-    for (int i = 0; i < MAX_MAPS; i++) {
-      if (maps[i].addr != NULL) continue;
-      maps[i].addr = (char*)r;
-      maps[i].len = len;
-      maps[i].off = off;
-      maps[i].ino = fd_ino(fd);
-      snprintf(maps[i].path, sizeof maps[i].path, "%s", path);
-      maps[i].shadow = malloc(len);
-      size_t pages = (len + 4095) / 4096;
-      maps[i].since = malloc(pages * sizeof(uint64_t));
-      if (maps[i].shadow == NULL || maps[i].since == NULL) abort();
-      memcpy(maps[i].shadow, r, len);
-      for (size_t p = 0; p < pages; p++) maps[i].since[p] = seq;
-      break;
+    int i = 0;
+    while (i < MAX_MAPS && maps[i].addr != NULL) i++;
+    if (i == MAX_MAPS) {
+      emit(OP_UNSUPPORTED, fd_ino(fd), 0, 0, 0, 0, path, "more than 64 mappings", NULL, 0, 0);
+    } else {
+      struct mapping* m = &maps[i];
+      m->seen = malloc(len);
+      if (m->seen == NULL) abort();
+      memcpy(m->seen, r, len);
+      m->addr = (char*)r;
+      m->len = len;
+      m->off = off;
+      m->ino = fd_ino(fd);
+      snprintf(m->path, sizeof m->path, "%s", path);
+      n_maps++;
     }
   }
   pthread_mutex_unlock(&lock);
@@ -489,32 +527,24 @@ void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
 int munmap(void* addr, size_t len) {
   REAL(munmap, munmap_fn);
   pthread_mutex_lock(&lock);
+  observe();  /* what it held is seen; unmapped, it reaches the disk some time later */
   for (int i = 0; i < MAX_MAPS; i++) {
-    if (maps[i].addr != addr) continue;
-    /* unmapped pages reach the disk some time later: they stay pending, as of now */
-    size_t pages = (maps[i].len + 4095) / 4096;
-    for (size_t p = 0; p < pages; p++) {
-      size_t at = p * 4096, n = maps[i].len - at < 4096 ? maps[i].len - at : 4096;
-      if (memcmp(maps[i].shadow + at, maps[i].addr + at, n) == 0) continue;
-      struct iovec v = {maps[i].addr + at, n};
-      emit(OP_PAGE, maps[i].ino, (int64_t)maps[i].since[p], (uint64_t)(maps[i].off + at), n, 0, maps[i].path, NULL,
-           &v, 1, n);
-    }
-    free(maps[i].shadow);
-    free(maps[i].since);
+    if (maps[i].addr == NULL || maps[i].addr != addr) continue;
+    free(maps[i].seen);
     memset(&maps[i], 0, sizeof maps[i]);
+    n_maps--;
   }
   int r = real_munmap(addr, len);
   pthread_mutex_unlock(&lock);
   return r;
 }
 
-/* Each page of [addr, addr+len) whose bytes changed since it was last made durable: a PAGE record
- * (ino2: the op after which those bytes may already have reached the disk), then an FSYNC of the
- * range (flags 2: a range), made after the real msync succeeded. */
+/* What msync made durable: the pages of the range as observed now (an FSYNC record, flags 2:
+ * a range), after the real msync succeeded. */
 int msync(void* addr, size_t len, int flags) {
   REAL(msync, msync_fn);
   pthread_mutex_lock(&lock);
+  observe();
   int r = real_msync(addr, len, flags);
   int saved = errno;
   if (r == 0 && (flags & MS_SYNC)) {
@@ -522,15 +552,6 @@ int msync(void* addr, size_t len, int flags) {
       struct mapping* m = &maps[i];
       if (m->addr == NULL || (char*)addr < m->addr || (char*)addr >= m->addr + m->len) continue;
       size_t lo = (size_t)((char*)addr - m->addr), hi = lo + len > m->len ? m->len : lo + len;
-      for (size_t p = lo / 4096; p * 4096 < hi; p++) {
-        size_t at = p * 4096, n = m->len - at < 4096 ? m->len - at : 4096;
-        if (memcmp(m->shadow + at, m->addr + at, n) != 0) {
-          struct iovec v = {m->addr + at, n};
-          emit(OP_PAGE, m->ino, (int64_t)m->since[p], (uint64_t)(m->off + at), n, 0, m->path, NULL, &v, 1, n);
-          memcpy(m->shadow + at, m->addr + at, n);
-        }
-        m->since[p] = seq;
-      }
       emit(OP_FSYNC, m->ino, 0, (uint64_t)(m->off + lo), hi - lo, 2, m->path, NULL, NULL, 0, 0);
     }
   }

@@ -3,6 +3,7 @@
     python tests/crashsim/saves.py root ROOT   # a Checkpointer, store="root": 4 saves, 2 in flight at once
     python tests/crashsim/saves.py path ROOT   # a Checkpointer, store="path": last.ckpt saved over 3 times
     python tests/crashsim/saves.py dcp ROOT    # torch.distributed.checkpoint.save through FastStorageWriter
+    python tests/crashsim/saves.py pool ROOT   # a Checkpointer, store="pmem": a pool file ROOT/ckpt.pool
     python tests/crashsim/saves.py deepspeed ROOT  # a DeepSpeed engine with a "fastckpt" entry: 3 tags,
                                                    # each copied to ROOT.expected once committed
 
@@ -72,6 +73,20 @@ def dcp(root: str) -> None:
         mark(root, f"committed:{step}")
 
 
+POOL, MODEL = "ckpt.pool", "run"
+
+
+def pool(root: str) -> None:
+    """The persistent-memory pool on an ordinary file (msync: stores reach the disk whenever the
+    kernel writes their pages back, and surely at the msync): 3 saves into its version slots."""
+    import fastckpt
+    with fastckpt.Checkpointer(os.path.join(root, POOL), store="pmem", model=MODEL, concurrency=1) as ck:
+        for step in (1, 2, 3):
+            ck.save(state_of(step), step=step)
+            ck.wait()
+            mark(root, f"committed:{step}")
+
+
 def deepspeed(root: str) -> None:
     """One rank (gloo, DeepSpeed's CPU accelerator), ZeRO-1: a tag a step, two of them in flight
     at once; each tag's files copied beside the root once it is committed (what a load must give)."""
@@ -112,4 +127,4 @@ def deepspeed(root: str) -> None:
 
 if __name__ == "__main__":
     kind, where = sys.argv[1], sys.argv[2]
-    {"root": root_store, "path": path_store, "dcp": dcp, "deepspeed": deepspeed}[kind](where)
+    {"root": root_store, "path": path_store, "dcp": dcp, "pool": pool, "deepspeed": deepspeed}[kind](where)
