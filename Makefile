@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu gpu-check test-many test-bits-loaded bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -44,6 +44,11 @@ gpu-check:
 
 test-many: $(STAMP)
 	$(VPY) -m pytest -q tests/fastckpt/test_crash.py tests/fastckpt/pmem/test_pmem.py -k "kill9" --many
+
+# every bug of tests/planted/bugs.py planted into a scratch copy, one at a time: its tests must
+# catch it (the slow tier: about 10 minutes, a native rebuild included)
+test-planted: $(STAMP)
+	$(VPY) tests/planted/run.py $(ARGS)
 
 # the tests that compare bits across runs (training with and without offload, resumed and
 # uninterrupted runs, activations as autograd saved them), TIMES runs beside two busy loops:

@@ -109,6 +109,39 @@ def test_deepspeeds_latest_is_named_again_durably_once_a_tag_commits_never_going
         assert read_latest(str(tmp_path), "latest") == "global_step2"
 
 
+def test_fastckpt_latest_names_a_tag_only_once_its_record_exists(tmp_path):
+    """While a tag's file is still being written, and after that tag failed, fastckpt-latest
+    still names the committed tag before it; once a tag commits it names that one."""
+    from fastckpt.named import NamedCheckpoints
+    from fastckpt.pending import Pending
+    from deepspeed_fastckpt.tag_records import LATEST
+    from deepspeed_fastckpt.tags import TagCommitter
+    named = NamedCheckpoints({})
+    tags = TagCommitter(named)
+    latest = tmp_path / LATEST
+
+    def save(tag: str) -> list:
+        path = str(tmp_path / tag / "mp_rank_00_model_states.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return [(path, named.save({"w": torch.ones(100)}, path, 1))]
+
+    tags.submit(str(tmp_path), "global_step1", save("global_step1"), step=1)
+    tags.wait()
+    assert latest.read_text() == "global_step1"
+    held = Pending(2, 2)  # the tag's file, still being written
+    tags.submit(str(tmp_path), "global_step2", [(str(tmp_path / "global_step2" / "x.pt"), held)], step=2)
+    assert latest.read_text() == "global_step1"
+    held.settle(None, OSError("no space left on device"))
+    with pytest.raises(fastckpt.CheckpointWriteError):
+        tags.wait()
+    assert latest.read_text() == "global_step1"
+    tags.submit(str(tmp_path), "global_step3", save("global_step3"), step=3)
+    tags.wait()
+    assert latest.read_text() == "global_step3"
+    tags.close()
+    named.close()
+
+
 def test_nothing_to_load_is_said_not_silent(tmp_path):
     (tmp_path / "ck").mkdir()
     got = run("resume-nothing", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1")

@@ -1,4 +1,5 @@
-"""Two real gloo ranks: per-rank files, global commit, same latest() everywhere, rank killed mid-commit."""
+"""Two real gloo ranks: per-rank files, global commit, same latest() everywhere, rank killed
+mid-commit, a rank alive whose file fails."""
 from __future__ import annotations
 
 import os
@@ -19,12 +20,13 @@ from support.processes import free_port
 from workers.dist_worker import state_for  # noqa: E402
 
 
-def launch(mode: str, root: str, world: int = 2, store: str = "root") -> list[subprocess.Popen]:
+def launch(mode: str, root: str, world: int = 2, store: str = "root", env_of: dict | None = None) -> list[subprocess.Popen]:
+    """Every rank of dist_worker.py MODE; env_of: rank -> environment of that rank alone."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS))
+                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS), **(env_of or {}).get(rank, {}))
         procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dist_worker.py"), mode, root, store],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     return procs
@@ -89,3 +91,17 @@ def test_rank_killed_mid_commit_keeps_previous_global(request, tmp_path, store):
         for rank in (0, 1):
             out = ck.load(rank=rank)
             assert out["step"] == info.step and torch.equal(out["w"], state_for(rank, info.step)["w"])
+
+
+def test_a_rank_that_stays_alive_and_fails_its_file_commits_nothing_on_any_rank(tmp_path, fault_shim):
+    """Rank 1's file of step 2 fails to write (EIO) and rank 1 says so: rank 0, whose own file is
+    durable, must not write the record nor move `latest` — every rank is told step 2 failed and
+    step 1 stays the newest. (Rank 0 checking only its own result committed step 2.)"""
+    procs = launch("one-fails", str(tmp_path), env_of={1: {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH":
+                                                            "step-00000002", "FASTCKPT_FAULT_AFTER": "0"}})
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, out
+        assert f"rank {rank} failed" in out and "latest on each rank [1, 1]" in out, out
+    assert fastckpt.Checkpointer(str(tmp_path)).latest().step == 1
+    assert not any((d / "COMMIT").exists() for d in tmp_path.glob("step-00000002.*"))

@@ -97,3 +97,21 @@ def test_safetensors_header_length_past_eof(tmp_path):
     p.write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
     with pytest.raises(fastckpt.CorruptCheckpointError, match="does not fit"):
         fastckpt.load(p)
+
+
+def test_a_flipped_bit_in_a_file_torch_save_wrote_is_refused(tmp_path):
+    """torch.save's own archive has no whole-file CRC (fastckpt's files do): a flipped data bit
+    there is caught by the record's CRC-32 alone, and must be."""
+    import zipfile
+    path = tmp_path / "t.pt"
+    torch.save({"w": torch.arange(4096, dtype=torch.float32)}, path)
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("/data/0"))
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = int.from_bytes(raw[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(raw[info.header_offset + 28:info.header_offset + 30], "little")
+    data_at = info.header_offset + 30 + name_len + extra_len
+    raw[data_at + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(fastckpt.CorruptCheckpointError, match="CRC-32"):
+        fastckpt.load(path)

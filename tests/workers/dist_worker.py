@@ -1,5 +1,8 @@
 """One rank of the 2-rank gloo tests. Usage: dist_worker.py MODE ROOT [STORE] (env: RANK, WORLD_SIZE, MASTER_*).
 
+MODE: roundtrip (5 saves, each rank loads its own), loop (saves until killed), one-fails (step 1
+committed, then step 2, whose file on a rank run under the EIO shim fails: what each rank was told).
+
 STORE: root (default) or pmem (ROOT is then a pool both ranks share, one model per rank)."""
 import sys
 
@@ -34,6 +37,18 @@ def main() -> None:
         assert ck.load(step=4)["step"] == 4
         assert info.world_size == 2 and len(info.files) == 2
         print(f"rank {rank} OK {info.step}", flush=True)
+    elif mode == "one-fails":  # rank 1's file of step 2 fails to write (its process runs under the EIO shim)
+        ck.save(state_for(rank, 1), step=1)
+        ck.wait()
+        ck.save(state_for(rank, 2), step=2)
+        try:
+            ck.wait()
+            outcome = "committed"
+        except fastckpt.CheckpointWriteError as e:
+            outcome = f"failed ({str(e).splitlines()[0][:100]})"
+        steps = [None, None]
+        dist.all_gather_object(steps, ck.latest().step)
+        print(f"rank {rank} {outcome} | latest on each rank {steps}", flush=True)
     elif mode == "loop":
         step = 1
         print("ready", flush=True)

@@ -1,0 +1,98 @@
+"""Bugs planted on purpose, each a change of a few lines, and the tests that must catch it.
+
+`make test-planted` (run.py) applies each to a scratch copy of the tree and runs its tests
+there: a bug the tests let through is a hole in the suite. A change is one or more exact
+replacements (file, old text, new text); one that no longer finds its old text fails the run
+(the code moved: the bug must be planted anew, not skipped).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CRASHSIM = "tests/crashsim/test_power_loss.py"
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    what: str
+    edits: tuple  # (path, old, new), each old found exactly once
+    tests: tuple  # pytest arguments that must fail with the bug planted (and pass without it)
+
+
+BUGS = (
+    Bug("data-fdatasync-after-record",
+        "the data file's fdatasync moved from the writer's finish to after the commit record and latest",
+        (("native/src/file_sink.cc", "  fdatasync_or_throw(fd_, path_);\n  close();", "  close();"),
+         ("fastckpt/commit/checkpoint_unit.py",
+          "                self.store.commit(info)\n",
+          "                self.store.commit(info)\n"
+          "                fd = os.open(self.file_path, os.O_RDONLY)  # planted: durable only now\n"
+          "                os.fdatasync(fd)\n"
+          "                os.close(fd)\n")),
+        (CRASHSIM, "-k", "every_disk and root")),
+    Bug("record-before-directory-fsync",
+        "the commit record written before the names of its files and folder are durable",
+        (("fastckpt/commit/record.py",
+          "        fsync_dir(info.path)\n        fsync_dir(os.path.dirname(os.path.abspath(info.path)))\n", ""),),
+        (CRASHSIM, "-k", "every_disk and (root or dcp)")),
+    Bug("latest-before-record",
+        "the root store moves `latest` before writing the COMMIT record",
+        (("fastckpt/store/root_store.py", "        commit.write(info)\n        self.move_latest(info)",
+          "        self.move_latest(info)\n        commit.write(info)"),),
+        (CRASHSIM, "-k", "every_disk and root")),
+    Bug("rank0-commits-on-its-own-result",
+        "rank 0 writes the record after checking only its own part, not every rank's",
+        (("fastckpt/commit/ordered.py", "            if not all(ok for ok, _ in everyone):",
+          "            if not everyone[self._agree.rank][0]:"),
+         ("fastckpt/commit/ordered.py", "                info = unit.record([p for _, p in everyone], self._agree.rank)",
+          "                info = unit.record([p for ok, p in everyone if ok], self._agree.rank)")),
+        ("tests/fastckpt/test_distributed.py", "-k", "stays_alive")),
+    Bug("fastckpt-latest-at-submit",
+        "DeepSpeed's fastckpt-latest names a tag when it is submitted, before its record exists",
+        (("deepspeed_fastckpt/tags.py", "        folder = os.path.join(save_dir, str(tag))\n",
+          "        folder = os.path.join(save_dir, str(tag))\n        write_latest(save_dir, str(tag))  # planted\n"),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_load.py", "-k", "fastckpt_latest_names")),
+    Bug("offload-zeros-over-1mib",
+        "activation offload's unpack hands back zeros for tensors over 1 MiB",
+        (("fastckpt/offload/activations.py",
+          "                except FileNotFoundError:\n                    pass\n        return t\n",
+          "                except FileNotFoundError:\n                    pass\n"
+          "        return torch.zeros_like(t) if packed.nbytes > (1 << 20) else t  # planted\n"),),
+        ("tests/fastckpt/offload/test_offload_activations.py", "-k", "several_mib")),
+    Bug("torch-save-record-crc-off",
+        "a record's CRC-32 is not checked (the whole-file CRC still is, and torch.save's files have none)",
+        (("fastckpt/format/torch_format.py", "        if c != e.crc:", "        if False and c != e.crc:  # planted"),),
+        ("tests/fastckpt/test_hostile.py", "-k", "torch_save")),
+    Bug("crc-check-off",
+        "no CRC-32 is checked on load or verify",
+        (("fastckpt/format/torch_format.py", "def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:\n",
+          "def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:\n    return  # planted\n"),),
+        ("tests/fastckpt/tools/test_verify_cli.py", "-k", "flipped")),
+    Bug("retention-deletes-the-newest",
+        "retention removes the newest checkpoints instead of the oldest",
+        (("fastckpt/store/root_store.py", "        for info in committed[max(1, keep):] if keep > 0 else []:",
+          "        for info in committed[:max(1, keep)] if keep > 0 else []:"),),
+        ("tests/fastckpt/test_checkpointer.py", "-k", "in_order_and_keep")),
+    Bug("gate-returns-at-once",
+        "gate() returns without waiting for the snapshot's copy",
+        (("fastckpt/checkpointer.py", "        stalled = self._inflight.wait_copied(timeout)\n",
+          "        return  # planted\n        stalled = self._inflight.wait_copied(timeout)\n"),),
+        ("tests/fastckpt/test_checkpointer.py", "-k", "gate_means_snapshot")),
+    Bug("unpickler-takes-any-global",
+        "the restricted unpickler resolves any global a file names",
+        (("fastckpt/format/safe_unpickler.py", "def _allowed_global(module: str, name: str) -> Any:\n",
+          "def _allowed_global(module: str, name: str) -> Any:\n"
+          "    import importlib  # planted\n"
+          "    return getattr(importlib.import_module(module), name)\n"),),
+        ("tests/fastckpt/test_hostile.py", "-k", "pickle_payload")),
+    Bug("dcp-metadata-unchecked",
+        "the DCP reader takes `.metadata` without checking it against the commit record",
+        (("fastckpt/dcp/reader.py", "            if entry is None or entry.bytes != len(raw) or entry.crc32 != zlib.crc32(raw):",
+          "            if False:  # planted"),),
+        ("tests/fastckpt/dcp/test_dcp_storage.py", "-k", "replaced_metadata")),
+    Bug("dcp-stager-slot-reuse",
+        "FastStager reuses a snapshot's slot while its save still reads it",
+        (("fastckpt/dcp/slots.py", "        return self.alive == 0 or ended", "        return True  # planted"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "each_checkpoint_is_its_step")),
+)
