@@ -134,7 +134,7 @@ class Replay:
         return "" if rel == "." else rel
 
     def _resolve_in(self, names: dict, rel: str) -> int:
-        """The inode of directory rel (relative to the root) in a namespace."""
+        """The node of directory rel (relative to the root) in a namespace."""
         node = self.top
         for part in rel.split(os.sep) if rel else ():
             node = names[node][part]
