@@ -5,10 +5,11 @@ that started it (a torn-down Trainer, a destroyed DeepSpeed engine, a closed Che
     ...                          # train, save, tear down
     assert threads_left(before) == []
 
-threads_now() is the set of live Python threads. threads_left(before) names every Python
-thread alive now that was not before (fastckpt's or not: Lightning's own suite fails a test
-on any), and every native thread named fastckpt-* (the engine's writers and copiers name
-themselves fastckpt-write and fastckpt-copy; /proc/self/task/*/comm).
+threads_now() is the live Python threads and fastckpt's native ones. threads_left(before) names
+every Python thread alive now that was not before (fastckpt's or not: Lightning's own suite
+fails a test on any), and every native thread named fastckpt-* that was not there before (the
+engine's writers and copiers name themselves fastckpt-write and fastckpt-copy;
+/proc/self/task/*/comm): a test of a process that ran others before it sees only its own.
 """
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import os
 import threading
 
 
-def threads_now() -> set:
-    return set(threading.enumerate())
+def threads_now() -> tuple:
+    """The live Python threads, and the native threads fastckpt named (their ids)."""
+    return set(threading.enumerate()), set(_native_fastckpt())
 
 
-def _native_fastckpt() -> list[str]:
-    names = []
+def _native_fastckpt() -> dict:
+    """tid -> name of the native threads named fastckpt-* (/proc/self/task/*/comm)."""
+    found = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
@@ -29,12 +32,13 @@ def _native_fastckpt() -> list[str]:
         except OSError:
             continue  # ended while we looked
         if comm.startswith("fastckpt"):
-            names.append(f"native {comm}")
-    return names
+            found[tid] = comm
+    return found
 
 
-def threads_left(before: set) -> list[str]:
+def threads_left(before: tuple) -> list[str]:
     """What is alive now and was not in `before`. No grace: Lightning's suite checks at once too,
     so a thread that is merely ending must have been joined by whatever ended it."""
-    return sorted([t.name for t in threading.enumerate() if t not in before and t.is_alive()] +
-                  _native_fastckpt())
+    python, native = before
+    return sorted([t.name for t in threading.enumerate() if t not in python and t.is_alive()] +
+                  [f"native {name}" for tid, name in _native_fastckpt().items() if tid not in native])
