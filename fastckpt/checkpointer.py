@@ -15,6 +15,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 
@@ -30,6 +31,7 @@ from .format.plan import FilePlan
 from .pending import Pending
 from .restore.newest import Loaded, newest_committed, newest_loadable
 from .store import open_store
+from .timings import Timings, summed
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.native_engine import new_engine
 from .write.staging import Staging
@@ -105,7 +107,7 @@ class Checkpointer:
         # shows here — "device-copy" for a 'c' save that went through spare memory, "pinned-staging"
         # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
-                      "o_direct_refused": 0, "modes": {}}
+                      "o_direct_refused": 0, "modes": {}, "timings": {}}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -127,6 +129,8 @@ class Checkpointer:
         save() returns; if one was written in place meanwhile, the checkpoint is dropped
         (TornSnapshotError, always warned about: the training state itself is intact).
         """
+        t0 = time.monotonic()
+        clock = Timings()
         self._check_open()
         if (path is not None) != self._named_paths:
             raise ValueError(f"store={self.store_kind!r} here needs save(..., path=...)" if self._named_paths else
@@ -144,19 +148,22 @@ class Checkpointer:
                 failed.settle(None, e)
                 return failed
             self._started = True
-        got = self._acquire_slot()
+        with clock.phase("slot"):
+            got = self._acquire_slot()
         strategy = self.strategy
         try:
             if isinstance(state, FilePlan) and self.store.layout_format not in (None, state.format):
                 raise ValueError(f"store={self.store_kind!r} keeps {self.store.layout_format} files; "
                                  f"this plan lays out a {state.format} file")
-            plan = state if isinstance(state, FilePlan) else \
-                plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
+            with clock.phase("plan"):
+                plan = state if isinstance(state, FilePlan) else \
+                    plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
             if got:
-                chunk = self._engine.pool.chunk_bytes
-                need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
-                strategy = self._while_staging_grows(plan, need, held)
-                got = self._staging.ensure(need)
+                with clock.phase("staging"):
+                    chunk = self._engine.pool.chunk_bytes
+                    need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
+                    strategy = self._while_staging_grows(plan, need, held)
+                    got = self._staging.ensure(need)
                 self.stats["pinned"] = self._staging.pinned
         except BaseException:
             if got:
@@ -172,13 +179,16 @@ class Checkpointer:
             return Pending(step, -1, skipped=True)
         counter = self._counter
         self._counter += 1
-        pending = Pending(step, counter)
+        pending = Pending(step, counter, clock=clock, t0=t0)
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
-            ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan, meta=meta)
-            write = start_write(self._engine, plan, self.store.sink(file_path, self.direct_io), strategy,
-                                self._deadline, held)
+            with clock.phase("begin"):
+                ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan,
+                                                      meta=meta)
+            with clock.phase("start"):
+                write = start_write(self._engine, plan, self.store.sink(file_path, self.direct_io), strategy,
+                                    self._deadline, held)
         except OSError as e:
             where = path if path is not None else f"under {self.root}"
             error = CheckpointWriteError(f"cannot write the checkpoint of step {step} {where}: "
@@ -193,6 +203,7 @@ class Checkpointer:
                                 self.world_size, landed=self._landed, retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
+        clock.add("save", time.monotonic() - t0)
         if error is not None:
             pending.observed = True
             self.report_failure(error)
@@ -275,6 +286,8 @@ class Checkpointer:
         """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""
         if pending.error is not None:
             self.stats["failed"] += 1
+        with self._lock:
+            summed(self.stats["timings"], {k: v for k, v in pending.timings.items() if k != "gate"})
         self._inflight.landed(pending)
         self._slots.release()  # before retention: deleting old files must not delay the next save
 
@@ -295,9 +308,14 @@ class Checkpointer:
         A copy that makes no progress for stall_timeout_s abandons its checkpoint: the error
         is raised here (on_error="raise") or warned about, and the tensors are free again.
         """
-        stalled = self._inflight.wait_copied(timeout)
+        stalled = self._inflight.wait_copied(timeout, self._gate_waited)
         if stalled is not None:
             self.report_failure(stalled)
+
+    def _gate_waited(self, pending: Pending, seconds: float) -> None:
+        """The gate's wait, in the stats as it happens (the Pending times its own)."""
+        with self._lock:
+            self.stats["timings"]["gate"] = self.stats["timings"].get("gate", 0.0) + seconds
 
     def wait(self) -> None:
         """Blocks until every checkpoint in flight is committed; raises the first error."""

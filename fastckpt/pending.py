@@ -3,15 +3,21 @@ fastckpt.commit.in_flight)."""
 from __future__ import annotations
 
 import threading
+import time
 
 from .commit.record import CommitInfo
+from .timings import Timings
 
 
 class Pending:
     """A checkpoint being taken. done() / wait() -> CommitInfo; copied() for the gate."""
 
-    def __init__(self, step: int, counter: int, skipped: bool = False):
+    def __init__(self, step: int, counter: int, skipped: bool = False, clock: Timings | None = None,
+                 t0: float | None = None):
+        """clock, t0: the phases timed so far, and when save() was called (time.monotonic())."""
         self.step, self.counter = step, counter
+        self.clock = clock if clock is not None else Timings()
+        self.t0 = time.monotonic() if t0 is None else t0
         self._copied = threading.Event()
         self._done = threading.Event()
         self._info: CommitInfo | None = None
@@ -28,6 +34,12 @@ class Pending:
             self._copied.set()
             self._done.set()
 
+    @property
+    def timings(self) -> dict[str, float]:
+        """Where this save's time went, in seconds (fastckpt.timings names every phase); the
+        write's own phases are in once it landed, instants counted from the save() call."""
+        return self.clock.as_dict(since=self.t0)
+
     def done(self) -> bool:
         """True once the checkpoint is committed, failed, or was skipped."""
         return self._done.is_set()
@@ -43,7 +55,8 @@ class Pending:
         raises the write's error, or WriteStalled when its copy made no progress for the deadline."""
         if self.write is None or self._done.is_set():
             return self._copied.wait(timeout)
-        return self.write.wait_copied(timeout)
+        with self.clock.phase("gate"):
+            return self.write.wait_copied(timeout)
 
     def record_index(self) -> dict[int, int]:
         """Storage (data_ptr) -> index of the record that copies it; built once."""
@@ -73,7 +86,8 @@ class Pending:
         if self.write is None or self._done.is_set():
             return True
         try:
-            return self.write.wait_records(records, timeout)
+            with self.clock.phase("gate"):
+                return self.write.wait_records(records, timeout)
         except Exception as e:  # noqa: BLE001 - reported by the commit thread, see above
             self.write.abort(e)
             return True

@@ -49,6 +49,9 @@ class CheckpointCommit(CommitUnit):
         self._written(result)
         return result
 
+    def timed(self, phase: str, seconds: float) -> None:
+        self.pending.clock.add(phase, seconds)
+
     def in_order(self, result) -> FileEntry:
         watch = self.pending.watch
         if watch is not None and watch.deferred:
@@ -86,6 +89,10 @@ class CheckpointCommit(CommitUnit):
                 self.store.abort(self.ckpt_id, self.file_path, self.rank, stuck=self.stuck)
             except BaseException as e:  # noqa: BLE001 - a read-only or dead disk cannot be cleaned; the commit must end
                 log.warning("fastckpt: could not remove the failed checkpoint of step %s: %s", self.pending.step, e)
+        clock = self.pending.clock
+        if self.pending.write is not None:
+            clock.take(self.pending.write.timings())
+        clock.at("durable_at")
         self.pending.settle(info if error is None else None, error)
         self._landed(self.pending)
 

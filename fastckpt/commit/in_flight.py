@@ -9,7 +9,8 @@ fastckpt.pending.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from ..pending import Pending
 from ..write import Deadline, WriteStalled
@@ -58,13 +59,15 @@ class InFlight:
                 self._deadline.wait(f"the commit of step {pending.step}",
                                     lambda s: (thread.join(s), not thread.is_alive())[1], slack=self._slack)
 
-    def wait_copied(self, timeout: Optional[float] = None) -> Optional[WriteStalled]:
+    def wait_copied(self, timeout: Optional[float] = None,
+                    waited: Optional[Callable[[Pending, float], None]] = None) -> Optional[WriteStalled]:
         """Until every snapshot in flight has copied the caller's tensors. A copy that stalls
         abandons its checkpoint (its tensors are free again) and is returned; a failed write is
-        left to its commit thread to report."""
+        left to its commit thread to report. waited(pending, seconds): how long each one took."""
         stalled = None
         for p in self.pendings():
             p.release_all()
+            t = time.monotonic()
             try:
                 copied = p.wait_copied(timeout)
             except WriteStalled as e:
@@ -75,6 +78,9 @@ class InFlight:
             except Exception as e:  # noqa: BLE001 - a failed write: its commit thread reports it
                 p.write.abort(e)
                 continue
+            finally:
+                if waited is not None:
+                    waited(p, time.monotonic() - t)
             if not copied:
                 raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
         return stalled

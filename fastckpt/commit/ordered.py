@@ -25,6 +25,7 @@ part is and how its record is written; this module says when:
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError
@@ -54,6 +55,9 @@ class CommitUnit:
 
     def afterwards(self) -> None:
         """After the next unit was let go: work no later commit waits for (retention)."""
+
+    def timed(self, phase: str, seconds: float) -> None:
+        """How long a step of its commit took: "order_wait" (2), "commit" (3-5); fastckpt.timings."""
 
 
 class OrderedCommits:
@@ -98,6 +102,7 @@ class OrderedCommits:
                 except BaseException as e:  # noqa: BLE001 - surfaced through landed(), never swallowed
                     error = e
             if before is not None and self._out_of_step(index) is None:
+                t = time.monotonic()
                 try:  # bounded: the unit before has its own deadlines
                     self._deadline.wait(f"the commit before {unit.label}", before.wait, slack=self._slack)
                 except BaseException as e:  # noqa: BLE001 - WriteStalled, or the progress counter failed
@@ -111,6 +116,8 @@ class OrderedCommits:
                                 self._broken = (index, f"the commit of a checkpoint before {unit.label} stalled, "
                                                 "so the ranks no longer commit in step; this rank commits "
                                                 "nothing more until reopened")
+                unit.timed("order_wait", time.monotonic() - t)
+            t = time.monotonic()
             out_of_step = self._out_of_step(index)
             if out_of_step is not None:
                 info, error = None, error or CheckpointWriteError(f"{unit.label} was not committed: {out_of_step}")
@@ -121,6 +128,7 @@ class OrderedCommits:
                     except BaseException as e:  # noqa: BLE001
                         error = e
                 info, error = self._agree_and_record(unit, part, error)
+            unit.timed("commit", time.monotonic() - t)
             unit.landed(info, error)
         finally:
             landed.set()

@@ -61,6 +61,7 @@ class DeviceFileWrite(DeviceWrite):
                                  key=lambda i: plan.records[i].file_off)  # data records do not overlap
         self._offsets = [plan.records[i].file_off for i in self._by_offset]
         self._spare_done = threading.Event()
+        self._handed = 0  # chunks handed to the writers
         self.units = ReleaseOrder(n_units, held and self.source.spare_copied is None)
         self._start("fastckpt-device-feeder")
 
@@ -100,6 +101,7 @@ class DeviceFileWrite(DeviceWrite):
         if self.source.spare_copied is not None:
             self._wait_mark(self.source.spare_copied, f"the copy into spare device memory for {self.where}")
             self._spare_done.set()
+            self.clock.at("copied_at")
         if self._gds:
             self._write_gds()
         else:
@@ -115,10 +117,11 @@ class DeviceFileWrite(DeviceWrite):
                     return
                 slot = self._acquire(pool, inflight)
                 inflight.append([c, slot, None])  # from here on the chunk is returned even if a copy fails
-                dst = host_view(pool.address(slot), pool.chunk_bytes)
-                for i, src_off, dst_off, n in self._chunk_pieces(c):
-                    self.source.stream.copy(dst[dst_off:dst_off + n], self.source.view(i)[src_off:src_off + n])
-                inflight[-1][2] = self.source.stream.mark()
+                with self.clock.phase("enqueue"):
+                    dst = host_view(pool.address(slot), pool.chunk_bytes)
+                    for i, src_off, dst_off, n in self._chunk_pieces(c):
+                        self.source.stream.copy(dst[dst_off:dst_off + n], self.source.view(i)[src_off:src_off + n])
+                    inflight[-1][2] = self.source.stream.mark()
                 while inflight and (len(inflight) > DEPTH or inflight[0][2].query()):
                     self._hand_over(inflight)
             while inflight:
@@ -128,6 +131,7 @@ class DeviceFileWrite(DeviceWrite):
         if self._hold_gate:
             self.deadline.wait(lambda: f"the writers of {self.where} ({self._job.status()})", self._job.wait_written)
             self._written.set()
+            self.clock.at("copied_at", dict(self._job.timings())["written_at"])  # the gate held until then
 
     def _chunk_pieces(self, c: int):
         """(record, offset in the record, offset in the chunk, length) of chunk c's bytes."""
@@ -149,7 +153,8 @@ class DeviceFileWrite(DeviceWrite):
             if slot >= 0:
                 return slot
             if inflight:
-                self._hand_over(inflight)
+                with self.clock.phase("chunk_wait"):  # our own chunks in flight hold the rest
+                    self._hand_over(inflight)
                 continue
             got: list[int] = []
 
@@ -159,7 +164,9 @@ class DeviceFileWrite(DeviceWrite):
                     got.append(s)
                 return s >= 0
 
-            self.deadline.wait(lambda: f"a free staging chunk for {self.where} (all {pool.capacity} in use)", attempt)
+            with self.clock.phase("chunk_wait"):
+                self.deadline.wait(lambda: f"a free staging chunk for {self.where} (all {pool.capacity} in use)",
+                                   attempt)
             return got[0]
 
     def _hand_over(self, inflight) -> bool:
@@ -172,6 +179,9 @@ class DeviceFileWrite(DeviceWrite):
         self.units.done[c].set()
         self._job.push_chunk(c, slot)
         self._moved_one()
+        self._handed += 1
+        if self._handed == self._job.n_chunks and not self._hold_gate:
+            self.clock.at("copied_at")
         return True
 
     def _give_back(self, pool, inflight) -> None:
@@ -239,6 +249,9 @@ class DeviceFileWrite(DeviceWrite):
                 self._written_bytes += self.plan.records[i].nbytes
                 self.units.done[i].set()
                 self._moved_one()
+                if all(e.is_set() for e in self.units.done):
+                    self.clock.at("copied_at")
+                    self.clock.at("written_at")
         return True
 
     # -- (3) finish, (4) abort ------------------------------------------------

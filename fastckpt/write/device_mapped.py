@@ -105,10 +105,14 @@ class DeviceMappedWrite(DeviceWrite):
                 _native.copy(pool.address(off), bounce.data_ptr(), r.nbytes, self.engine.copy_threads)
             self.units.done[i].set()  # the caller's tensor is no longer read
             if r.nbytes:
-                self._crcs[i] = _native.crc32(pool.address(off), r.nbytes)
-                pool.native.persist(off, r.nbytes)
+                with self.clock.phase("crc"):
+                    self._crcs[i] = _native.crc32(pool.address(off), r.nbytes)
+                with self.clock.phase("persist"):
+                    pool.native.persist(off, r.nbytes)
                 self._written_bytes += r.nbytes
             self._moved_one()
+        self.clock.at("copied_at")
+        self.clock.at("written_at")
 
     # -- (3) finish, (4) abort ------------------------------------------------
     def finish(self) -> WriteResult:

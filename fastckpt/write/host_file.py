@@ -32,7 +32,8 @@ class HostFileWrite(JobWrite):
         self._keep: list[torch.Tensor] = []
         pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
         if strategy == "g":
-            pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
+            with self.clock.phase("copy"):
+                pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
         source = _native.Source.Staged if strategy == "c" else _native.Source.Direct
         self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, source,
                                   sink.direct_io, len(plan.records), held)

@@ -13,6 +13,7 @@ import ctypes
 import logging
 import threading
 
+from ..timings import Timings
 from .deadline import Deadline
 from .protocol import SnapshotWrite
 
@@ -117,6 +118,13 @@ class JobWrite(SnapshotWrite):
     @property
     def bytes_written(self) -> int:
         return self._job.bytes_written if self._job is not None else 0
+
+    def timings(self) -> dict[str, float]:
+        clock = Timings()
+        clock.take(self.clock.as_dict())
+        if self._job is not None:
+            clock.take(dict(self._job.timings()))
+        return clock.as_dict()
 
     def copied(self) -> bool:
         try:

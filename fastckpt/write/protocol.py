@@ -24,7 +24,8 @@ in this order, and every wait in it is bounded by the write's Deadline:
      once none of them reads the caller's tensors or touches the sink — False when one is
      still stuck after the deadline (it is then logged, and the engine is kept alive).
 
-``bytes_written`` is the data written so far; ``mode`` says how the bytes move.
+``bytes_written`` is the data written so far; ``mode`` says how the bytes move; ``timings()``
+where its time went so far (fastckpt.timings names the phases), read at any point.
 
 Strategies (LightCheck §III-A): ``c`` copies into staging (host: bounded 4096-aligned chunks;
 CUDA: pinned chunks filled on a side stream) that writers drain while later chunks are
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from ..format.plan import FilePlan
+from ..timings import Timings
 
 STRATEGIES = ("c", "g", "d")
 
@@ -125,6 +127,19 @@ class SnapshotWrite(abc.ABC):
     def copied(self) -> bool:
         """True once no tensor of the plan is read any more (does not wait)."""
         return self.wait_copied(0.0)
+
+    @property
+    def clock(self) -> Timings:
+        """The phases this write's Python side timed (made on first use)."""
+        clock = self.__dict__.get("_clock")
+        if clock is None:
+            clock = self.__dict__.setdefault("_clock", Timings())
+        return clock
+
+    def timings(self) -> dict[str, float]:
+        """Seconds per phase so far, and the instants copied_at / written_at as time.monotonic()
+        values (fastckpt.timings); an implementation adds what its native job timed."""
+        return self.clock.as_dict()
 
     def _let_go(self) -> None:
         """Finished, or aborted with every worker stopped: the engine is no longer needed, and a

@@ -145,10 +145,12 @@ class CudaStreams:
 class HostStream:
     """The stream protocol over host memory: one worker thread runs the copies in order.
     delay_s: each copy takes at least this long on the worker (a device's copies completing
-    one after another, later than they were issued), for tests that need copies in flight."""
+    one after another, later than they were issued), for tests that need copies in flight.
+    hold: a copy waits until this event is set (a stream slowed down for as long as a test
+    needs: what may wait for a copy, and what must not, is then told apart without timing)."""
 
-    def __init__(self, plan: FilePlan | None = None, delay_s: float = 0.0):
-        self.delay_s = delay_s
+    def __init__(self, plan: FilePlan | None = None, delay_s: float = 0.0, hold: threading.Event | None = None):
+        self.delay_s, self.hold = delay_s, hold
         self._q: "queue.Queue" = queue.Queue()
         self._error: BaseException | None = None
         self._closed = False
@@ -164,6 +166,8 @@ class HostStream:
                 item.set()
                 continue
             dst, src = item
+            if self.hold is not None:
+                self.hold.wait()
             if self.delay_s:
                 time.sleep(self.delay_s)
             if self._error is None:

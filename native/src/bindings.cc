@@ -158,6 +158,7 @@ PYBIND11_MODULE(_native, m) {
       .def("abort", &WriteJob::abort, py::arg("why"), py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
       .def("status", &WriteJob::status)
+      .def("timings", &WriteJob::timings)
       .def("record_crcs", &WriteJob::record_crcs)
       .def("span_crcs", &WriteJob::span_crcs)
       .def("chunk_layout", &WriteJob::chunk_layout)

@@ -87,6 +87,7 @@ uint64_t WriteJob::chunk_len(size_t c) const {
 // Opening the sink (creating and reserving a file) is the writers' job, off the caller's thread.
 void WriteJob::open_sink() {
   try {
+    PhaseTimer t(timings_.open);
     sink_->open();
   } catch (const std::exception& e) {
     fail(e);
@@ -225,7 +226,7 @@ std::string WriteJob::status() const {
 void WriteJob::count_copied(size_t unit) {
   std::lock_guard<std::mutex> lk(mu_);
   unit_state_[unit] = 2;
-  --copies_left_;
+  if (--copies_left_ == 0) stamp(timings_.copied_at);
   bump();
   cv_.notify_all();  // per-record waiters watch single units
 }
@@ -234,12 +235,15 @@ void WriteJob::count_written() {
   std::lock_guard<std::mutex> lk(mu_);
   --running_;
   bump();
-  if (--writes_left_ == 0 || running_ == 0) cv_.notify_all();
+  const bool last = --writes_left_ == 0;
+  if (last) stamp(timings_.written_at);
+  if (last || running_ == 0) cv_.notify_all();
 }
 
 // Staging chunks are freed by writers; a copy waits for one in slices so that a failed job
 // (a writer error, or abort() after a stall) lets its copy threads go.
 int WriteJob::acquire_chunk() {
+  PhaseTimer t(timings_.chunk_wait);
   for (;;) {
     int slot = w_.pool->acquire(0.05);
     if (slot >= 0) return slot;
@@ -286,7 +290,10 @@ void WriteJob::copy_chunk(size_t c) {
     count_written();
     return;
   }
-  fill_chunk(c, w_.pool->data(slot));
+  {
+    PhaseTimer t(timings_.copy);
+    fill_chunk(c, w_.pool->data(slot));
+  }
   count_copied(c);
   auto self = shared_from_this();
   w_.writers->submit([self, c, slot] { self->put_chunk(c, slot); });
@@ -308,10 +315,19 @@ void WriteJob::put_chunk(size_t c, int slot) {
       const uint64_t base = chunk_begin(c);
       // Summed here, on the writer, not by the copy: the gate waits for the copy alone (summing
       // while copying lengthened save_load.py's stall, which is what training pays).
-      for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
-        span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
-      sink_->put(buf, chunk_len(c), base, true);
-      sink_->persist(base, chunk_len(c));
+      {
+        PhaseTimer t(timings_.crc);
+        for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
+          span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
+      }
+      {
+        PhaseTimer t(timings_.put);
+        sink_->put(buf, chunk_len(c), base, true);
+      }
+      {
+        PhaseTimer t(timings_.persist);
+        sink_->persist(base, chunk_len(c));
+      }
       bytes_written_ += chunk_len(c);
     }
   } catch (const std::exception& e) {
@@ -332,10 +348,15 @@ void WriteJob::put_span(size_t i) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
       const bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
-      if (sink_->put_on_copy_thread()) {
+      if (sink_->put_on_copy_thread()) {  // the CRC and the store in one pass: timed as the put
+        PhaseTimer t(timings_.put);
         span_crc_[i] = put_with_crc(reinterpret_cast<const uint8_t*>(sp.src), sp.len, sp.file_off);
       } else {  // the pwrite is the copy (the kernel's, or the device's with O_DIRECT): sum, then put
-        span_crc_[i] = crc32_update(0, src, sp.len);
+        {
+          PhaseTimer t(timings_.crc);
+          span_crc_[i] = crc32_update(0, src, sp.len);
+        }
+        PhaseTimer t(timings_.put);
         sink_->put(src, sp.len, sp.file_off, aligned);
       }
       if (!sink_->persist_with_put()) {
@@ -345,7 +366,10 @@ void WriteJob::put_span(size_t i) {
         w_.writers->submit([self, i] { self->persist_span(i); });
         return;
       }
-      sink_->persist(sp.file_off, sp.len);
+      {
+        PhaseTimer t(timings_.persist);
+        sink_->persist(sp.file_off, sp.len);
+      }
       bytes_written_ += sp.len;
     }
   } catch (const std::exception& e) {
@@ -357,6 +381,7 @@ void WriteJob::put_span(size_t i) {
 
 void WriteJob::persist_span(size_t i) {
   try {
+    PhaseTimer t(timings_.persist);
     sink_->persist(spans_[i].file_off, spans_[i].len);
     bytes_written_ += spans_[i].len;
   } catch (const std::exception& e) {
@@ -395,8 +420,26 @@ void WriteJob::finalize(const std::vector<std::pair<uint64_t, std::string>>& blo
   if (!wait_until([this] { return writes_left_ == 0 && sink_ready_; }, 0.0))
     throw std::logic_error("finalize() before wait_written() returned true");
   if (finalized_) throw std::logic_error("job already finalized");
+  PhaseTimer t(timings_.finish);
   sink_->finish(blobs, file_size);
   finalized_ = true;
+}
+
+void WriteJob::stamp(std::atomic<int64_t>& at) {
+  at.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+               .count(),
+           std::memory_order_relaxed);
+}
+
+std::vector<std::pair<std::string, double>> WriteJob::timings() const {
+  const auto s = [](const std::atomic<uint64_t>& ns) { return ns.load() * 1e-9; };
+  const auto at = [](const std::atomic<int64_t>& ns) { return ns.load() < 0 ? -1.0 : ns.load() * 1e-9; };
+  return {{"copy", s(timings_.copy)},         {"chunk_wait", s(timings_.chunk_wait)},
+          {"crc", s(timings_.crc)},           {"put", s(timings_.put)},
+          {"persist", s(timings_.persist)},   {"open", s(timings_.open)},
+          {"finish", s(timings_.finish)},     {"copied_at", at(timings_.copied_at)},
+          {"written_at", at(timings_.written_at)}};
 }
 
 std::vector<uint32_t> WriteJob::record_crcs() const {

@@ -76,9 +76,12 @@ BUGS = (
         ("tests/fastckpt/test_checkpointer.py", "-k", "in_order_and_keep")),
     Bug("gate-returns-at-once",
         "gate() returns without waiting for the snapshot's copy",
-        (("fastckpt/checkpointer.py", "        stalled = self._inflight.wait_copied(timeout)\n",
-          "        return  # planted\n        stalled = self._inflight.wait_copied(timeout)\n"),),
-        ("tests/fastckpt/test_checkpointer.py", "-k", "gate_means_snapshot")),
+        (("fastckpt/checkpointer.py", "        stalled = self._inflight.wait_copied(timeout, self._gate_waited)\n",
+          "        return  # planted\n        stalled = self._inflight.wait_copied(timeout, self._gate_waited)\n"),),
+        # the first catches it only while the copy is still running when gate() returns; the
+        # second holds the copy until it has seen the gate wait
+        ("tests/fastckpt/test_checkpointer.py", "tests/fastckpt/write/test_write_checkpointer.py", "-k",
+         "gate_means_snapshot or held_stream")),
     Bug("unpickler-takes-any-global",
         "the restricted unpickler resolves any global a file names",
         (("fastckpt/format/safe_unpickler.py", "def _allowed_global(module: str, name: str) -> Any:\n",
@@ -95,4 +98,15 @@ BUGS = (
         "FastStager reuses a snapshot's slot while its save still reads it",
         (("fastckpt/dcp/slots.py", "        return self.alive == 0 or ended", "        return True  # planted"),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "each_checkpoint_is_its_step")),
+    Bug("save-waits-for-the-copy",
+        "save() of a stream-read snapshot waits for its copies before returning",
+        (("fastckpt/checkpointer.py", "        pending.write, pending.plan, pending.watch = write, plan, watch\n",
+          "        pending.write, pending.plan, pending.watch = write, plan, watch\n"
+          "        if write is not None:\n            write.wait_copied()  # planted\n"),),
+        ("tests/fastckpt/write/test_write_checkpointer.py", "-k", "held_stream")),
+    Bug("gate-waits-for-the-file",
+        "the gate over a stream-read 'c' snapshot waits until its file is written, not only copied",
+        (("fastckpt/write/device_file.py", '        self._hold_gate = strategy == "d"',
+          "        self._hold_gate = True  # planted"),),
+        ("tests/fastckpt/write/test_write_checkpointer.py", "-k", "held_stream")),
 )

@@ -10,9 +10,15 @@
 // No wait here is unbounded: every one takes a timeout (the Python write path calls them in
 // slices under its deadline), and a copy thread waiting for a staging chunk gives up once the
 // job has failed.
+// Each job also times its phases (timings()): the seconds its threads spent copying into
+// staging, waiting for a free staging chunk, summing CRCs, putting bytes into the sink,
+// persisting them, opening and finishing the sink — summed over the threads that ran them —
+// and when its "copied" and "written" latches fell (CLOCK_MONOTONIC seconds: Python's
+// time.monotonic()), so a caller can say where a checkpoint's time went.
 // Definitions: src/write_job.cc.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +62,29 @@ struct Workers {
   std::atomic<uint64_t>* progress;
 };
 
+// Nanoseconds per phase, added to by every thread of a job (see timings()).
+struct JobTimings {
+  std::atomic<uint64_t> copy{0}, chunk_wait{0}, crc{0}, put{0}, persist{0}, open{0}, finish{0};
+  std::atomic<int64_t> copied_at{-1}, written_at{-1};  // steady-clock ns when the latch fell
+};
+
+// Adds the time from its construction to its destruction to one phase of a JobTimings.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(std::atomic<uint64_t>& into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    into_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+                        .count(),
+                    std::memory_order_relaxed);
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  std::atomic<uint64_t>& into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 class WriteJob : public std::enable_shared_from_this<WriteJob> {
  public:
   // split_bytes: the largest span a Direct job puts at once (Staged and External jobs work
@@ -92,6 +121,9 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   bool used_direct_io() const { return sink_->used_direct_io(); }
   bool direct_io_refused() const { return sink_->direct_io_refused(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
+  // (phase, seconds) of every phase: copy, chunk_wait, crc, put, persist, open, finish summed
+  // over the threads that ran them; copied_at and written_at in steady-clock seconds (-1: not yet).
+  std::vector<std::pair<std::string, double>> timings() const;
   // The spans of chunk c as (source address, offset inside the chunk, length).
   std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>> chunk_layout(size_t c) const;
 
@@ -138,6 +170,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   uint32_t n_records_;
   std::unique_ptr<Sink> sink_;
   std::atomic<uint64_t> bytes_written_{0};
+  JobTimings timings_;
+  void stamp(std::atomic<int64_t>& at);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -185,6 +185,59 @@ def test_a_stuck_writer_with_on_error_warn_lets_training_go_on(tmp_path):
     ck.close()
 
 
+def test_save_returns_before_a_held_stream_copies_and_the_gate_waits_for_the_copy_alone(tmp_path, monkeypatch):
+    """save() only enqueues a stream-read snapshot's copies: with the host stand-in for a CUDA
+    stream held (no copy runs until the test lets it), save() still returns, and the checkpoint
+    is not copied. The gate then waits for the copies, and only for them: once they run it
+    returns while the checkpoint's file cannot even be opened yet (its writer is stuck on a
+    FIFO nobody reads), so nothing of it is written. No timing decides any of it. (Strategy c:
+    g copies host storages in save() itself, so on the host stand-in it has no copy to hold.)"""
+    strategy = "c"
+    hold = threading.Event()
+    monkeypatch.setitem(STREAMS, "cpu", lambda plan: HostStream(plan, hold=hold))
+    root = tmp_path / "ckpts"
+    state = _state()
+    threads = []
+
+    def run(job) -> threading.Event:
+        ended = threading.Event()
+        th = threading.Thread(target=lambda: (job(), ended.set()), daemon=True)
+        th.start()
+        threads.append(th)
+        return ended
+
+    with fastckpt.Checkpointer(root, strategy=strategy, chunk_mb=1, direct_io=False, stall_timeout_s=60) as ck:
+        hold.set()
+        ck.save(state, step=1).wait()  # staging grows meanwhile; the next save draws it
+        ck._staging.wait_grown()
+        hold.clear()
+        fifo = _stuck_next_checkpoint(str(root), 2, 2)
+        got = {}
+        try:
+            saved = run(lambda: got.setdefault("p", ck.save(state, step=2)))
+            assert saved.wait(30), "save() waited for the stream's copies"
+            p = got["p"]
+            assert p.strategy == strategy and not p.copied()
+            assert p.timings["save"] > 0 and "copied_at" not in p.timings
+            gated = run(ck.gate)
+            assert not gated.wait(0.5), "the gate returned before the copies ran"
+            hold.set()
+            assert gated.wait(30), "the gate waited for more than the copy"
+            assert p.copied() and not p.done() and p.write.bytes_written == 0  # the file is not even open
+        finally:
+            hold.set()
+            _unstick(fifo)
+        with pytest.raises(fastckpt.CheckpointWriteError):
+            p.wait()  # a FIFO takes no pwrite: this checkpoint fails, the one before stays
+        assert p.timings["gate"] > 0 and p.timings["stream_wait"] > 0
+        assert ck.latest().step == 1
+        state["model"]["w0"].mul_(-3)
+        ck.save(state, step=3).wait()
+        assert_same(state, ck.load())
+    for th in threads:
+        th.join(10)
+
+
 SLOW_CHILD = """
 import sys, time, torch, fastckpt
 root = sys.argv[1]

@@ -180,6 +180,9 @@ def test_copied_is_reached_without_finish(harness, impl, strategy):
     assert w.wait_copied(10), "copied never reached without finish()"
     assert w.copied()
     w.finish()
+    t = w.timings()  # where its time went (fastckpt.timings): both latches, in order, after the start
+    assert 0 < t["copied_at"] <= t["written_at"] <= time.monotonic(), t
+    assert all(v >= 0 for v in t.values()) and t.get("put", 0) + t.get("persist", 0) + t.get("crc", 0) > 0, t
 
 
 @pytest.mark.parametrize("impl", ALL)
