@@ -130,10 +130,32 @@ _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 
 
+_PASSED: "collections.OrderedDict[tuple, None]" = collections.OrderedDict()  # small pickles that passed scan
+PASSED_MAX_BYTES, PASSED_MAX = 64 << 10, 4096
+
+
 def scan(data: bytes, source: str) -> None:
     """Checks a pickle's opcodes without building anything: every global is allowlisted,
     memo indices stay below the number of opcodes, stack and marks stay under MAX_DEPTH,
-    and every length fits the data. Raises UnsafeCheckpointError / CorruptCheckpointError."""
+    and every length fits the data. Raises UnsafeCheckpointError / CorruptCheckpointError.
+
+    The same small pickle, met again under the same allowlist, is not walked again: a DCP
+    checkpoint holds one archive per tensor item, and items of the same shape and dtype pickle
+    to the very same bytes (walking each took most of a verified load's time)."""
+    key = None
+    if len(data) <= PASSED_MAX_BYTES:
+        key = (bytes(data), tuple(map(id, torch.serialization.get_safe_globals())))
+        if key in _PASSED:
+            return
+    _walk(data, source)
+    if key is not None:
+        _PASSED[key] = None
+        while len(_PASSED) > PASSED_MAX:
+            _PASSED.popitem(last=False)
+
+
+def _walk(data: bytes, source: str) -> None:
+    """scan()'s walk over every opcode."""
     depth, marks, strings, ops = 0, [], [], 0
     memo: dict[int, object] = {}  # memo index -> the string stored there (None: anything else)
     last, last_was_string = None, False

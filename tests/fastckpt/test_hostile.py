@@ -27,6 +27,29 @@ def test_pickle_payload_is_refused_not_run(tmp_path):
     assert not os.path.exists("/tmp/fastckpt-pwned")
 
 
+class Allowed:
+    """A plain class a user allowlists with torch.serialization.add_safe_globals."""
+
+
+def test_a_pickle_the_user_allowlisted_is_refused_again_once_the_allowlist_is_cleared():
+    """scan() does not walk a small pickle it has passed before under the same allowlist: the
+    memo of passed pickles is keyed by the allowlist, so clearing it refuses the same bytes."""
+    from fastckpt.format.safe_unpickler import scan
+    data = pickle.dumps(Allowed, protocol=2)
+    with pytest.raises(fastckpt.UnsafeCheckpointError, match="Allowed"):
+        scan(data, "x.pkl")
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([Allowed])
+    try:
+        scan(data, "x.pkl")
+        scan(data, "x.pkl")  # the memo's answer
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+    with pytest.raises(fastckpt.UnsafeCheckpointError, match="Allowed"):
+        scan(data, "x.pkl")
+
+
 def test_weights_only_false_is_an_explicit_opt_in(tmp_path):
     path = tmp_path / "ok.pt"
     torch.save({"x": {1, 2}, "w": torch.ones(1)}, path)
