@@ -16,7 +16,11 @@ every configuration once):
   baseline, per checkpoint;
 - first checkpoint: what the first interval lost (staging allocated, threads started);
 - overhead: steady state (after the first interval) and whole run (every measured step);
-- drain: the wait after the last step until every checkpoint is durable.
+- drain: the wait after the last step until every checkpoint is durable;
+- where fastckpt's save went (its own contenders): each phase of fastckpt.timings, as the mean
+  per save after the first (Checkpointer.stats), the median over the rounds — the save call's
+  parts, the gate's wait, the background copy, CRC and write (summed over their threads), the
+  commit, and the instants copied / durable counted from the save call.
 
 On a GPU: bf16 autocast, fp32 AdamW, a 403 M-parameter LM (d=2048, 8 layers) by default.
 Without one it runs on CPU with whatever model is given (the suite runs it tiny, so it
@@ -92,6 +96,9 @@ def summarize(a, name: str, k: int, runs: list[dict]) -> dict:
         row["bytes"] = good[0]["bytes"]
         row["checked"] = all(r["checked"] for r in good)
         row["stager_fresh"] = next((r["stager_fresh"] for r in good if r.get("stager_fresh")), None)
+        timed = [r["phases"]["steady"] for r in good if r.get("phases", {}).get("steady")]
+        if timed:
+            row["phases"] = {p: statistics.median(t.get(p, 0.0) for t in timed) for p in set().union(*timed)}
     return row
 
 
@@ -229,11 +236,35 @@ def table(res: dict) -> str:
                      f"{r['save_first_ms']:.0f} | {r['stall_ms']:.0f} | {r['stall_ms'] / 1e3 / b['copy_s']:.2f} | "
                      f"{r['first_s']:.2f} | {r['steady_pct']:+.1f} % | {r['whole_pct']:+.1f} % | "
                      f"{r['drain_s']:.2f} | {'yes' if r['checked'] else 'NO'} |")
+    lines.append(breakdown(res["rows"]))
     fresh = [r for r in res["rows"] if r.get("stager_fresh")]
     if fresh:
         lines.append(f"\nDCP DefaultStager: a fresh stager for every save (its pinned memory allocated again "
                      f"each time): {fresh[0]['stager_fresh']}.")
     return head + "\n" + "\n".join(lines)
+
+
+BREAKDOWN = [("save", "save call"), ("slot", "slot"), ("plan", "plan"), ("staging", "staging"),
+             ("begin", "begin"), ("start", "enqueue in save"), ("gate", "gate wait"), ("copied_at", "copied at"),
+             ("enqueue", "stream enqueue"), ("stream_wait", "stream wait"), ("copy", "host copy"),
+             ("chunk_wait", "chunk wait (disk)"), ("crc", "CRC"), ("put", "write"), ("finish", "finish + fsync"),
+             ("order_wait", "order wait"), ("commit", "commit"), ("durable_at", "durable at")]
+
+
+def breakdown(rows: list) -> str:
+    """Where fastckpt's saves went, ms per save after the first (fastckpt.timings)."""
+    timed = [r for r in rows if r.get("phases")]
+    if not timed:
+        return ""
+    out = ["\nWhere a fastckpt save went, ms per save after the first (fastckpt.timings; mean per save, median of "
+           "rounds). The first six columns are inside the save call; threads' sums (copy, CRC, write) may exceed "
+           "the wall time; chunk wait = copies waiting for a free staging chunk (the disk is the limit).\n",
+           "| k | contender | " + " | ".join(label for _, label in BREAKDOWN) + " |",
+           "|---|---|" + "---:|" * len(BREAKDOWN)]
+    for r in timed:
+        out.append(f"| {r['k']} | {r['contender']} | " +
+                   " | ".join(f"{r['phases'][p] * 1e3:.1f}" if p in r["phases"] else "–" for p, _ in BREAKDOWN) + " |")
+    return "\n".join(out)
 
 
 def plot(res: dict, path: str) -> None:

@@ -43,7 +43,7 @@ def fastckpt_save(ck: fastckpt.Checkpointer, state, step: int) -> dict:
     ck.gate()
     t_gate = time.perf_counter() - t0
     info = p.wait()
-    return {"blocking": t_gate, "durable": time.perf_counter() - t0, "path": info.file_for(0)}
+    return {"blocking": t_gate, "durable": time.perf_counter() - t0, "path": info.file_for(0), "timings": p.timings}
 
 
 def fastckpt_load(root: str, mmap: bool | None = None) -> float:
@@ -58,6 +58,7 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     os.makedirs(out_dir, exist_ok=True)
     rows: dict[str, list[float]] = {}
+    phases: dict[str, list[dict]] = {"c": [], "d": []}  # each measured save's Pending.timings
 
     def add(k, v):
         rows.setdefault(k, []).append(v)
@@ -76,6 +77,8 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
             res = fastckpt_save(ck, state, r + 1)
             rec(f"fastckpt_{strategy}_blocking", res["blocking"])
             rec(f"fastckpt_{strategy}_durable", res["durable"])
+            if r:
+                phases[strategy].append(res["timings"])
         bounds.drop_cache(res["path"])
         rec("fastckpt_load_cold", fastckpt_load(os.path.join(out_dir, "fc_d")))
         rec("fastckpt_load_warm", fastckpt_load(os.path.join(out_dir, "fc_d")))
@@ -101,7 +104,9 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         ck.close()
         shutil.rmtree(ck.root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
-    return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows}
+    timed = {s: {p: statistics.median(t.get(p, 0.0) for t in ts) for p in set().union(*ts)}
+             for s, ts in phases.items() if ts}
+    return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows, "phases": timed}
 
 
 def table(res: dict) -> str:
@@ -140,6 +145,16 @@ def table(res: dict) -> str:
         f"{m['torch_load_warm'] / m['fastckpt_load_copy_warm']:.2f}x torch.load warm")
     row("torch.load, cold", "torch_load_cold")
     row("torch.load, warm", "torch_load_warm")
+    if res.get("phases"):
+        lines += ["", "Where fastckpt's saves went (Pending.timings, median of the runs, ms; copy, CRC and write are "
+                  "summed over their threads; `written` = every data byte in the file, `durable` = committed):", "",
+                  "| strategy | save call | plan | begin | gate | copied | open | host copy | chunk wait | CRC | write "
+                  "| written | finish + fdatasync | commit | durable |", "|---|" + "---:|" * 14]
+        for s, t in res["phases"].items():
+            cells = [t.get(p, 0.0) * 1e3 for p in ("save", "plan", "begin", "gate", "copied_at", "open", "copy",
+                                                   "chunk_wait", "crc", "put", "written_at", "finish", "commit",
+                                                   "durable_at")]
+            lines.append(f"| `{s}` | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines)
 
 

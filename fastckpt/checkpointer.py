@@ -107,7 +107,7 @@ class Checkpointer:
         # shows here — "device-copy" for a 'c' save that went through spare memory, "pinned-staging"
         # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
-                      "o_direct_refused": 0, "modes": {}, "timings": {}}
+                      "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -287,7 +287,11 @@ class Checkpointer:
         if pending.error is not None:
             self.stats["failed"] += 1
         with self._lock:
-            summed(self.stats["timings"], {k: v for k, v in pending.timings.items() if k != "gate"})
+            timings = pending.timings
+            summed(self.stats["timings"], {k: v for k, v in timings.items() if k != "gate"})  # see _gate_waited
+            self.stats["landed"] += 1
+            if self.stats["timings_first"] is None:
+                self.stats["timings_first"] = timings
         self._inflight.landed(pending)
         self._slots.release()  # before retention: deleting old files must not delay the next save
 

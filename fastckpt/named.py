@@ -68,6 +68,7 @@ class NamedCheckpoints:
         self._order: dict[str, int] = {}  # path -> when it was last saved (counters restart on reconfigure)
         self._saves = 0
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
+        self.closed_stats: list[dict] = []  # the stats of every Checkpointer closed here, in turn
 
     def _checked(self, settings) -> CheckpointerConfig:
         """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, or a plugin's
@@ -91,6 +92,11 @@ class NamedCheckpoints:
             self._ck = Checkpointer.from_config(self.config)
             self._ck.store.pointers = self.pool_pointers
         return self._ck
+
+    def timing_stats(self) -> list[dict]:
+        """The stats of every Checkpointer opened here, the open one last (fastckpt.timings.steady
+        takes them): each run of a plugin opens its own."""
+        return self.closed_stats + ([self._ck.stats] if self._ck is not None else [])
 
     @property
     def opened(self) -> bool:
@@ -233,6 +239,7 @@ class NamedCheckpoints:
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()
+            self.closed_stats.append(ck.stats)
         self._close_reader()
         self.config = new  # what was saved stays tracked: its removals still wait for a newer commit
 
@@ -244,6 +251,7 @@ class NamedCheckpoints:
         try:
             if ck is not None:
                 ck.close()
+                self.closed_stats.append(ck.stats)
         finally:
             try:
                 self.remove_deferred()

@@ -100,7 +100,24 @@ class Timings:
 
 
 def summed(total: dict[str, float], one: dict[str, float]) -> None:
-    """Adds one save's durations into a Checkpointer's running totals (instants are per save)."""
+    """Adds one save's figures into a Checkpointer's running totals (its instants too: summed,
+    they are the saves' latencies, whose mean is the total over the saves that landed)."""
     for name, value in one.items():
-        if name not in INSTANTS:
-            total[name] = total.get(name, 0.0) + value
+        total[name] = total.get(name, 0.0) + value
+
+
+def steady(stats_list: list[dict]) -> dict[str, float]:
+    """The mean of each figure per save after the first, over the stats of one or more
+    Checkpointers in turn (a plugin opens one per run): their "timings" totals less their first
+    save's ("timings_first": staging grown, threads started), over their "landed" saves less one."""
+    total: dict[str, float] = {}
+    n = 0
+    for stats in stats_list:
+        first = stats.get("timings_first") or {}
+        landed = stats.get("landed", 0)
+        if landed < 2:
+            continue
+        n += landed - 1
+        for name, value in stats["timings"].items():
+            total[name] = total.get(name, 0.0) + value - first.get(name, 0.0)
+    return {name: value / n for name, value in total.items()} if n else {}

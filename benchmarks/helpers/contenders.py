@@ -194,6 +194,17 @@ class Fastckpt:
         info = self.ck.latest(verified=True)
         return info is not None
 
+    def phases(self) -> dict:
+        return phases_of([self.ck.stats])
+
+
+def phases_of(stats_list: list[dict]) -> dict:
+    """Where fastckpt's saves spent their time (fastckpt.timings): the mean per save after the
+    first, and the first save's own figures."""
+    from fastckpt.timings import steady
+    first = next((s["timings_first"] for s in stats_list if s.get("timings_first")), None)
+    return {"steady": steady(stats_list), "first": first or {}}
+
 
 def plain_saver(name: str, a, ckdir: str, dev: torch.device):
     if name == "none":
@@ -235,6 +246,8 @@ def plain_run(a, name: str, k: int, ckdir: str) -> dict:
     drain = time.perf_counter() - d0
     out = {"times": times[a.warmup:], "calls": calls, "drain": drain, "bytes": nbytes,
            "checked": saver.check() if saver is not None else True}
+    if isinstance(saver, Fastckpt):
+        out["phases"] = saver.phases()
     if isinstance(saver, DcpAsync) and saver.use_stager:
         out["stager_fresh"] = saver.reuse_error
     if saver is not None:
@@ -305,8 +318,11 @@ def lightning_run(a, name: str, k: int, ckdir: str) -> dict:
     nbytes = os.path.getsize(sched.paths[-1]) if os.path.isfile(sched.paths[-1]) else \
         sum(os.path.getsize(p) for p in glob.glob(os.path.join(sched.paths[-1], "*")))
     checked = "state_dict" in trainer.strategy.checkpoint_io.load_checkpoint(sched.paths[-1])
-    return {"times": times[a.warmup:], "calls": sched.calls, "drain": done - sched.end, "bytes": nbytes,
-            "checked": checked}
+    out = {"times": times[a.warmup:], "calls": sched.calls, "drain": done - sched.end, "bytes": nbytes,
+           "checked": checked}
+    if isinstance(io, FastCheckpointIO):
+        out["phases"] = phases_of(io.named.timing_stats())
+    return out
 
 
 # -- DeepSpeed ----------------------------------------------------------------
@@ -347,12 +363,17 @@ def deepspeed_run(a, name: str, k: int, ckdir: str) -> dict:
     if wait is not None:
         wait()
     drain = time.perf_counter() - d0
+    named = getattr(engine.checkpoint_engine, "named", None)
+    phases = phases_of(named.timing_stats()) if named is not None else None
     tag_dir = os.path.join(ckdir, tags[-1])
     nbytes = sum(os.path.getsize(p) for p in glob.glob(os.path.join(tag_dir, "*")))
     load_path, _ = engine.load_checkpoint(ckdir, tag=tags[-1])
     engine.destroy()
-    return {"times": times[a.warmup:], "calls": calls, "drain": drain, "bytes": nbytes,
-            "checked": load_path is not None}
+    out = {"times": times[a.warmup:], "calls": calls, "drain": drain, "bytes": nbytes,
+           "checked": load_path is not None}
+    if phases is not None:
+        out["phases"] = phases
+    return out
 
 
 def run(a, name: str, k: int, ckdir: str) -> dict:

@@ -18,6 +18,10 @@ namespace fastckpt {
 
 std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<ReadRange>& ranges,
                                   size_t threads, uint64_t split_bytes, bool with_crc) {
+  // Opened here first, so a missing or unreadable file fails before any thread starts; each
+  // thread then reads through a descriptor of its own: the kernel keeps readahead state per open
+  // file, and threads taking turns at parts far apart through one descriptor kept resetting it
+  // (a cold read then went in small requests). Each is marked sequential (a larger window).
   int fd = open_or_throw(path, O_RDONLY);
   struct Part {
     size_t range;
@@ -33,13 +37,13 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
   std::string error;
   std::mutex mu;
   std::atomic<size_t> next{0};
-  auto work = [&] {
+  auto work = [&](int own) {
     for (size_t i = next++; i < parts.size(); i = next++) {
       const Part& p = parts[i];
       const ReadRange& rr = ranges[p.range];
       void* dst = reinterpret_cast<void*>(rr.dst + p.off);
       try {
-        pread_full(fd, dst, p.len, rr.file_off + p.off, path);
+        pread_full(own, dst, p.len, rr.file_off + p.off, path);
         if (with_crc) part_crc[i] = crc32_update(0, dst, p.len);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(mu);
@@ -48,11 +52,18 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
       }
     }
   };
+  auto work_own = [&] {  // a thread's own descriptor (the shared one if the file cannot be opened again)
+    int own = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (own >= 0) ::posix_fadvise(own, 0, 0, POSIX_FADV_SEQUENTIAL);
+    work(own >= 0 ? own : fd);
+    if (own >= 0) ::close(own);
+  };
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   {
     size_t n = std::max<size_t>(1, std::min(threads, parts.size()));
     std::vector<std::thread> pool;
-    for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
-    work();
+    for (size_t t = 1; t < n; ++t) pool.emplace_back(work_own);
+    work(fd);
     for (auto& t : pool) t.join();
   }
   ::close(fd);

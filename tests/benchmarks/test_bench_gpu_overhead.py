@@ -1,5 +1,5 @@
-"""`make gpu-check` (the gpu tests, then benchmarks/gpu_overhead.py with every contender) runs on
-CPU with a tiny model, so it never rots;
+"""`make gpu-check` (the gpu tests, benchmarks/gpu_profile.py, then benchmarks/gpu_overhead.py with
+every contender) runs on CPU with a tiny model, so it never rots;
 its figures are computed as documented from the step times."""
 import json
 import os
@@ -58,5 +58,11 @@ def test_make_gpu_check_runs_end_to_end_on_cpu(tmp_path):
         assert len(r["runs"][0]["times"]) == 3 + 2 * 2, name  # quiet + measured steps
     assert res["bounds"]["bytes"] > 0 and res["bounds"]["direct_write_s"] > 0
     assert (out / "bench" / "gpu_overhead.png").exists()
-    assert "| 2 | fast_c |" in (out / "bench.txt").read_text()
+    bench = (out / "bench.txt").read_text()
+    assert "| 2 | fast_c |" in bench and "Where a fastckpt save went" in bench
+    for name in ("fast_c", "fast_g", "fast_d", "l_fast", "l_layerwise", "ds_fast"):  # where their saves went
+        assert {"save", "put", "commit", "durable_at"} <= set(rows[name]["phases"]), name
+    profile = (out / "profile" / "profile.md").read_text()  # torch.profiler over saves of c and g
+    assert "## strategy c:" in profile and "## strategy g:" in profile and "Top 20 by" in profile
+    assert (out / "profile" / "profile-c.json").stat().st_size > 0 and (out / "profile" / "profile-g.txt").exists()
     assert not (tmp_path / "scratch").exists()  # the checkpoints and the write bound's file are gone

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastckpt
-from fastckpt.timings import INSTANTS, PHASES
+from fastckpt.timings import INSTANTS, PHASES, steady
 from fastckpt.write.streams import STREAMS, HostStream
 
 IN_SAVE = ("slot", "plan", "staging", "begin", "start")
@@ -47,6 +47,7 @@ def test_a_host_save_times_every_phase_and_the_stats_sum_them(tmp_path):
     with fastckpt.Checkpointer(tmp_path, strategy="c", chunk_mb=1, staging_mb=2, writers=1, keep=1) as ck:
         saves = _saves(ck)
         stats = dict(ck.stats["timings"])
+        first, landed = ck.stats["timings_first"], ck.stats["landed"]
     for t in saves:
         _check_shape(t, set(IN_SAVE) | {"save", "gate", "copy", "chunk_wait", "crc", "put", "open", "finish",
                                         "commit", "copied_at", "written_at", "durable_at"})
@@ -56,7 +57,10 @@ def test_a_host_save_times_every_phase_and_the_stats_sum_them(tmp_path):
             assert total >= sum(t["gate"] for t in saves)
         else:
             assert total == pytest.approx(sum(t.get(phase, 0.0) for t in saves), rel=1e-9, abs=1e-12), phase
-    assert not set(INSTANTS) & set(stats)
+    assert set(INSTANTS) <= set(stats)  # summed: the saves' latencies
+    assert first == saves[0] | {"gate": first["gate"]} and landed == 3
+    mean = steady([{"timings": stats, "timings_first": first, "landed": landed}])
+    assert mean["put"] == pytest.approx((saves[1]["put"] + saves[2]["put"]) / 2)
 
 
 def test_a_stream_read_save_times_its_enqueue_and_stream_waits(tmp_path, monkeypatch):
