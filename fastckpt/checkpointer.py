@@ -44,6 +44,8 @@ D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 
+SLOT_WAIT_S = 0.05  # a save that waits longer for a concurrency slot says the disk is the limit
+
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
@@ -107,7 +109,8 @@ class Checkpointer:
         # shows here — "device-copy" for a 'c' save that went through spare memory, "pinned-staging"
         # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
-                      "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0}
+                      "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
+                      "slot_waits": 0}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -150,6 +153,7 @@ class Checkpointer:
             self._started = True
         with clock.phase("slot"):
             got = self._acquire_slot()
+        self._slot_waited(step, clock.as_dict()["slot"])
         strategy = self.strategy
         try:
             if isinstance(state, FilePlan) and self.store.layout_format not in (None, state.format):
@@ -315,6 +319,20 @@ class Checkpointer:
         stalled = self._inflight.wait_copied(timeout, self._gate_waited)
         if stalled is not None:
             self.report_failure(stalled)
+
+    def _slot_waited(self, step: int, seconds: float) -> None:
+        """A save that waited for a concurrency slot: checkpoints are issued faster than the disk
+        writes them. Counted (stats["slot_waits"]) and said once, in one line, not stalled silently."""
+        if seconds < SLOT_WAIT_S:
+            return
+        with self._lock:
+            self.stats["slot_waits"] += 1
+            first = self.stats["slot_waits"] == 1
+        if first:
+            log.warning("fastckpt: save() of step %s waited %.2f s for one of the %d checkpoints in flight to "
+                        "commit: checkpoints are issued faster than the disk writes them (Pending.timings "
+                        "says where their time goes); checkpoint less often, or raise concurrency if staging "
+                        "allows (said once; stats['slot_waits'] counts them)", step, seconds, self.concurrency)
 
     def _gate_waited(self, pending: Pending, seconds: float) -> None:
         """The gate's wait, in the stats as it happens (the Pending times its own)."""

@@ -238,6 +238,29 @@ def test_save_returns_before_a_held_stream_copies_and_the_gate_waits_for_the_cop
         th.join(10)
 
 
+def test_a_save_that_waits_for_the_disk_says_so_once(tmp_path, monkeypatch, caplog):
+    """Checkpoints issued faster than they are written: with one slot and the first checkpoint's
+    copies held, the second save() waits for its slot (at least the 0.3 s the test holds it);
+    that wait is in its Pending.timings, counted in stats["slot_waits"], and said in one logged
+    line, once per Checkpointer, instead of a silent stall."""
+    hold = threading.Event()
+    monkeypatch.setitem(STREAMS, "cpu", lambda plan: HostStream(plan, hold=hold))
+    state = _state()
+    with fastckpt.Checkpointer(tmp_path, chunk_mb=1, concurrency=1, stall_timeout_s=60) as ck:
+        ck.save(state, step=1)
+        threading.Timer(0.3, hold.set).start()
+        with caplog.at_level("WARNING", logger="fastckpt"):
+            p = ck.save(state, step=2)
+            ck.wait()
+            hold.clear()
+            ck.save(state, step=3)
+            threading.Timer(0.3, hold.set).start()
+            ck.save(state, step=4).wait()
+        assert p.timings["slot"] >= 0.3 and ck.stats["slot_waits"] == 2
+    said = [r.getMessage() for r in caplog.records if "faster than the disk" in r.getMessage()]
+    assert len(said) == 1 and "step 2 waited" in said[0], said
+
+
 SLOW_CHILD = """
 import sys, time, torch, fastckpt
 root = sys.argv[1]
