@@ -152,10 +152,11 @@ class FastStorageReader(StorageReader):
             indexes = [read_index(path, self.storage_data[i.storage_index].offset,
                                   self.storage_data[i.storage_index].length) for i in tensors]
             targets = [planner.resolve_tensor(i).detach() for i in tensors]
-            direct = [in_place.fits(path, idx, i.storage_offsets, i.lengths, t)
+            known: dict[int, int] = {}  # the CRC-32 of each data.pkl fits() read: not read again
+            direct = [in_place.fits(path, idx, i.storage_offsets, i.lengths, t, known)
                       for i, idx, t in zip(tensors, indexes, targets)]
             placed = [(i.storage_index.fqn, idx, t) for i, idx, t, d in zip(tensors, indexes, targets, direct) if d]
-            in_place.read(path, placed, self.verify, self.threads)
+            in_place.read(path, placed, self.verify, self.threads, known)
             for item, target, d in zip(tensors, targets, direct):
                 if d:
                     planner.commit_tensor(item, target)

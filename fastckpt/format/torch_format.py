@@ -136,17 +136,20 @@ def read_archives(path: str, indexes: list[ZipIndex], map_location=None, verify:
     return states
 
 
-def check_structure(path: str, idx: ZipIndex):
+def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None):
     """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
     every storage it names present at its size and every view inside its storage (the
     storages are on the meta device: nothing is read or allocated). Returns the structure,
-    its tensors on the meta device."""
+    its tensors on the meta device. crcs: data.pkl's CRC-32 is put there under its record's
+    file offset, so that a verified read need not read it again."""
     entry = idx.entries.get("data.pkl")
     if entry is None:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
     with open(path, "rb") as f:
         f.seek(entry.data_off)
         pkl = f.read(entry.size)
+    if crcs is not None:
+        crcs[entry.data_off] = zlib.crc32(pkl)
     sizes = {k: e.size for k, e in idx.entries.items()}
     return _unpickle_records(path, pkl, sizes, lambda key, n, loc: torch.UntypedStorage(n, device="meta"), True)
 

@@ -162,6 +162,20 @@ def test_a_damaged_item_a_replaced_metadata_and_a_hostile_one_are_refused(tmp_pa
     assert not marker.exists()
 
 
+def test_a_damaged_pickle_of_an_item_read_in_place_is_refused_though_it_is_read_once(tmp_path):
+    """An item read straight into its tensor has its data.pkl read once, by the structure check,
+    whose bytes' CRC-32 the verified read takes instead of reading it again: a flipped bit there
+    ('cpu' -> 'cPu', which still unpickles) fails the CRC check, naming the item and the record."""
+    save(tmp_path / "c")
+    data = tmp_path / "c" / "__0_0.distcp"
+    raw = data.read_bytes()
+    at = raw.index(b"cpu")
+    data.write_bytes(raw[:at] + b"cPu" + raw[at + 3:])
+    with pytest.raises(CheckpointException, match=r"DCP item '(w|half|view|empty|nested\.b)': .*data\.pkl.*CRC-32"):
+        dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "c"))
+    dcp.load(blank(), storage_reader=FastStorageReader(tmp_path / "c", verify=False))  # the structure is whole
+
+
 @pytest.mark.parametrize("saved_on, loaded_on", [(2, 0), (2, 2), (2, 3), (1, 2), (3, 2)])
 def test_saved_on_some_ranks_loads_resharded_on_others(tmp_path, saved_on, loaded_on):
     """1 <-> 2 <-> 3 ranks; loaded_on 0: one process without a process group (plain full tensors)."""
