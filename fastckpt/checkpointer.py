@@ -46,6 +46,7 @@ _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 SLOT_WAIT_S = 0.05  # a save that waits longer for a concurrency slot says the disk is the limit
 
+
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 

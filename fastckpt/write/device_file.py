@@ -152,9 +152,8 @@ class DeviceFileWrite(DeviceWrite):
             slot = pool.acquire(0.0)
             if slot >= 0:
                 return slot
-            if inflight:
-                with self.clock.phase("chunk_wait"):  # our own chunks in flight hold the rest
-                    self._hand_over(inflight)
+            if inflight:  # our own chunks in flight hold the rest: their copies' wait is stream_wait
+                self._hand_over(inflight)
                 continue
             got: list[int] = []
 
