@@ -51,8 +51,11 @@ class RootStore(Store):
         return 1 + max((c for _, c, _ in self._dirs()), default=0)
 
     def new_dir(self, step: int, counter: int) -> str:
+        """A checkpoint's folder, made on the caller's thread inside save(); its name is made durable
+        on the commit thread, before the record (commit.record.write fsyncs the folder and the root,
+        which prepare() made durable): no fsync inside save()."""
         path = os.path.join(self.root, f"step-{step:08d}.c{counter:06d}")
-        makedirs_durable(path)
+        os.makedirs(path, exist_ok=True)
         return path
 
     @staticmethod
