@@ -6,12 +6,20 @@ keep sharing one storage record and torch.load reads the result unchanged.
 """
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 from dataclasses import dataclass
 
 import torch
 from torch.serialization import location_tag, normalize_storage_type
+
+
+# types whose objects are never storages: persistent_id answers them without isinstance checks
+# (TypedStorage's metaclass makes those slow), which the pickler runs for every object it meets
+_NEVER_STORAGES = frozenset({int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set,
+                             collections.OrderedDict, torch.Size, torch.dtype, torch.device, torch.Tensor,
+                             torch.nn.Parameter})
 
 
 @dataclass
@@ -29,6 +37,8 @@ def pickle_state(obj) -> tuple[bytes, list[StorageRef]]:
     dtypes: dict[int, torch.dtype] = {}
 
     def persistent_id(o):
+        if type(o) in _NEVER_STORAGES:  # the pickler asks of every object: most are these
+            return None
         if not (isinstance(o, torch.storage.TypedStorage) or torch.is_storage(o)):
             return None
         if isinstance(o, torch.storage.TypedStorage):
