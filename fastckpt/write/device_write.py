@@ -23,7 +23,6 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..timings import Timings
 from .deadline import Deadline
 from .job_write import keep_stuck
 from .protocol import SnapshotWrite
@@ -185,13 +184,9 @@ class DeviceWrite(SnapshotWrite):
         with self.clock.phase("stream_wait"):
             self.deadline.wait(what, mark.wait)
 
-    def timings(self) -> dict[str, float]:
-        clock = Timings()
-        clock.take(self.clock.as_dict())
-        job = getattr(self, "_job", None)
-        if job is not None:  # its copied_at means nothing here: the feeder hands over filled chunks
-            clock.take({k: v for k, v in job.timings() if k != "copied_at"})
-        return clock.as_dict()
+    def _native_timings(self) -> dict[str, float]:
+        job = getattr(self, "_job", None)  # its copied_at means nothing here: the feeder hands over filled chunks
+        return {k: v for k, v in job.timings() if k != "copied_at"} if job is not None else {}
 
     def _finish_worker(self, released: threading.Event) -> None:
         """Held time (no deadline) until everything is released, then the worker's end (under it)."""

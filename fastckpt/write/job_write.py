@@ -13,7 +13,6 @@ import ctypes
 import logging
 import threading
 
-from ..timings import Timings
 from .deadline import Deadline
 from .protocol import SnapshotWrite
 
@@ -119,12 +118,8 @@ class JobWrite(SnapshotWrite):
     def bytes_written(self) -> int:
         return self._job.bytes_written if self._job is not None else 0
 
-    def timings(self) -> dict[str, float]:
-        clock = Timings()
-        clock.take(self.clock.as_dict())
-        if self._job is not None:
-            clock.take(dict(self._job.timings()))
-        return clock.as_dict()
+    def _native_timings(self) -> dict[str, float]:
+        return dict(self._job.timings()) if self._job is not None else {}
 
     def copied(self) -> bool:
         try:

@@ -138,8 +138,15 @@ class SnapshotWrite(abc.ABC):
 
     def timings(self) -> dict[str, float]:
         """Seconds per phase so far, and the instants copied_at / written_at as time.monotonic()
-        values (fastckpt.timings); an implementation adds what its native job timed."""
-        return self.clock.as_dict()
+        values (fastckpt.timings): what the Python side timed and what its native job timed."""
+        merged = Timings()
+        merged.take(self.clock.as_dict())
+        merged.take(self._native_timings())
+        return merged.as_dict()
+
+    def _native_timings(self) -> dict[str, float]:
+        """What this write's native job timed (WriteJob.timings()); none by default."""
+        return {}
 
     def _let_go(self) -> None:
         """Finished, or aborted with every worker stopped: the engine is no longer needed, and a
