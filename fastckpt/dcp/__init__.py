@@ -8,14 +8,15 @@
                uncommitted checkpoint loaded
   staged.py    the buffers a snapshot is staged into, and which storages hold one
   stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
-  committed.py which checkpoints of a folder are committed, newest first (where to resume)
+  committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
+               them (fastckpt's committed ones and DCP's own): where to resume
 
 DCP is torch, which the backend may know: this package imports no framework but torch.
 """
-from .committed import committed, newest_committed
+from .committed import Resumable, committed, newest_committed, resumable
 from .reader import FastStorageReader
 from .stager import FastStager, SaveSkipped
 from .writer import FastStorageWriter
 
-__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "SaveSkipped", "committed",
-           "newest_committed"]
+__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "Resumable", "SaveSkipped", "committed",
+           "newest_committed", "resumable"]

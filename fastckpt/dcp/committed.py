@@ -1,24 +1,60 @@
-"""Which DCP checkpoints of a folder fastckpt committed, newest first — where a run resumes from.
+"""Which DCP checkpoints of a folder a run can resume from, newest first — whoever wrote them.
 
-A folder of DCP checkpoints (torchtitan's `step-N`, one directory per save) holds committed ones,
-one whose save was killed before its commit, and anything else. A checkpoint is committed when
-its record (`fastckpt-dcp.json`, fastckpt.dcp.writer) is intact and every file it names is there
-at its size; newest is the highest record counter (each commit's is one above any before it in
-the folder). Item CRCs are checked when the checkpoint is read (FastStorageReader).
+A folder of DCP checkpoints (torchtitan's `step-N`, one directory per save) holds checkpoints
+fastckpt committed, ones DCP's own writer wrote, saves cut short, and anything else:
+
+  fastckpt  its record (`fastckpt-dcp.json`, fastckpt.dcp.writer) is intact and every file it
+            names is there at its size
+  dcp       DCP's own FileSystemWriter wrote it: its `.metadata` (written last, by the
+            coordinator, once every rank's data was written) reads as DCP metadata, is not
+            marked as fastckpt's, and every file it places an item in is there and reaches the
+            item's end (a truncated rank file is not resumed from)
+  unusable  anything else that looks like a checkpoint: no `.metadata`, fastckpt's never
+            committed, a damaged record or metadata, a missing or short file (said why)
+
+Newest is the highest step (the record's, else the number the directory's name ends with);
+between equal steps, fastckpt's before DCP's, then the later commit. Item CRCs are checked when
+the checkpoint is read (FastStorageReader), for DCP's files each item's own.
+`newest_committed` says so in one warning when it picks a checkpoint DCP's writer made, and when
+it passes over newer checkpoints it cannot use (or finds nothing usable among some): a run that
+switches to fastckpt never starts again from step 0 without a word.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+import warnings
 from typing import Optional
 
 from ..commit import record
-from ..commit.record import CommitInfo
-from ..errors import CorruptCheckpointError
-from .writer import RECORD
+from ..commit.record import CommitInfo, plain_name
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError
+from ..fsutil import read_regular
+from . import metadata as md_file
+from .writer import RECORD, SUFFIX, step_of_name
+
+LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumable:
+    """A checkpoint to resume from: its directory (`os.fspath` of it, and str()), its step (-1:
+    neither its record nor its name says), and who wrote it ("fastckpt" or "dcp")."""
+    path: str
+    step: int
+    by: str
+    counter: int = -1  # fastckpt's commit counter (its commit order in the folder); -1 for DCP's
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
 
 
 def committed(parent) -> list[CommitInfo]:
-    """Every committed DCP checkpoint directly under parent, newest first."""
+    """Every checkpoint fastckpt committed directly under parent, newest commit first."""
     parent = os.fspath(parent)
     found = []
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
@@ -29,7 +65,85 @@ def committed(parent) -> list[CommitInfo]:
     return sorted(found, key=lambda info: info.counter, reverse=True)
 
 
-def newest_committed(parent) -> Optional[str]:
-    """The directory of the newest committed DCP checkpoint under parent (None: there is none)."""
-    found = committed(parent)
-    return found[0].path if found else None
+def examine(directory: str) -> Resumable | str | None:
+    """A Resumable, the reason the checkpoint in directory cannot be resumed from, or None
+    when directory does not look like a checkpoint at all."""
+    name = os.path.basename(os.path.normpath(directory))
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    if RECORD in names:
+        try:
+            info = record.read(directory, RECORD, every_rank=False)
+        except (OSError, CorruptCheckpointError) as e:
+            return f"damaged commit record ({e})"
+        return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
+    if md_file.NAME not in names:
+        if any(n.endswith(SUFFIX) for n in names) or LOOKS_LIKE.match(name):
+            return f"no {md_file.NAME}: a save cut short"
+        return None
+    try:
+        meta_path = os.path.join(directory, md_file.NAME)
+        metadata = md_file.decode(read_regular(meta_path, md_file.MAX_BYTES), meta_path)
+    except (OSError, CorruptCheckpointError, UnsafeCheckpointError) as e:
+        return f"unreadable {md_file.NAME} ({e})"
+    if md_file.written_by_fastckpt(metadata):
+        return f"fastckpt began it and never committed it (no {RECORD})"
+    ends: dict[str, int] = {}
+    try:
+        for info in (metadata.storage_data or {}).values():
+            file = plain_name(getattr(info, "relative_path", None), meta_path)
+            ends[file] = max(ends.get(file, 0), int(info.offset) + int(info.length))
+    except (CorruptCheckpointError, TypeError, ValueError) as e:
+        return f"{md_file.NAME} places items where no file of the checkpoint is ({e})"
+    for file, end in sorted(ends.items()):
+        try:
+            size = os.path.getsize(os.path.join(directory, file))
+        except OSError:
+            return f"{file} is missing"
+        if size < end:
+            return f"{file} has {size} bytes, its items reach byte {end} (truncated?)"
+    return Resumable(directory, step_of_name(name), "dcp")
+
+
+def resumable(parent) -> tuple[list[Resumable], dict[str, str]]:
+    """(every checkpoint under parent a run can resume from, newest first; {directory: why not}
+    for the ones that look like checkpoints and cannot be resumed from)."""
+    parent = os.fspath(parent)
+    usable, unusable = [], {}
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        directory = os.path.join(parent, name)
+        if not os.path.isdir(directory):
+            continue
+        found = examine(directory)
+        if isinstance(found, Resumable):
+            usable.append(found)
+        elif found is not None:
+            unusable[directory] = found
+    usable.sort(key=lambda r: (r.step, r.by == "fastckpt", r.counter), reverse=True)
+    return usable, unusable
+
+
+def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
+    """The newest checkpoint under parent a run can resume from (its .path, .step, .by; it is
+    os.PathLike, so FastStorageReader takes it as it is), or None when there is none.
+    warn: one warning when the one picked was written by DCP's own writer, and one naming the
+    checkpoints newer than it (or, when none is usable, all) that cannot be resumed from."""
+    usable, unusable = resumable(parent)
+    newest = usable[0] if usable else None
+    if not warn:
+        return newest
+    passed = {d: why for d, why in unusable.items()
+              if newest is None or step_of_name(os.path.basename(d)) > newest.step}
+    if passed:
+        listed = "; ".join(f"{os.path.basename(d)}: {why}" for d, why in sorted(passed.items()))
+        outcome = (f"resuming from {newest.path} (step {newest.step})" if newest is not None
+                   else "none can be resumed from: nothing is loaded")
+        warnings.warn(f"fastckpt: {len(passed)} checkpoint(s) under {os.fspath(parent)} cannot be used ({listed}); "
+                      f"{outcome}", stacklevel=2)
+    if newest is not None and newest.by == "dcp":
+        warnings.warn(f"fastckpt: resuming from {newest.path} (step {newest.step}), written by DCP's own writer: "
+                      "it has no fastckpt commit record; its files' sizes were checked, each item's CRC-32 is "
+                      "checked as it loads", stacklevel=2)
+    return newest

@@ -14,7 +14,6 @@ through FastStorageReader, every item's CRC checked.
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional
 
 from ..commit import record
@@ -23,9 +22,9 @@ from ..tools.folder_kinds import FolderKind
 from ..tools.folders import Entry
 from . import metadata as md_file
 from .check import check_file, read_metadata
-from .writer import RECORD, SUFFIX
+from .committed import Resumable, examine, resumable
+from .writer import RECORD, SUFFIX, step_of_name
 
-STEP_RE = re.compile(r"(\d+)$")  # step-12, checkpoint_12: the step a name ends with
 
 
 class DcpFolders(FolderKind):
@@ -40,9 +39,8 @@ class DcpFolders(FolderKind):
 
     def entry(self, parent: str, name: str, latest: Optional[str]) -> Entry:
         directory = os.path.join(parent, name)
-        named = STEP_RE.search(name)
         entry = Entry(name, directory, "incomplete", time=os.path.getmtime(directory),
-                      step=int(named.group(1)) if named else None)
+                      step=step_of_name(name) if step_of_name(name) >= 0 else None)
         data = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
         if os.path.exists(os.path.join(directory, RECORD)):
             try:
@@ -65,6 +63,10 @@ class DcpFolders(FolderKind):
             return entry
         if md_file.written_by_fastckpt(metadata):
             entry.detail = f"fastckpt began it and never committed it (no {RECORD})"
+            return entry
+        found = examine(directory)
+        if not isinstance(found, Resumable):  # a rank's file missing or short
+            entry.status, entry.detail = "invalid", f"DCP, by its own writer: {found}"
             return entry
         entry.status, entry.detail = "foreign", "DCP, by its own writer: no fastckpt record"
         entry.checks = [(os.path.join(directory, n), None) for n in [md_file.NAME] + data]
@@ -90,12 +92,9 @@ class DcpFolders(FolderKind):
 
 
 def _pick(kind: DcpFolders, parent: str, step: Optional[int]) -> str:
-    entries = [kind.entry(parent, n, None) for n in sorted(os.listdir(parent))
-               if os.path.isdir(os.path.join(parent, n)) and kind.is_one(os.path.join(parent, n),
-                                                                         os.listdir(os.path.join(parent, n)))]
-    usable = [e for e in entries if e.status in ("committed", "foreign") and (step is None or e.step == step)]
+    """The newest checkpoint a run would resume from (committed.resumable's order), or step's."""
+    usable = [r for r in resumable(parent)[0] if step is None or r.step == step]
     if not usable:
         which = f"of step {step} " if step is not None else ""
         raise NoCheckpointError(f"no committed DCP checkpoint {which}under {parent}")
-    usable.sort(key=lambda e: (e.status == "committed", e.step if e.step is not None else -1, e.time or 0))
-    return usable[-1].path
+    return usable[0].path

@@ -38,7 +38,7 @@ from torch.futures import Future
 
 from ..commit import record
 from ..commit.record import plain_name
-from ..errors import CorruptCheckpointError, UnsafeCheckpointError
+from ..errors import CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
 from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import read_index
@@ -60,6 +60,9 @@ class FastStorageReader(StorageReader):
 
     def __init__(self, path, verify: bool = True, threads: int | None = None):
         super().__init__()
+        if path is None:
+            raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
+                                    "found none under its folder: start from scratch, or name a checkpoint)")
         self.path, self.verify, self.threads = os.fspath(path), verify, threads
         self.storage_data: dict = {}
         self.commit = None

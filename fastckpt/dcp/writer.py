@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import threading
 import uuid
 import zlib
@@ -54,7 +55,14 @@ from .layout import plan_items
 
 RECORD = "fastckpt-dcp.json"
 SUFFIX = ".distcp"
+STEP_RE = re.compile(r"(\d+)$")  # step-12, checkpoint_12
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
+
+
+def step_of_name(name: str) -> int:
+    """The step a checkpoint directory's name ends with (torchtitan's step-12: 12), else -1."""
+    found = STEP_RE.search(name)
+    return int(found.group(1)) if found else -1
 
 
 def storage_info(name: str, offset: int, length: int):
@@ -66,7 +74,8 @@ def storage_info(name: str, offset: int, length: int):
 class FastStorageWriter(StorageWriter):
     """Args:
         path: the checkpoint's directory (DCP's checkpoint_id may replace it per save).
-        step: what the commit record says of this checkpoint (-1: none given); per save: expect().
+        step: what the commit record says of this checkpoint (-1: the number its directory's name
+            ends with, as torchtitan's step-12, else none); per save: expect().
         settings: the Checkpointer's settings (fastckpt.config.CheckpointerConfig's fields
             but root, store, keep, distributed and model), checked here, e.g. strategy="c",
             writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
@@ -100,7 +109,8 @@ class FastStorageWriter(StorageWriter):
                              "use_collectives=False (a checkpoint per rank) is not supported")
         self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
         self.save_id = uuid.uuid4().hex
-        self._this = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
+        step, also = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
+        self._this = (step if step >= 0 else step_of_name(os.path.basename(os.path.normpath(self.path))), also)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id, modules=[md_file.WRITTEN_BY])
