@@ -1,0 +1,130 @@
+"""torchtitan_fastckpt against torchtitan itself (the wheel from the registry, pinned in setup.cfg):
+its CheckpointManager, OptimizersContainer and LR schedulers, on 2 gloo ranks with FSDP2
+(tests/workers/titan_worker.py, trained as torchtitan's Trainer trains, a checkpoint per step).
+
+- Every async mode (disabled, async, async_with_pinned_mem): a run of 3 steps, then a new run
+  that resumes (the manager's load(), newest) and trains to step 5; every step of both equals,
+  bit for bit, the uninterrupted run's (model, optimizer, LR, train state), the resumed state
+  equals step 3's, and the checkpoints are fastckpt's (committed by its record).
+- A run switched over from torchtitan's own manager resumes from the stock checkpoints' newest
+  step (not from 0), saying so once, and goes on bit-exact.
+- kill -9 of the coordinator inside step 3's commit: the resume is from step 2 (step 3's folder
+  is passed over, with a warning); after a rank's file of step 2 is truncated, from step 1.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup.cfg: dev)")
+
+from fastckpt.dcp import committed, newest_committed  # noqa: E402
+from support.paths import ROOT, WORKERS, python_path  # noqa: E402
+from support.processes import free_port  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(900)]
+
+
+def launch(manager: str, mode: str, ckpt, out, steps: int, **env) -> list[subprocess.Popen]:
+    os.makedirs(out, exist_ok=True)
+    port, procs = free_port(), []
+    for rank in range(2):
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONPATH=python_path(ROOT, WORKERS), **env)
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "titan_worker.py"), manager, mode,
+                                       str(ckpt), str(out), str(steps)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                                      start_new_session=True))
+    return procs
+
+
+def run(*args, **env) -> str:
+    procs = launch(*args, **env)
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return outs[0]
+
+
+def state(out, name: str) -> dict:
+    return torch.load(os.path.join(out, name), weights_only=True)
+
+
+def equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run, checkpointing off: each step's full state."""
+    out = tmp_path_factory.mktemp("reference")
+    run("none", "disabled", out / "unused", out, 5)
+    return out
+
+
+def loaded_step(log: str) -> int:
+    return int(next(line for line in log.splitlines() if line.startswith("loaded ")).split()[1])
+
+
+@pytest.mark.parametrize("mode", ["disabled", "async", "async_with_pinned_mem"])
+def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference, mode):
+    ckpt = tmp_path / "ckpt"
+    first = run("fast", mode, ckpt, tmp_path / "first", 3)
+    assert loaded_step(first) == 0
+    assert [info.step for info in committed(ckpt)] == [3, 2, 1]  # fastckpt's commits, every one
+    second = run("fast", mode, ckpt, tmp_path / "second", 5)
+    assert loaded_step(second) == 3
+    assert equal(state(tmp_path / "second", "loaded.pt"), state(reference, "state-3.pt"))
+    for step in (1, 2, 3):
+        assert equal(state(tmp_path / "first", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
+    for step in (4, 5):
+        assert equal(state(tmp_path / "second", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
+    assert [info.step for info in committed(ckpt)] == [5, 4, 3]  # keep_latest_k=3
+
+
+def test_a_run_switched_from_stock_checkpoints_resumes_from_their_newest_step(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    run("stock", "disabled", ckpt, tmp_path / "stock", 3)
+    assert committed(ckpt) == [] and sorted(os.listdir(ckpt)) == ["step-1", "step-2", "step-3"]
+    switched = run("fast", "async", ckpt, tmp_path / "switched", 5)
+    assert loaded_step(switched) == 3, switched[-3000:]
+    assert "written by DCP's own writer" in switched
+    assert equal(state(tmp_path / "switched", "loaded.pt"), state(reference, "state-3.pt"))
+    for step in (4, 5):
+        assert equal(state(tmp_path / "switched", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
+    newest = newest_committed(ckpt)
+    assert (newest.step, newest.by) == (5, "fastckpt")
+
+
+def test_a_kill_inside_the_commit_resumes_the_previous_step_and_a_truncated_file_is_not_picked(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    procs = launch("fast", "async", ckpt, tmp_path / "killed", 5, KILL_IN_COMMIT="3")
+    log = procs[0].communicate(timeout=600)[0]
+    assert procs[0].returncode == -signal.SIGKILL and "killing in commit 3" in log, log[-3000:]
+    try:
+        os.killpg(procs[1].pid, signal.SIGKILL)  # its peer is gone: it cannot finish the save's collectives
+    except ProcessLookupError:
+        pass
+    procs[1].communicate(timeout=60)
+    assert os.path.exists(ckpt / "step-3" / ".metadata")  # the commit began: DCP's probe would take step 3
+    resumed = run("fast", "async", ckpt, tmp_path / "resumed", 4)
+    assert loaded_step(resumed) == 2 and "step-3" in resumed and "never committed" in resumed
+    assert equal(state(tmp_path / "resumed", "loaded.pt"), state(reference, "state-2.pt"))
+    assert equal(state(tmp_path / "resumed", "state-3.pt"), state(reference, "state-3.pt"))
+    assert equal(state(tmp_path / "resumed", "state-4.pt"), state(reference, "state-4.pt"))
+    rank1 = ckpt / "step-4" / "__1_0.distcp"
+    os.truncate(rank1, os.path.getsize(rank1) - 1)
+    again = run("fast", "disabled", ckpt, tmp_path / "again", 3)
+    assert loaded_step(again) == 3 and "step-4" in again and "truncated" in again
+    assert equal(state(tmp_path / "again", "loaded.pt"), state(reference, "state-3.pt"))
