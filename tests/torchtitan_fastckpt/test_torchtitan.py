@@ -6,6 +6,8 @@ its CheckpointManager, OptimizersContainer and LR schedulers, on 2 gloo ranks wi
   that resumes (the manager's load(), newest) and trains to step 5; every step of both equals,
   bit for bit, the uninterrupted run's (model, optimizer, LR, train state), the resumed state
   equals step 3's, and the checkpoints are fastckpt's (committed by its record).
+- Concurrency: with step 1's commit held back, step 2's save call returns with both saves in
+  flight (torchtitan's manager would wait for step 1's), and the run goes on bit-exact.
 - A run switched over from torchtitan's own manager resumes from the stock checkpoints' newest
   step (not from 0), saying so once, and goes on bit-exact.
 - kill -9 of the coordinator inside step 3's commit: the resume is from step 2 (step 3's folder
@@ -91,6 +93,15 @@ def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference,
     for step in (4, 5):
         assert equal(state(tmp_path / "second", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
     assert [info.step for info in committed(ckpt)] == [5, 4, 3]  # keep_latest_k=3
+
+
+def test_a_save_does_not_wait_for_the_previous_one_and_two_stay_in_flight(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    log = run("fast", "async_with_pinned_mem", ckpt, tmp_path / "held", 4, HOLD_FIRST_COMMIT="1")
+    assert "in flight 2" in log, log[-3000:]
+    assert [info.step for info in committed(ckpt)] == [4, 3, 2]
+    for step in (1, 2, 3, 4):
+        assert equal(state(tmp_path / "held", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
 
 
 def test_a_run_switched_from_stock_checkpoints_resumes_from_their_newest_step(tmp_path, reference):

@@ -12,11 +12,14 @@ Usage: titan_worker.py MANAGER MODE CKPT OUT STEPS   (env: RANK, WORLD_SIZE, MAS
   step's full state in OUT/state-N.pt (rank 0) and printing "saved N" after each save call.
   env KILL_IN_COMMIT=N: rank 0 kills itself with SIGKILL as step N's commit record is about to
   be written (fastckpt's DCP commit, after every rank's file and .metadata are durable).
+  env HOLD_FIRST_COMMIT=1: step 1's commit waits (at most 120 s) until OUT/release exists; after
+  step 2's save call the worker prints "in flight N" (saves not yet done) and creates it.
 One thread per process: every run computes each step with the same arithmetic.
 """
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -78,6 +81,20 @@ def kill_in_commit(step: int) -> None:
     writer.commit_gathered = killing
 
 
+def hold_first_commit(release: str) -> None:
+    import fastckpt.dcp.writer as writer
+    commit_gathered = writer.commit_gathered
+
+    def holding(directory, record_name, files, at_step, *args, **kwargs):
+        if at_step == 1:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return commit_gathered(directory, record_name, files, at_step, *args, **kwargs)
+
+    writer.commit_gathered = holding
+
+
 def main() -> None:
     manager, mode, ckpt, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
     dist.init_process_group("gloo")
@@ -90,6 +107,9 @@ def main() -> None:
     rank = dist.get_rank()
     if os.environ.get("KILL_IN_COMMIT") and rank == 0:
         kill_in_commit(int(os.environ["KILL_IN_COMMIT"]))
+    release = os.path.join(out, "release")
+    if os.environ.get("HOLD_FIRST_COMMIT") and rank == 0:
+        hold_first_commit(release)
     model = build(init_device_mesh("cpu", (dist.get_world_size(),)))
     optimizers = OptimizersContainer.Config(
         param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-2})],
@@ -123,6 +143,9 @@ def main() -> None:
         checkpointer.save(step, last_step=step == TOTAL)
         if rank == 0:
             print(f"saved {step}", flush=True)
+        if step == 2 and os.environ.get("HOLD_FIRST_COMMIT") and rank == 0:
+            print(f"in flight {sum(not f.done() for _, f in checkpointer.in_flight)}", flush=True)
+            open(release, "w").close()
     checkpointer.close()
     if rank == 0:
         print("closed", flush=True)
