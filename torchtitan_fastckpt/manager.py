@@ -50,7 +50,8 @@ from torchtitan.tools.utils import GarbageCollection
 from fastckpt.config import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
 from fastckpt.dcp import metadata as md_file
-from fastckpt.dcp.writer import RECORD, step_of_name
+from fastckpt.dcp.committed import cut_short_below
+from fastckpt.dcp.names import RECORD
 from fastckpt.fsutil import fsync_dir
 
 SETTINGS = ("strategy", "concurrency", "writers", "chunk_mb", "policy")  # the Config's fastckpt fields
@@ -163,10 +164,8 @@ class CheckpointManager(TitanCheckpointManager):
         if not self._should_purge():
             return
         flying = {os.path.abspath(cid) for cid, future in self.in_flight if not future.done()}
-        usable, unusable = resumable(self.folder)
-        doomed = [r.path for r in usable[self.keep_latest_k:]]
-        if usable:
-            doomed += [d for d in unusable if 0 <= step_of_name(os.path.basename(d)) < usable[0].step]
+        usable = resumable(self.folder)[0]
+        doomed = [r.path for r in usable[self.keep_latest_k:]] + cut_short_below(self.folder, usable[0] if usable else None)
         for path in doomed:
             if os.path.abspath(path) not in flying:
                 withdraw(path)

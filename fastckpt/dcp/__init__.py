@@ -2,6 +2,7 @@
 
   layout.py    one rank's write items laid out in one file (each tensor a torch.save archive of
                its own, as DCP's stock reader reads them)
+  names.py     the names of its files (record, data files) and the step a directory's name says
   metadata.py  DCP's `.metadata`: written as DCP writes it, read by the restricted unpickler
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no

@@ -27,7 +27,7 @@ from ..fsutil import read_regular
 from ..verify import bad_chunk, verify_one
 from . import metadata as md_file
 from .reader import check_archive, safe_byte_item
-from .writer import SUFFIX
+from .names import SUFFIX
 
 
 def read_metadata(directory: str, entry: Optional[FileEntry] = None):

@@ -32,7 +32,7 @@ from ..commit.record import CommitInfo, plain_name
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..fsutil import read_regular
 from . import metadata as md_file
-from .writer import RECORD, SUFFIX, step_of_name
+from .names import RECORD, SUFFIX, step_of_name
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
 
@@ -65,9 +65,24 @@ def committed(parent) -> list[CommitInfo]:
     return sorted(found, key=lambda info: info.counter, reverse=True)
 
 
-def examine(directory: str) -> Resumable | str | None:
-    """A Resumable, the reason the checkpoint in directory cannot be resumed from, or None
-    when directory does not look like a checkpoint at all."""
+@dataclasses.dataclass(frozen=True)
+class Unusable:
+    """A directory that looks like a checkpoint and cannot be resumed from: why, and whether it is
+    a save cut short (begun, never committed) rather than a damaged one."""
+    path: str
+    why: str
+    cut_short: bool = False
+
+
+def examine(directory: str) -> Resumable | Unusable | None:
+    """A Resumable, an Unusable, or None when directory does not look like a checkpoint at all."""
+    found = _examine(directory)
+    if isinstance(found, tuple):
+        return Unusable(directory, *found)
+    return found
+
+
+def _examine(directory: str):
     name = os.path.basename(os.path.normpath(directory))
     try:
         names = os.listdir(directory)
@@ -77,41 +92,41 @@ def examine(directory: str) -> Resumable | str | None:
         try:
             info = record.read(directory, RECORD, every_rank=False)
         except (OSError, CorruptCheckpointError) as e:
-            return f"damaged commit record ({e})"
+            return f"damaged commit record ({e})", False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
     if md_file.NAME not in names:
         if any(n.endswith(SUFFIX) for n in names) or LOOKS_LIKE.match(name):
-            return f"no {md_file.NAME}: a save cut short"
+            return f"no {md_file.NAME}: a save cut short", True
         return None
     try:
         meta_path = os.path.join(directory, md_file.NAME)
         metadata = md_file.decode(read_regular(meta_path, md_file.MAX_BYTES), meta_path)
     except (OSError, CorruptCheckpointError, UnsafeCheckpointError) as e:
-        return f"unreadable {md_file.NAME} ({e})"
+        return f"unreadable {md_file.NAME} ({e})", False
     if md_file.written_by_fastckpt(metadata):
-        return f"fastckpt began it and never committed it (no {RECORD})"
+        return f"fastckpt began it and never committed it (no {RECORD})", True
     ends: dict[str, int] = {}
     try:
         for info in (metadata.storage_data or {}).values():
             file = plain_name(getattr(info, "relative_path", None), meta_path)
             ends[file] = max(ends.get(file, 0), int(info.offset) + int(info.length))
     except (CorruptCheckpointError, TypeError, ValueError) as e:
-        return f"{md_file.NAME} places items where no file of the checkpoint is ({e})"
+        return f"{md_file.NAME} places items where no file of the checkpoint is ({e})", False
     for file, end in sorted(ends.items()):
         try:
             size = os.path.getsize(os.path.join(directory, file))
         except OSError:
-            return f"{file} is missing"
+            return f"{file} is missing", False
         if size < end:
-            return f"{file} has {size} bytes, its items reach byte {end} (truncated?)"
+            return f"{file} has {size} bytes, its items reach byte {end} (truncated?)", False
     return Resumable(directory, step_of_name(name), "dcp")
 
 
-def resumable(parent) -> tuple[list[Resumable], dict[str, str]]:
-    """(every checkpoint under parent a run can resume from, newest first; {directory: why not}
-    for the ones that look like checkpoints and cannot be resumed from)."""
+def resumable(parent) -> tuple[list[Resumable], list[Unusable]]:
+    """(every checkpoint under parent a run can resume from, newest first; the ones that look
+    like checkpoints and cannot be resumed from)."""
     parent = os.fspath(parent)
-    usable, unusable = [], {}
+    usable, unusable = [], []
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         directory = os.path.join(parent, name)
         if not os.path.isdir(directory):
@@ -120,9 +135,19 @@ def resumable(parent) -> tuple[list[Resumable], dict[str, str]]:
         if isinstance(found, Resumable):
             usable.append(found)
         elif found is not None:
-            unusable[directory] = found
+            unusable.append(found)
     usable.sort(key=lambda r: (r.step, r.by == "fastckpt", r.counter), reverse=True)
     return usable, unusable
+
+
+def cut_short_below(parent, newest: Optional[Resumable]) -> list[str]:
+    """The folders under parent of saves cut short whose step is below newest's: nobody writes
+    them any more (a run's saves are committed in order, so every save before a committed one
+    has ended, on every rank), and they are never resumed from."""
+    if newest is None or newest.step < 0:
+        return []
+    return [u.path for u in resumable(parent)[1]
+            if u.cut_short and 0 <= step_of_name(os.path.basename(u.path)) < newest.step]
 
 
 def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
@@ -134,10 +159,9 @@ def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
     newest = usable[0] if usable else None
     if not warn:
         return newest
-    passed = {d: why for d, why in unusable.items()
-              if newest is None or step_of_name(os.path.basename(d)) > newest.step}
+    passed = [u for u in unusable if newest is None or step_of_name(os.path.basename(u.path)) > newest.step]
     if passed:
-        listed = "; ".join(f"{os.path.basename(d)}: {why}" for d, why in sorted(passed.items()))
+        listed = "; ".join(f"{os.path.basename(u.path)}: {u.why}" for u in passed)
         outcome = (f"resuming from {newest.path} (step {newest.step})" if newest is not None
                    else "none can be resumed from: nothing is loaded")
         warnings.warn(f"fastckpt: {len(passed)} checkpoint(s) under {os.fspath(parent)} cannot be used ({listed}); "

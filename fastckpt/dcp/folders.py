@@ -23,7 +23,7 @@ from ..tools.folders import Entry
 from . import metadata as md_file
 from .check import check_file, read_metadata
 from .committed import Resumable, examine, resumable
-from .writer import RECORD, SUFFIX, step_of_name
+from .names import RECORD, SUFFIX, step_of_name
 
 
 

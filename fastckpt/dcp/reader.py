@@ -45,7 +45,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from . import in_place
 from . import metadata as md_file
-from .writer import RECORD
+from .names import RECORD
 
 _warned_stock = False
 STAGED_BATCH = 256 << 20  # bytes of archives a staged read holds at once

@@ -23,13 +23,20 @@ the caller named in `also_commit`, which it wrote durably into the directory wit
 before the save (Lightning's `meta.pt`: the rest of a Lightning checkpoint). A directory
 whose record was never written is not loaded by FastStorageReader; the stock FileSystemReader
 loads a committed one unchanged.
+
+Failure and leftovers. Whether every rank's file landed is agreed on the writer's own gloo
+groups (made when it is constructed, on every rank: make one writer and reuse it) before
+write_data's future resolves: a save that failed on any rank (a full disk, a torn snapshot) is
+failed on all, and every rank removes its file, then the coordinator the directory — a failed
+save leaves nothing behind. Saves killed outright leave folders; each save removes the ones of
+its parent older than the newest checkpoint there to resume from (prepare_global_plan).
 """
 from __future__ import annotations
 
 import dataclasses
 import io
 import os
-import re
+import shutil
 import threading
 import uuid
 import zlib
@@ -42,27 +49,21 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from ..commit.agreement import make_agreement
 from ..commit.file_sets import commit_gathered
 from ..commit.record import FileEntry, plain_name
 from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
-from ..errors import TornSnapshotError
+from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.deadline import Deadline
 from . import metadata as md_file
 from . import staged as st
+from .committed import cut_short_below, newest_committed
 from .layout import plan_items
+from .names import RECORD, SUFFIX, step_of_name
 
-RECORD = "fastckpt-dcp.json"
-SUFFIX = ".distcp"
-STEP_RE = re.compile(r"(\d+)$")  # step-12, checkpoint_12
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
-
-
-def step_of_name(name: str) -> int:
-    """The step a checkpoint directory's name ends with (torchtitan's step-12: 12), else -1."""
-    found = STEP_RE.search(name)
-    return int(found.group(1)) if found else -1
 
 
 def storage_info(name: str, offset: int, length: int):
@@ -95,6 +96,9 @@ class FastStorageWriter(StorageWriter):
         self._this = (step, [])  # the save in progress's (taken at reset)
         self.save_id = uuid.uuid4().hex
         self.rank, self.is_coordinator = 0, True
+        # whether every rank's file of a save landed, asked on gloo groups of the writer's own (made
+        # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
+        self._agree = make_agreement(self.config.commit_timeout_s)
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -129,6 +133,7 @@ class FastStorageWriter(StorageWriter):
             except FileNotFoundError:
                 continue
             fsync_dir(self.path)
+        self._sweep()
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -152,20 +157,31 @@ class FastStorageWriter(StorageWriter):
         future: Future = Future()
         rank = self.rank
 
+        directory, coordinator = self.path, self.is_coordinator
+
         def durable() -> None:
+            error: Optional[BaseException] = None
             try:
-                deadline.wait(f"{path} of the DCP checkpoint {self.path}", pending.wait_done)
+                deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
                 info = pending.wait()
                 torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
                 if torn:  # FastStager's 'd': the snapshot was the live tensors until written
                     raise TornSnapshotError(f"{torn} was written in place while it was being written "
-                                            f"(FastStager strategy 'd'); {self.path} is not committed")
+                                            f"(FastStager strategy 'd'); {directory} is not committed")
                 f = info.files[0]
                 entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
-                future.set_result(results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"),
-                                                         size_in_bytes=info.bytes, storage_data=entry)])
             except BaseException as e:  # noqa: BLE001 - DCP raises it on every rank
-                future.set_exception(e)
+                error = e
+            try:
+                if self._agree.all_ok(error is None, background=True):
+                    future.set_result(results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"),
+                                                             size_in_bytes=info.bytes, storage_data=entry)])
+                    return
+                self._discard(directory, path, coordinator)
+            except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a rank is gone)
+                error = error or e
+            future.set_exception(error or CheckpointWriteError(
+                f"{directory}: another rank's part of this DCP save failed; this rank's file was removed"))
 
         if pending.done():
             durable()
@@ -219,10 +235,45 @@ class FastStorageWriter(StorageWriter):
             self._direct = NamedCheckpoints(dataclasses.replace(self.config, strategy="d"))
         return self._direct
 
+    def _sweep(self) -> None:
+        """Saves cut short (killed) pile up beside the committed ones: each save removes those of
+        its folder's parent older than the newest checkpoint there to resume from. Every rank has
+        planned this save, so none is still writing an earlier one (committed.cut_short_below)."""
+        parent = os.path.dirname(os.path.abspath(self.path))
+        for old in cut_short_below(parent, newest_committed(parent, warn=False)):
+            if os.path.abspath(old) != os.path.abspath(self.path):
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _discard(self, directory: str, path: str, coordinator: bool) -> None:
+        """A save that failed on some rank: every rank removes its own file, then (once every rank
+        has, agreed) the coordinator removes what else the save put in its directory, and the
+        directory when nothing else is left there — so a failed save leaves no file behind, and a
+        full disk has room for the next one."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._agree.all_ok(True, background=True)
+        if not coordinator:
+            return
+        for name in (RECORD, md_file.NAME):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+        try:
+            os.rmdir(directory)
+            fsync_dir(os.path.dirname(os.path.abspath(directory)))
+        except OSError:
+            fsync_dir(directory)  # something else is there: the directory stays, without our files
+
     def close(self) -> None:
-        """Waits for every file in flight and closes the writer's Checkpointers."""
+        """Waits for every file in flight and closes the writer's Checkpointers and groups."""
         try:
             self.named.close()
         finally:
-            if self._direct is not None:
-                self._direct.close()
+            try:
+                if self._direct is not None:
+                    self._direct.close()
+            finally:
+                self._agree.close()

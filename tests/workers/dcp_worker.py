@@ -6,6 +6,10 @@ save: the full state (full_state()) sharded over this world's ranks as DTensors 
 load: a blank state sharded over this world's ranks (plain tensors without a process group),
       loaded with dcp.load through FastStorageReader (READER=stock: DCP's FileSystemReader);
       prints "rank R EQUAL" when every full tensor and value equals full_state()'s.
+fill: one writer saves step 1, 2, ... into DIR/step-N (a 1 MiB matrix sharded over the ranks,
+      its values the step's) until a save fails, at most 4; prints "rank R saved N" and then
+      "rank R failed N: ERROR" (a full disk: every rank's save of N fails, none hangs).
+load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader; "rank R EQUAL".
 """
 import os
 import sys
@@ -22,6 +26,11 @@ def full_state() -> dict:
                       "proj.bias": torch.randn(16, generator=g)},
             "optim": {"step": 7, "lr": 0.01, "exp_avg": torch.randn(30, 16, generator=g)},
             "extra": {"name": "run-1", "counts": [1, 2, 3]}}
+
+
+def filled(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(256, 1024, generator=g), "step": step}
 
 
 def _sharded(state: dict, mesh, blank: bool) -> dict:
@@ -68,6 +77,24 @@ def main() -> None:
         dcp.save(_sharded(full_state(), mesh, blank=False), storage_writer=writer)
         writer.close()
         print(f"rank {rank} SAVED", flush=True)
+    elif mode == "fill":
+        writer = FastStorageWriter(directory, chunk_mb=1)
+        for step in range(1, 5):
+            try:
+                dcp.save(_sharded(filled(step), mesh, blank=False), storage_writer=writer,
+                         checkpoint_id=os.path.join(directory, f"step-{step}"))
+            except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+                why = {r: f"{type(x).__name__}: {x}"[:300] for r, x in getattr(e, "failures", {0: e}).items()}
+                print(f"rank {rank} failed {step}: {type(e).__name__}: {why}", flush=True)
+                break
+            print(f"rank {rank} saved {step}", flush=True)
+        writer.close()
+    elif mode == "load-step":
+        step = int(sys.argv[3])
+        state = _sharded(filled(0), mesh, blank=True)
+        dcp.load(state, storage_reader=FastStorageReader(os.path.join(directory, f"step-{step}")))
+        bad = _equal(state, filled(step))
+        print(f"rank {rank} EQUAL" if not bad else f"rank {rank} DIFFERS {bad}", flush=True)
     elif mode == "load":
         state = _sharded(full_state(), mesh, blank=True)
         reader = dcp.FileSystemReader(directory) if os.environ.get("READER") == "stock" else FastStorageReader(directory)

@@ -26,14 +26,15 @@ from support.processes import free_port
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def run_ranks(mode: str, directory, world: int, **env) -> list[str]:
+def run_ranks(mode: str, directory, world: int, *extra, **env) -> list[str]:
     """dcp_worker.py MODE DIRECTORY on `world` gloo ranks (world 0: one process, no group)."""
     port, procs = free_port(), []
     for rank in range(max(world, 1)):
         e = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS), **env)
         if world:
             e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory)],
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory),
+                                       *map(str, extra)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
@@ -231,3 +232,19 @@ def test_saving_again_into_a_committed_directory_withdraws_it_before_any_write(t
     out = blank()
     dcp.load(out, storage_reader=FastStorageReader(tmp_path / "c"))  # and the new one commits
     assert same(out, state())
+
+
+def test_a_save_that_fills_the_disk_fails_on_every_rank_and_leaves_no_file_of_it(mount_tmpfs):
+    """2 gloo ranks save a 1 MiB sharded state per step into a 2.5 MiB filesystem: step 3 does not
+    fit. It fails on both ranks (no hang); no file of it is left, on any rank; step 2 is the newest
+    to resume from and loads bit-exact."""
+    from fastckpt.dcp import newest_committed
+    disk = mount_tmpfs(5 << 19)
+    outs = run_ranks("fill", disk, 2)
+    for rank, out in enumerate(outs):
+        assert f"rank {rank} saved 2" in out and f"rank {rank} failed 3" in out, out[-3000:]
+    assert "No space left" in "".join(outs) or "ENOSPC" in "".join(outs), outs
+    assert sorted(os.listdir(disk)) == ["step-1", "step-2"], sorted(os.listdir(disk))  # step-3: nothing
+    newest = newest_committed(disk)
+    assert (os.path.basename(newest), newest.step, newest.by) == ("step-2", 2, "fastckpt")
+    assert all(f"rank {r} EQUAL" in out for r, out in enumerate(run_ranks("load-step", disk, 2, 2)))

@@ -110,3 +110,20 @@ def test_nothing_usable_is_none_said_once_and_the_reader_refuses_none_in_one_lin
     with pytest.raises(NoCheckpointError, match="no checkpoint to read") as e:
         FastStorageReader(newest)
     assert "\n" not in str(e.value)
+
+
+def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_nothing_else(tmp_path):
+    fast_save(tmp_path, 1)
+    fast_save(tmp_path, 2)
+    os.makedirs(tmp_path / "step-3")  # killed after its mkdir
+    (tmp_path / "step-3" / "__0_0.distcp").write_bytes(b"x" * 100)
+    os.unlink(os.path.join(fast_save(tmp_path, 4), "fastckpt-dcp.json"))  # killed before its record
+    damaged = stock_save(tmp_path, 0)  # a stock checkpoint whose file lost its tail: damaged, not cut short
+    data = [n for n in os.listdir(damaged) if n.endswith(".distcp")][0]
+    os.truncate(os.path.join(damaged, data), 10)
+    os.makedirs(tmp_path / "notes")  # not a checkpoint at all
+    fast_save(tmp_path, 5)  # the newest before it is step 2: nothing cut short lies below it
+    assert sorted(os.listdir(tmp_path)) == ["notes", "step-0", "step-1", "step-2", "step-3", "step-4", "step-5"]
+    fast_save(tmp_path, 6)  # the newest before it is step 5: steps 3 and 4 were cut short below it
+    assert sorted(os.listdir(tmp_path)) == ["notes", "step-0", "step-1", "step-2", "step-5", "step-6"]
+    assert [r.step for r in resumable(tmp_path)[0]] == [6, 5, 2, 1]
