@@ -9,6 +9,13 @@ directory per save, the previous save finished first), on a gloo group of its ow
   dcp.save            DCP's FileSystemWriter, synchronous (it fsyncs every file)
   dcp.async_save      DCP's FileSystemWriter with DCP's DefaultStager (asynchronous staging)
   fastckpt            FastStorageWriter with FastStager
+and through torchtitan's checkpoint manager (torchtitan 0.3.0, its OptimizersContainer and LR
+schedulers over the same model, a save per step as its Trainer saves, --no-titan: not):
+  titan_async         torchtitan's CheckpointManager, async_mode "async"
+  titan_pinned        torchtitan's CheckpointManager, async_mode "async_with_pinned_mem"
+  titan_fastckpt      torchtitan_fastckpt.CheckpointManager, async_mode "async"
+For these, "blocked" is the manager's save() plus its maybe_wait_for_staging() (what the Trainer
+runs before the next optimizer step) and "durable" runs until its maybe_wait_for_saving().
 "Blocked" is what the training loop waits for before its next optimizer step may run:
 async_save's own return plus, for DCP's stager, its staging future; for FastStager, the
 optimizer step's gate (stager.synchronize_staging); for dcp.save, the whole call. "Durable" runs
@@ -32,6 +39,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENDERS = ("dcp_save", "dcp_async", "fastckpt")
+TITAN = ("titan_async", "titan_pinned", "titan_fastckpt")
 
 
 # -- one rank (a child process) ----------------------------------------------
@@ -67,8 +75,10 @@ def rank_main(a) -> None:
         optim.step()
         optim.zero_grad()
 
-    group = dist.new_group(backend="gloo")
     out = os.path.join(a.dir, a.contender)
+    if a.contender in TITAN:
+        return titan_rank(a, model, x, out, rank)
+    group = dist.new_group(backend="gloo")
     step()
     times = {"blocked": [], "durable": []}
     stager = FastStager(concurrency=1) if a.contender == "fastckpt" else None
@@ -134,6 +144,66 @@ def rank_main(a) -> None:
     os._exit(0)  # never through interpreter shutdown with gloo threads about (tests/workers/fsdp2_worker.py)
 
 
+def titan_rank(a, model, x, out: str, rank: int) -> None:
+    """The saves of one torchtitan contender, as torchtitan's Trainer makes them."""
+
+    import torch.distributed as dist
+    from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+
+    from torchtitan_fastckpt import CheckpointManager as FastCheckpointManager
+
+    optimizers = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-4})],
+        implementation="foreach").build(model_parts=[model])
+    schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=1000)
+
+    class TrainState:
+        step = 0
+
+        def state_dict(self):
+            return {"step": self.step}
+
+        def load_state_dict(self, sd):
+            self.step = sd["step"]
+
+    mode = "async_with_pinned_mem" if a.contender == "titan_pinned" else "async"
+    cls = FastCheckpointManager if a.contender == "titan_fastckpt" else CheckpointManager
+    extra = {"concurrency": 1} if cls is FastCheckpointManager else {}  # each save waited for, as the others
+    checkpointer = cls.Config(enable=True, folder=out, interval=1, async_mode=mode, keep_latest_k=0,
+                              last_save_model_only=False, **extra).build(
+        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states={"train_state": TrainState()}, sd_adapter=None, base_folder="")
+
+    def step():
+        model(x).square().mean().backward()
+        checkpointer.maybe_wait_for_staging()
+        optimizers.step()
+        schedulers.step()
+        optimizers.zero_grad()
+
+    step()
+    times = {"blocked": [], "durable": []}
+    for i in range(a.saves):
+        step()
+        dist.barrier()
+        t0 = time.perf_counter()
+        checkpointer.save(i + 1)
+        checkpointer.maybe_wait_for_staging()
+        times["blocked"].append(time.perf_counter() - t0)
+        checkpointer.maybe_wait_for_saving()
+        times["durable"].append(time.perf_counter() - t0)
+    checkpointer.close()
+    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())
+    if rank == 0:
+        print("RESULT " + json.dumps({"times": times, "loads": {}, "rank_bytes": nbytes, "last": None}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def drop_folder(path: str) -> None:
     """Every file of a checkpoint out of the page cache, so each load reads the disk: DCP's
     buffered writes would leave its files cached, fastckpt's O_DIRECT writes leave none."""
@@ -194,6 +264,7 @@ def main() -> None:
     p.add_argument("--dir", default=os.path.join(HERE, "out", "dcp_work"))
     p.add_argument("--out", default=os.path.join(HERE, "out"))
     p.add_argument("--no-results", action="store_true")
+    p.add_argument("--no-titan", action="store_true", help="leave out the torchtitan contenders")
     p.add_argument("--rank-of", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank_of:
@@ -204,7 +275,7 @@ def main() -> None:
     from helpers.results import keep
     rows: dict[str, list[float]] = {}
     for run in range(a.runs + 1):  # run 0 warms everything up and is discarded
-        for contender in CONTENDERS:
+        for contender in CONTENDERS + (() if a.no_titan else TITAN):
             shutil.rmtree(a.dir, ignore_errors=True)
             os.makedirs(a.dir)
             res = ranks(a, contender, a.dir)
@@ -222,7 +293,7 @@ def main() -> None:
         shutil.rmtree(a.dir, ignore_errors=True)
         print(f"  run {run}/{a.runs} done{' (warm-up)' if run == 0 else ''}", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
-    res = {"gib": a.gib, "bytes": total, "ranks": a.ranks, "device": a.device, "runs": a.runs, "saves": a.saves,
+    res = {"gib": a.gib, "bytes": total, "titan": not a.no_titan, "ranks": a.ranks, "device": a.device, "runs": a.runs, "saves": a.saves,
            "median_s": med, "all_s": rows}
     text = table(res)
     print(text)
@@ -247,6 +318,19 @@ def table(res: dict) -> str:
                      f"{m['fastckpt_blocked'] / m['dcp_async_blocked']:.2f}x DCP+DefaultStager's")
         lines.append(f"| {name} | {m[f'{c}_blocked']:.3f} | {m[f'{c}_durable']:.3f} | {gb / m[f'{c}_durable']:.2f} | "
                      f"{ratio} |")
+    if res.get("titan"):
+        lines += ["", "Through torchtitan's checkpoint manager (torchtitan 0.3.0), a save per step as its Trainer "
+                  "saves; blocked = save() + maybe_wait_for_staging():", "",
+                  "| torchtitan manager | blocked (s) | until durable (s) | ratios |", "|---|---:|---:|---|"]
+        for c, name in (("titan_async", "torchtitan `CheckpointManager`, `async`"),
+                        ("titan_pinned", "torchtitan `CheckpointManager`, `async_with_pinned_mem`"),
+                        ("titan_fastckpt", "`torchtitan_fastckpt.CheckpointManager`, `async`")):
+            ratio = ""
+            if c == "titan_fastckpt":
+                ratio = (f"blocked {m['titan_fastckpt_blocked'] / m['titan_pinned_blocked']:.2f}x stock "
+                         f"async_with_pinned_mem's; durable {m['titan_async_durable'] / m['titan_fastckpt_durable']:.2f}x "
+                         f"faster than stock async")
+            lines.append(f"| {name} | {m[f'{c}_blocked']:.3f} | {m[f'{c}_durable']:.3f} | {ratio} |")
     lines += ["", "| load, from the disk (page cache dropped) | seconds |", "|---|---:|",
               f"| DCP FileSystemReader, {res['ranks']} ranks (of DCP's save) | {m['dcp_save_load_stock']:.3f} |",
               f"| DCP FileSystemReader, {res['ranks']} ranks (of fastckpt's save) | {m['fastckpt_load_stock']:.3f} |",

@@ -9,15 +9,17 @@
                uncommitted checkpoint loaded
   staged.py    the buffers a snapshot is staged into, and which storages hold one
   stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
+  groups.py    save_group(): the gloo group async saves talk on; the default group refused
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
                them (fastckpt's committed ones and DCP's own): where to resume
 
 DCP is torch, which the backend may know: this package imports no framework but torch.
 """
 from .committed import Resumable, committed, newest_committed, resumable
+from .groups import save_group
 from .reader import FastStorageReader
 from .stager import FastStager, SaveSkipped
 from .writer import FastStorageWriter
 
 __all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "Resumable", "SaveSkipped", "committed",
-           "newest_committed", "resumable"]
+           "newest_committed", "resumable", "save_group"]

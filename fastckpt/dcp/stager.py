@@ -57,6 +57,7 @@ from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
 from ..write.native_engine import MiB
 from . import staged as st
+from .groups import refuse_default_group
 from .slots import SaveSkipped, Slot, StagedFuture
 
 log = logging.getLogger("fastckpt")
@@ -108,6 +109,7 @@ class FastStager(AsyncStager):
         returns a future of the staged state dict (see the module docstring)."""
         if self._closed:
             raise RuntimeError("this FastStager is closed")
+        refuse_default_group()
         with_paths, spec = pytree.tree_flatten_with_path(state_dict)
         leaves = [leaf for _, leaf in with_paths]
         names = [pytree.keystr(path) for path, _ in with_paths]

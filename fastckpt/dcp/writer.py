@@ -137,7 +137,43 @@ class FastStorageWriter(StorageWriter):
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        """This rank's file, begun now; its future is done once it is durable and every rank's
+        is (agreed: a rank that failed, even here before its write began, fails the save on all)."""
         name = f"{plan.storage_data}0{SUFFIX}"
+        directory, coordinator = self.path, self.is_coordinator
+        path = os.path.join(directory, name)
+        future: Future = Future()
+        try:
+            landed, pending = self._begin_file(plan, planner, name, path)
+        except BaseException as e:  # noqa: BLE001 - agreed below: every rank's save fails with it
+            landed, pending = e, None
+
+        def durable() -> None:
+            results, error = None, landed if isinstance(landed, BaseException) else None
+            if error is None:
+                try:
+                    results = landed()
+                except BaseException as e:  # noqa: BLE001 - DCP raises it on every rank
+                    error = e
+            try:
+                if self._agree.all_ok(error is None, background=True):
+                    future.set_result(results)
+                    return
+                self._discard(directory, path, coordinator)
+            except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a rank is gone)
+                error = error or e
+            future.set_exception(error or CheckpointWriteError(
+                f"{directory}: another rank's part of this DCP save failed; this rank's file was removed"))
+
+        if pending is None or pending.done():
+            durable()
+        else:
+            threading.Thread(target=durable, name="fastckpt-dcp-durable", daemon=True).start()
+        return future
+
+    def _begin_file(self, plan: SavePlan, planner: SavePlanner, name: str, path: str):
+        """Starts this rank's file: (a call that waits until it is durable and returns DCP's write
+        results, the save in flight)."""
         items, values = [], []
         for item in plan.items:
             data = planner.resolve_data(item)
@@ -147,47 +183,27 @@ class FastStorageWriter(StorageWriter):
                 values.append(data.detach())
             items.append(item)
         file_plan, places = plan_items(values)
-        path = os.path.join(self.path, name)
         slots = {st.staged_slot(v) for v in values if isinstance(v, torch.Tensor)}
         pending = self._named_for(slots).save(file_plan, path, self._this[0])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
         deadline = Deadline(self.config.stall_timeout_s, self.named.progress)
-        future: Future = Future()
-        rank = self.rank
+        directory, rank = self.path, self.rank
 
-        directory, coordinator = self.path, self.is_coordinator
+        def landed() -> list:
+            deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
+            info = pending.wait()
+            torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
+            if torn:  # FastStager's 'd': the snapshot was the live tensors until written
+                raise TornSnapshotError(f"{torn} was written in place while it was being written "
+                                        f"(FastStager strategy 'd'); {directory} is not committed")
+            f = info.files[0]
+            entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
+            return results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"), size_in_bytes=info.bytes,
+                                          storage_data=entry)]
 
-        def durable() -> None:
-            error: Optional[BaseException] = None
-            try:
-                deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
-                info = pending.wait()
-                torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
-                if torn:  # FastStager's 'd': the snapshot was the live tensors until written
-                    raise TornSnapshotError(f"{torn} was written in place while it was being written "
-                                            f"(FastStager strategy 'd'); {directory} is not committed")
-                f = info.files[0]
-                entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
-            except BaseException as e:  # noqa: BLE001 - DCP raises it on every rank
-                error = e
-            try:
-                if self._agree.all_ok(error is None, background=True):
-                    future.set_result(results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"),
-                                                             size_in_bytes=info.bytes, storage_data=entry)])
-                    return
-                self._discard(directory, path, coordinator)
-            except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a rank is gone)
-                error = error or e
-            future.set_exception(error or CheckpointWriteError(
-                f"{directory}: another rank's part of this DCP save failed; this rank's file was removed"))
-
-        if pending.done():
-            durable()
-        else:
-            threading.Thread(target=durable, name="fastckpt-dcp-durable", daemon=True).start()
-        return future
+        return landed, pending
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         storage, files = {}, []

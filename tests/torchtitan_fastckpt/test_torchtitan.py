@@ -139,3 +139,13 @@ def test_a_kill_inside_the_commit_resumes_the_previous_step_and_a_truncated_file
     again = run("fast", "disabled", ckpt, tmp_path / "again", 3)
     assert loaded_step(again) == 3 and "step-4" in again and "truncated" in again
     assert equal(state(tmp_path / "again", "loaded.pt"), state(reference, "state-3.pt"))
+
+
+def test_the_readmes_torchtitan_lines_are_the_ones_this_test_runs():
+    """Every line of the README's torchtitan block is a line of tests/workers/titan_worker.py."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
+    block = section.split("`torchtitan_fastckpt.CheckpointManager`", 1)[1].split("```py\n", 1)[1].split("```", 1)[0]
+    worker = {line.strip() for line in open(os.path.join(WORKERS, "titan_worker.py"))}
+    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
+    assert block.strip() and not missing, missing

@@ -9,6 +9,8 @@ load: a blank state sharded over this world's ranks (plain tensors without a pro
 fill: one writer saves step 1, 2, ... into DIR/step-N (a 1 MiB matrix sharded over the ranks,
       its values the step's) until a save fails, at most 4; prints "rank R saved N" and then
       "rank R failed N: ERROR" (a full disk: every rank's save of N fails, none hangs).
+group: an async_save through FastStager with no process_group is refused on every rank ("rank R
+      refused: ..."); with process_group=save_group() it saves ("rank R saved", waited for).
 load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader; "rank R EQUAL".
 """
 import os
@@ -88,6 +90,21 @@ def main() -> None:
                 print(f"rank {rank} failed {step}: {type(e).__name__}: {why}", flush=True)
                 break
             print(f"rank {rank} saved {step}", flush=True)
+        writer.close()
+    elif mode == "group":
+        from fastckpt.dcp import FastStager, save_group
+        writer, stager = FastStorageWriter(directory, chunk_mb=1), FastStager(concurrency=2)
+        state = _sharded(filled(1), mesh, blank=False)
+        try:
+            dcp.async_save(state, checkpoint_id=os.path.join(directory, "step-1"), storage_writer=writer,
+                           async_stager=stager)
+        except ValueError as e:
+            print(f"rank {rank} refused: {e}", flush=True)
+        saving = dcp.async_save(state, checkpoint_id=os.path.join(directory, "step-1"), storage_writer=writer,
+                                async_stager=stager, process_group=save_group())
+        saving.upload_completion.result()
+        print(f"rank {rank} saved", flush=True)
+        stager.close()
         writer.close()
     elif mode == "load-step":
         step = int(sys.argv[3])

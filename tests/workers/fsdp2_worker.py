@@ -70,12 +70,12 @@ def main() -> None:
     dist.init_process_group("gloo")
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed
+    from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, save_group
     rank = dist.get_rank()
     model, optim = build(init_device_mesh("cpu", (dist.get_world_size(),)))
     if mode == "train":
         steps, ref = int(sys.argv[3]), (sys.argv[4] if len(sys.argv) > 4 else None)
-        ckpt_group = dist.new_group(backend="gloo")  # async saves talk on their own group
+        ckpt_group = save_group()  # async saves talk on a gloo group of their own
         writer = FastStorageWriter(ckpt, chunk_mb=1)
         stager = FastStager(concurrency=2)  # snapshots staged or being written at once
         saves = []
@@ -96,12 +96,12 @@ def main() -> None:
         print(f"stager {json.dumps(stager.stats)}", flush=True)
     elif mode == "resume":
         out = sys.argv[3]
-        path = newest_committed(ckpt)
+        newest = newest_committed(ckpt)
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd}
-        dcp.load(state, storage_reader=FastStorageReader(path))
+        dcp.load(state, storage_reader=FastStorageReader(newest))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        step = int(os.path.basename(path).split("-")[1])
+        step = newest.step
         loaded = full_state(model, optim)
         train_step(model, optim, step + 1)
         after = full_state(model, optim)

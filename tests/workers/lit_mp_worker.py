@@ -29,15 +29,15 @@ def main() -> None:
 
     out, steps = sys.argv[1], int(sys.argv[2])
     if "--fail-second-save" in sys.argv and os.environ["RANK"] == "1":
-        from fastckpt.dcp import FastStorageWriter
-        real, calls = FastStorageWriter.write_data, []
+        from fastckpt.dcp import writer
+        real, calls = writer.plan_items, []
 
-        def write_data(self, plan, planner):
+        def plan_items(values):  # the first step of FastStorageWriter.write_data's file
             calls.append(1)
             if len(calls) == 2:
                 raise OSError("injected: rank 1 cannot write its file of the second save")
-            return real(self, plan, planner)
-        FastStorageWriter.write_data = write_data
+            return real(values)
+        writer.plan_items = plan_items
     resume = sys.argv[sys.argv.index("--resume") + 1] if "--resume" in sys.argv else None
 
     class Net(L.LightningModule):

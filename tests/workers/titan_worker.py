@@ -103,7 +103,6 @@ def main() -> None:
     from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
     from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
 
-    from torchtitan_fastckpt import CheckpointManager as Fast
     rank = dist.get_rank()
     if os.environ.get("KILL_IN_COMMIT") and rank == 0:
         kill_in_commit(int(os.environ["KILL_IN_COMMIT"]))
@@ -116,13 +115,19 @@ def main() -> None:
         implementation="for-loop").build(model_parts=[model])
     lr_schedulers = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=optimizers, training_steps=TOTAL)
     train_state = TrainState()
-    cls = {"fast": Fast, "stock": Stock, "none": Stock}[manager]
-    config = cls.Config(enable=manager != "none", folder=ckpt, interval=1, async_mode=mode, keep_latest_k=3,
-                        last_save_model_only=False)
+    kind = Stock
+    if manager == "fast":  # the README's torchtitan lines
+        from torchtitan_fastckpt import CheckpointManager  # torchtitan's own, through fastckpt.dcp
+        config = CheckpointManager.Config(enable=True, folder=ckpt, interval=1, async_mode=mode, concurrency=2,
+                                          keep_latest_k=3, last_save_model_only=False)
+        kind = CheckpointManager
+    else:  # torchtitan's own manager, or checkpointing off
+        config = Stock.Config(enable=manager == "stock", folder=ckpt, interval=1, async_mode=mode, keep_latest_k=3,
+                              last_save_model_only=False)
     checkpointer = config.build(dataloader=None, model_parts=[model], optimizers=optimizers,
                                 lr_schedulers=lr_schedulers, states={"train_state": train_state}, sd_adapter=None,
                                 base_folder="")
-    assert type(checkpointer) is cls, type(checkpointer)
+    assert type(checkpointer) is kind, type(checkpointer)  # torchtitan's build() made the Config's own class
     checkpointer.load(step=-1)
     loaded = full_state(model, optimizers, train_state)
     if rank == 0:
