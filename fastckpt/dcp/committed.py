@@ -92,7 +92,7 @@ def _examine(directory: str):
         try:
             info = record.read(directory, RECORD, every_rank=False)
         except (OSError, CorruptCheckpointError) as e:
-            return f"damaged commit record ({e})", False
+            return f"not as its commit record says ({e})", False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
     if md_file.NAME not in names:
         if any(n.endswith(SUFFIX) for n in names) or LOOKS_LIKE.match(name):
