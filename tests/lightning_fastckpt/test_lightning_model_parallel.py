@@ -19,6 +19,7 @@ import torch
 from fastckpt.commit import record
 from fastckpt.dcp import committed
 from fastckpt.dcp.writer import RECORD
+from support import readme_blocks
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
 
@@ -123,12 +124,9 @@ def test_a_save_that_failed_on_one_rank_is_raised_on_every_rank_at_the_next_save
 
 
 def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
-    block = section.split("`FastModelParallelStrategy`", 1)[1].split("```py\n", 1)[1].split("```", 1)[0]
-    worker = {line.strip() for line in open(os.path.join(WORKERS, "lit_mp_worker.py"))}
-    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
-    assert block.strip() and not missing, missing
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+                                         "`FastModelParallelStrategy`", os.path.join(WORKERS, "lit_mp_worker.py"))
+    assert not missing, missing
 
 
 def test_last_ckpt_saved_into_again_and_again_is_always_a_committed_checkpoint(uninterrupted, tmp_path):

@@ -42,3 +42,17 @@ def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     t.join()
+
+
+def kill_ranks(procs: list, victims: list) -> None:
+    """Kills victims' process groups with SIGKILL, then (their peers cannot finish a collective
+    without them) every other rank's, and reaps them all."""
+    for p in victims:
+        os.killpg(p.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(60)

@@ -47,3 +47,16 @@ def script(code: str) -> str:
     for declared, here in PATHS.items():
         code = code.replace(declared, here)
     return PLACEHOLDERS + "\n" + code
+
+
+def lines_not_in(readme_path: str, section: str, marker: str, worker_path: str) -> list[str]:
+    """The lines of the first `py` block after `marker` in the README's `## section` that are not
+    lines of the worker program a test runs (the README shows what the test runs); raises when
+    there is no such block."""
+    text = open(readme_path).read().split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    block = text.split(marker, 1)[1].split("```py\n", 1)[1].split("```", 1)[0] if marker else \
+        text.split("```py\n", 1)[1].split("```", 1)[0]
+    if not block.strip():
+        raise AssertionError(f"no py block after {marker!r} in the README's {section!r}")
+    worker = {line.strip() for line in open(worker_path)}
+    return [line for line in block.splitlines() if line.strip() and line.strip() not in worker]

@@ -26,6 +26,7 @@ import torch
 pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup.cfg: dev)")
 
 from fastckpt.dcp import committed, newest_committed  # noqa: E402
+from support import readme_blocks  # noqa: E402
 from support.paths import ROOT, WORKERS, python_path  # noqa: E402
 from support.processes import free_port  # noqa: E402
 
@@ -143,9 +144,6 @@ def test_a_kill_inside_the_commit_resumes_the_previous_step_and_a_truncated_file
 
 def test_the_readmes_torchtitan_lines_are_the_ones_this_test_runs():
     """Every line of the README's torchtitan block is a line of tests/workers/titan_worker.py."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
-    block = section.split("`torchtitan_fastckpt.CheckpointManager`", 1)[1].split("```py\n", 1)[1].split("```", 1)[0]
-    worker = {line.strip() for line in open(os.path.join(WORKERS, "titan_worker.py"))}
-    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
-    assert block.strip() and not missing, missing
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+                                         "`torchtitan_fastckpt.CheckpointManager`", os.path.join(WORKERS, "titan_worker.py"))
+    assert not missing, missing

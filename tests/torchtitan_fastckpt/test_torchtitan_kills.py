@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 import time
 
@@ -21,6 +20,7 @@ import torch
 pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup.cfg: dev)")
 
 from fastckpt.dcp import newest_committed, resumable  # noqa: E402
+from support.processes import kill_ranks  # noqa: E402
 from test_torchtitan import equal, launch  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(1800)]
@@ -46,16 +46,7 @@ def killed_round(ckpt, out, rng: random.Random) -> tuple[int, str]:
     threading.Thread(target=read, daemon=True).start()
     assert enough.wait(300), "".join(lines)[-3000:]
     time.sleep(rng.uniform(0.0, 0.3))
-    victims = [procs[1]] if rng.random() < 0.5 else procs
-    for p in victims:
-        os.killpg(p.pid, signal.SIGKILL)
-    time.sleep(0.3)
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(60)
+    kill_ranks(procs, [procs[1]] if rng.random() < 0.5 else procs)
     log = "".join(lines)
     loaded = int(next(line for line in log.splitlines() if line.startswith("loaded ")).split()[1])
     return loaded, log

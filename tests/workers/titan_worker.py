@@ -41,18 +41,6 @@ class TrainState:
         self.step = int(sd["step"])
 
 
-def build(mesh):
-    from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 4))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
 def full_state(model, optimizers, train_state) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     m, o = get_state_dict(model, optimizers.optimizers,
@@ -99,6 +87,7 @@ def main() -> None:
     manager, mode, ckpt, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
     dist.init_process_group("gloo")
     from torch.distributed.device_mesh import init_device_mesh
+    from fsdp2_worker import build  # the FSDP2 tests' model (tests/workers/ is on the path)
     from torchtitan.components.checkpointer import CheckpointManager as Stock
     from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
     from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
@@ -109,7 +98,7 @@ def main() -> None:
     release = os.path.join(out, "release")
     if os.environ.get("HOLD_FIRST_COMMIT") and rank == 0:
         hold_first_commit(release)
-    model = build(init_device_mesh("cpu", (dist.get_world_size(),)))
+    model, _ = build(init_device_mesh("cpu", (dist.get_world_size(),)))  # its own optimizer unused
     optimizers = OptimizersContainer.Config(
         param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-2})],
         implementation="for-loop").build(model_parts=[model])

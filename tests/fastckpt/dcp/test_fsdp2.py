@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -23,8 +22,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fastckpt.dcp import FastStorageReader, committed, newest_committed
+from support import readme_blocks
 from support.paths import ROOT, WORKERS, python_path
-from support.processes import free_port
+from support.processes import free_port, kill_ranks
 
 STEPS = 6
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -98,14 +98,7 @@ def killed_run(ckpt, seed: int) -> None:
     threading.Thread(target=read, daemon=True).start()
     assert ready.wait(240), "".join(lines)[-3000:]
     time.sleep(random.Random(seed).uniform(0.0, 2.0))
-    os.killpg(procs[1].pid, signal.SIGKILL)
-    time.sleep(0.5)
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(60)
+    kill_ranks(procs, [procs[1]])
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -136,9 +129,6 @@ def test_a_rank_killed_mid_run_resumes_bit_exact_from_the_newest_committed_on_on
 def test_the_readmes_fsdp2_lines_are_the_ones_this_test_runs():
     """Every line of the README's FSDP2 block (its `py` block in the DCP section) is a line of
     tests/workers/fsdp2_worker.py, so the README shows what the kill test runs."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("## PyTorch DCP: FSDP2 and torchtitan", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```py\n", 1)[1].split("```", 1)[0]
-    worker = {line.strip() for line in open(os.path.join(WORKERS, "fsdp2_worker.py"))}
-    missing = [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+                                         "", os.path.join(WORKERS, "fsdp2_worker.py"))
     assert not missing, missing
