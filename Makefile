@@ -56,7 +56,7 @@ test-planted: $(STAMP)
 BITS_FILES := tests/deepspeed_fastckpt/test_deepspeed.py tests/fastckpt/offload/test_offload_activations.py \
               tests/fastckpt/offload/test_offload_layout.py tests/lightning_fastckpt/test_lightning_io.py \
               tests/lightning_fastckpt/test_lightning_ddp.py tests/fastckpt/test_reproducibility.py \
-              tests/fastckpt/dcp/test_fsdp2.py
+              tests/fastckpt/dcp/test_fsdp2.py tests/torchtitan_fastckpt/test_torchtitan.py
 BITS_K  := bit or equal or exact or layout or as_it_was or same_weights
 TIMES   ?= 3
 test-bits-loaded: $(STAMP)
