@@ -5,7 +5,8 @@ its CheckpointManager, OptimizersContainer and LR schedulers, on 2 gloo ranks wi
 - Every async mode (disabled, async, async_with_pinned_mem): a run of 3 steps, then a new run
   that resumes (the manager's load(), newest) and trains to step 5; every step of both equals,
   bit for bit, the uninterrupted run's (model, optimizer, LR, train state), the resumed state
-  equals step 3's, and the checkpoints are fastckpt's (committed by its record).
+  equals step 3's, and the checkpoints are fastckpt's (committed by its record); once the
+  manager is closed, no fastckpt thread is left.
 - Concurrency: with step 1's commit held back, step 2's save call returns with both saves in
   flight (torchtitan's manager would wait for step 1's), and the run goes on bit-exact.
 - A run switched over from torchtitan's own manager resumes from the stock checkpoints' newest
@@ -88,6 +89,7 @@ def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference,
     assert [info.step for info in committed(ckpt)] == [3, 2, 1]  # fastckpt's commits, every one
     second = run("fast", mode, ckpt, tmp_path / "second", 5)
     assert loaded_step(second) == 3
+    assert "closed, fastckpt threads left: []" in first and "closed, fastckpt threads left: []" in second
     assert equal(state(tmp_path / "second", "loaded.pt"), state(reference, "state-3.pt"))
     for step in (1, 2, 3):
         assert equal(state(tmp_path / "first", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step

@@ -12,6 +12,7 @@ Usage: titan_worker.py MANAGER MODE CKPT OUT STEPS   (env: RANK, WORLD_SIZE, MAS
   step's full state in OUT/state-N.pt (rank 0) and printing "saved N" after each save call.
   env KILL_IN_COMMIT=N: rank 0 kills itself with SIGKILL as step N's commit record is about to
   be written (fastckpt's DCP commit, after every rank's file and .metadata are durable).
+  After the manager's close(), rank 0 prints the names of the fastckpt threads still alive.
   env HOLD_FIRST_COMMIT=1: step 1's commit waits (at most 120 s) until OUT/release exists; after
   step 2's save call the worker prints "in flight N" (saves not yet done) and creates it.
 One thread per process: every run computes each step with the same arithmetic.
@@ -19,6 +20,7 @@ One thread per process: every run computes each step with the same arithmetic.
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -142,7 +144,8 @@ def main() -> None:
             open(release, "w").close()
     checkpointer.close()
     if rank == 0:
-        print("closed", flush=True)
+        left = sorted(t.name for t in threading.enumerate() if t.name.startswith("fastckpt"))
+        print(f"closed, fastckpt threads left: {left}", flush=True)
     dist.destroy_process_group()
 
 
