@@ -8,7 +8,8 @@ its CheckpointManager, OptimizersContainer and LR schedulers, on 2 gloo ranks wi
   equals step 3's, and the checkpoints are fastckpt's (committed by its record); once the
   manager is closed, no fastckpt thread is left.
 - Concurrency: with step 1's commit held back, step 2's save call returns with both saves in
-  flight (torchtitan's manager would wait for step 1's), and the run goes on bit-exact.
+  flight (torchtitan's manager would wait for step 1's), and the run goes on bit-exact to its
+  last step, whose synchronous save waits for the saves in flight.
 - A run switched over from torchtitan's own manager resumes from the stock checkpoints' newest
   step (not from 0), saying so once, and goes on bit-exact.
 - kill -9 of the coordinator inside step 3's commit: the resume is from step 2 (step 3's folder
@@ -100,10 +101,11 @@ def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference,
 
 def test_a_save_does_not_wait_for_the_previous_one_and_two_stay_in_flight(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
-    log = run("fast", "async_with_pinned_mem", ckpt, tmp_path / "held", 4, HOLD_FIRST_COMMIT="1")
+    log = run("fast", "async_with_pinned_mem", ckpt, tmp_path / "held", 8, HOLD_FIRST_COMMIT="1")
     assert "in flight 2" in log, log[-3000:]
-    assert [info.step for info in committed(ckpt)] == [4, 3, 2]
-    for step in (1, 2, 3, 4):
+    # step 8 is torchtitan's last step: a synchronous save, after every save in flight landed
+    assert [info.step for info in committed(ckpt)] == [8, 7, 6]
+    for step in (1, 2, 3, 4, 5):
         assert equal(state(tmp_path / "held", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
 
 
