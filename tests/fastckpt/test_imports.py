@@ -1,6 +1,6 @@
 """The package's import graph, read from the sources: no import loop anywhere in the packages,
-no module taking another's private names, the backend imports no framework, the two plugins
-never import each other — neither by an import statement nor at run time (importlib.import_module,
+no module taking another's private names, the backend imports no framework, the plugins
+(Lightning, DeepSpeed, torchtitan) never import each other — neither by an import statement nor at run time (importlib.import_module,
 __import__, importlib.util.find_spec, sys.modules lookups: a module named by a string, or by a
 value the reader cannot see, counts as reaching for a framework).
 
@@ -13,7 +13,7 @@ import ast
 import os
 
 from support.paths import ROOT
-PACKAGES = ("fastckpt", "lightning_fastckpt", "deepspeed_fastckpt")
+PACKAGES = ("fastckpt", "lightning_fastckpt", "deepspeed_fastckpt", "torchtitan_fastckpt")
 
 
 def _module_of(path: str) -> str:
@@ -102,9 +102,13 @@ def test_the_write_path_imports_no_store_no_checkpointer_and_no_framework():
 
 
 def test_backend_and_plugins_keep_their_boundaries():
-    for pkg, banned in (("fastckpt", ("lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt")),
-                        ("lightning_fastckpt", ("deepspeed", "deepspeed_fastckpt")),
-                        ("deepspeed_fastckpt", ("lightning", "pytorch_lightning", "lightning_fastckpt"))):
+    for pkg, banned in (("fastckpt", ("lightning", "deepspeed", "torchtitan", "lightning_fastckpt", "deepspeed_fastckpt",
+                                      "torchtitan_fastckpt")),
+                        ("lightning_fastckpt", ("deepspeed", "deepspeed_fastckpt", "torchtitan_fastckpt")),
+                        ("deepspeed_fastckpt", ("lightning", "pytorch_lightning", "lightning_fastckpt",
+                                                "torchtitan_fastckpt")),
+                        ("torchtitan_fastckpt", ("lightning", "pytorch_lightning", "deepspeed", "lightning_fastckpt",
+                                                 "deepspeed_fastckpt"))):
         for d, _, names in os.walk(os.path.join(ROOT, pkg)):
             for n in (n for n in names if n.endswith(".py")):
                 tree = ast.parse(open(os.path.join(d, n)).read())
@@ -124,9 +128,12 @@ def test_native_features_say_only_what_this_build_has():
     assert feats["hardware_threads"] == os.cpu_count() or feats["hardware_threads"] > 0
 
 
-BANNED = {"fastckpt": ("lightning", "pytorch_lightning", "deepspeed", "lightning_fastckpt", "deepspeed_fastckpt"),
-          "lightning_fastckpt": ("deepspeed", "deepspeed_fastckpt"),
-          "deepspeed_fastckpt": ("lightning", "pytorch_lightning", "lightning_fastckpt")}
+BANNED = {"fastckpt": ("lightning", "pytorch_lightning", "deepspeed", "torchtitan", "lightning_fastckpt",
+                       "deepspeed_fastckpt", "torchtitan_fastckpt"),
+          "lightning_fastckpt": ("deepspeed", "deepspeed_fastckpt", "torchtitan_fastckpt"),
+          "deepspeed_fastckpt": ("lightning", "pytorch_lightning", "lightning_fastckpt", "torchtitan_fastckpt"),
+          "torchtitan_fastckpt": ("lightning", "pytorch_lightning", "deepspeed", "lightning_fastckpt",
+                                  "deepspeed_fastckpt")}
 DYNAMIC = ("import_module", "__import__", "find_spec", "find_loader", "load_module")
 
 
