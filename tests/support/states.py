@@ -69,6 +69,20 @@ def assert_same(a, b, path="root"):
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
+def equal(a, b) -> bool:
+    """Bit-exact equality of nested states whose dicts may list their keys in another order (a
+    state DCP loaded: its optimizer's param_groups come back reordered): tensors by dtype, shape,
+    strides and values; lists, tuples and the rest by value."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride() and torch.equal(a, b))
+    return a == b
+
+
 def assert_sharing(state):
     """The views of `base` still share its storage after a load."""
     ptr = state["base"].untyped_storage().data_ptr()

@@ -31,6 +31,7 @@ from fastckpt.dcp import committed, newest_committed  # noqa: E402
 from support import readme_blocks  # noqa: E402
 from support.paths import ROOT, WORKERS, python_path  # noqa: E402
 from support.processes import free_port  # noqa: E402
+from support.states import equal  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(900)]
 
@@ -58,16 +59,6 @@ def run(*args, **env) -> str:
 
 def state(out, name: str) -> dict:
     return torch.load(os.path.join(out, name), weights_only=True)
-
-
-def equal(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
-    return a == b
 
 
 @pytest.fixture(scope="module")

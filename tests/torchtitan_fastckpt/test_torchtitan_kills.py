@@ -21,7 +21,8 @@ pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup
 
 from fastckpt.dcp import newest_committed, resumable  # noqa: E402
 from support.processes import kill_ranks  # noqa: E402
-from test_torchtitan import equal, launch  # noqa: E402
+from support.states import equal  # noqa: E402
+from test_torchtitan import launch  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(1800)]
 ROUNDS = int(os.environ.get("TITAN_KILLS", "4"))
