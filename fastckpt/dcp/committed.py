@@ -35,6 +35,7 @@ from . import metadata as md_file
 from .names import RECORD, SUFFIX, step_of_name
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
+IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being written (fastckpt.store.path_store)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +66,18 @@ def committed(parent) -> list[CommitInfo]:
     return sorted(found, key=lambda info: info.counter, reverse=True)
 
 
+def only_save_files(names: list[str]) -> bool:
+    """Whether a folder holds nothing but what a DCP save writes (its data files, .metadata and
+    their files in flight): one that holds anything else is never removed as a save cut short."""
+    return all(n.endswith(SUFFIX) or n == md_file.NAME or n.startswith((f"{md_file.NAME}.tmp", f"{RECORD}.tmp"))
+               or IN_FLIGHT.match(n) for n in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class Unusable:
     """A directory that looks like a checkpoint and cannot be resumed from: why, and whether it is
-    a save cut short (begun, never committed) rather than a damaged one."""
+    a save cut short (begun, never committed, holding only what a save writes: safe to remove)
+    rather than a damaged one or one holding other things."""
     path: str
     why: str
     cut_short: bool = False
@@ -95,16 +104,16 @@ def _examine(directory: str):
             return f"not as its commit record says ({e})", False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
     if md_file.NAME not in names:
-        if any(n.endswith(SUFFIX) for n in names) or LOOKS_LIKE.match(name):
-            return f"no {md_file.NAME}: a save cut short", True
-        return None
+        if not any(n.endswith(SUFFIX) for n in names) and not (LOOKS_LIKE.match(name) and not names):
+            return None  # nothing of a DCP save here (a folder named like one, holding other things)
+        return f"no {md_file.NAME}: a save cut short", only_save_files(names)
     try:
         meta_path = os.path.join(directory, md_file.NAME)
         metadata = md_file.decode(read_regular(meta_path, md_file.MAX_BYTES), meta_path)
     except (OSError, CorruptCheckpointError, UnsafeCheckpointError) as e:
         return f"unreadable {md_file.NAME} ({e})", False
     if md_file.written_by_fastckpt(metadata):
-        return f"fastckpt began it and never committed it (no {RECORD})", True
+        return f"fastckpt began it and never committed it (no {RECORD})", only_save_files(names)
     ends: dict[str, int] = {}
     try:
         for info in (metadata.storage_data or {}).values():

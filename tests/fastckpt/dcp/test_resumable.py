@@ -113,6 +113,8 @@ def test_nothing_usable_is_none_said_once_and_the_reader_refuses_none_in_one_lin
 
 
 def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_nothing_else(tmp_path):
+    """Only a folder that holds nothing but what a DCP save writes is removed, never one with
+    anything else in it (a user's file), a damaged checkpoint, or one that is not a checkpoint."""
     fast_save(tmp_path, 1)
     fast_save(tmp_path, 2)
     os.makedirs(tmp_path / "step-3")  # killed after its mkdir
@@ -122,8 +124,15 @@ def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_n
     data = [n for n in os.listdir(damaged) if n.endswith(".distcp")][0]
     os.truncate(os.path.join(damaged, data), 10)
     os.makedirs(tmp_path / "notes")  # not a checkpoint at all
+    os.makedirs(tmp_path / "ckpt3")  # named like one, holding something else: never touched
+    (tmp_path / "ckpt3" / "mine.txt").write_text("a user's file")
+    os.makedirs(tmp_path / "step-1b")  # data of a save cut short beside a user's file: kept
+    (tmp_path / "step-1b" / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "step-1b" / "notes.txt").write_text("a user's file")
     fast_save(tmp_path, 5)  # the newest before it is step 2: nothing cut short lies below it
-    assert sorted(os.listdir(tmp_path)) == ["notes", "step-0", "step-1", "step-2", "step-3", "step-4", "step-5"]
+    kept = ["ckpt3", "notes", "step-0", "step-1", "step-1b", "step-2"]
+    assert sorted(os.listdir(tmp_path)) == sorted(kept + ["step-3", "step-4", "step-5"])
     fast_save(tmp_path, 6)  # the newest before it is step 5: steps 3 and 4 were cut short below it
-    assert sorted(os.listdir(tmp_path)) == ["notes", "step-0", "step-1", "step-2", "step-5", "step-6"]
+    assert sorted(os.listdir(tmp_path)) == sorted(kept + ["step-5", "step-6"])
+    assert (tmp_path / "ckpt3" / "mine.txt").exists() and (tmp_path / "step-1b" / "notes.txt").exists()
     assert [r.step for r in resumable(tmp_path)[0]] == [6, 5, 2, 1]
