@@ -49,10 +49,7 @@ from torchtitan.tools.utils import GarbageCollection
 
 from fastckpt.config import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
-from fastckpt.dcp import metadata as md_file
-from fastckpt.dcp.committed import cut_short_below
-from fastckpt.dcp.names import RECORD
-from fastckpt.fsutil import fsync_dir
+from fastckpt.dcp.committed import cut_short_below, withdraw
 
 SETTINGS = ("strategy", "concurrency", "writers", "chunk_mb", "policy")  # the Config's fastckpt fields
 
@@ -164,8 +161,8 @@ class CheckpointManager(TitanCheckpointManager):
         if not self._should_purge():
             return
         flying = {os.path.abspath(cid) for cid, future in self.in_flight if not future.done()}
-        usable = resumable(self.folder)[0]
-        doomed = [r.path for r in usable[self.keep_latest_k:]] + cut_short_below(self.folder, usable[0] if usable else None)
+        found = resumable(self.folder)
+        doomed = [r.path for r in found[0][self.keep_latest_k:]] + cut_short_below(found)
         for path in doomed:
             if os.path.abspath(path) not in flying:
                 withdraw(path)
@@ -182,12 +179,3 @@ class CheckpointManager(TitanCheckpointManager):
             super()._close()  # torchtitan's purge thread; self.stager
             self.writer.close()
 
-
-def withdraw(path: str) -> None:
-    """A checkpoint about to be removed stops looking like one: its record, then its .metadata."""
-    for name in (RECORD, md_file.NAME):
-        try:
-            os.unlink(os.path.join(path, name))
-        except FileNotFoundError:
-            continue
-    fsync_dir(path)

@@ -65,7 +65,10 @@ class DistAgreement(Agreement):
                 pass
 
 
+def spread() -> bool:
+    """Whether more than one rank runs (torch.distributed is up with a world of 2 or more)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def make_agreement(timeout_s: float = 600.0) -> Agreement:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return DistAgreement(timeout_s)
-    return Agreement()
+    return DistAgreement(timeout_s) if spread() else Agreement()

@@ -30,7 +30,8 @@ from typing import Optional
 from ..commit import record
 from ..commit.record import CommitInfo, plain_name
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
-from ..fsutil import read_regular
+from ..fsutil import fsync_dir
+from .check import read_metadata
 from . import metadata as md_file
 from .names import RECORD, SUFFIX, step_of_name
 
@@ -75,12 +76,17 @@ def only_save_files(names: list[str]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Unusable:
-    """A directory that looks like a checkpoint and cannot be resumed from: why, and whether it is
-    a save cut short (begun, never committed, holding only what a save writes: safe to remove)
-    rather than a damaged one or one holding other things."""
+    """A directory that looks like a checkpoint and cannot be resumed from: why; whether it is a
+    save never completed (rather than a damaged one); whether it holds only what a save writes."""
     path: str
     why: str
-    cut_short: bool = False
+    incomplete: bool = False
+    only_save_files: bool = False
+
+    @property
+    def cut_short(self) -> bool:
+        """A save that never completed and holds nothing else: safe to remove."""
+        return self.incomplete and self.only_save_files
 
 
 def examine(directory: str) -> Resumable | Unusable | None:
@@ -101,33 +107,33 @@ def _examine(directory: str):
         try:
             info = record.read(directory, RECORD, every_rank=False)
         except (OSError, CorruptCheckpointError) as e:
-            return f"not as its commit record says ({e})", False
+            return f"not as its commit record says ({e})", False, False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
     if md_file.NAME not in names:
         if not any(n.endswith(SUFFIX) for n in names) and not (LOOKS_LIKE.match(name) and not names):
             return None  # nothing of a DCP save here (a folder named like one, holding other things)
-        return f"no {md_file.NAME}: a save cut short", only_save_files(names)
+        return f"no {md_file.NAME}: a save cut short", True, only_save_files(names)
+    meta_path = os.path.join(directory, md_file.NAME)
     try:
-        meta_path = os.path.join(directory, md_file.NAME)
-        metadata = md_file.decode(read_regular(meta_path, md_file.MAX_BYTES), meta_path)
+        metadata = read_metadata(directory)
     except (OSError, CorruptCheckpointError, UnsafeCheckpointError) as e:
-        return f"unreadable {md_file.NAME} ({e})", False
+        return f"unreadable {md_file.NAME} ({e})", False, False
     if md_file.written_by_fastckpt(metadata):
-        return f"fastckpt began it and never committed it (no {RECORD})", only_save_files(names)
+        return f"fastckpt began it and never committed it (no {RECORD})", True, only_save_files(names)
     ends: dict[str, int] = {}
     try:
         for info in (metadata.storage_data or {}).values():
             file = plain_name(getattr(info, "relative_path", None), meta_path)
             ends[file] = max(ends.get(file, 0), int(info.offset) + int(info.length))
     except (CorruptCheckpointError, TypeError, ValueError) as e:
-        return f"{md_file.NAME} places items where no file of the checkpoint is ({e})", False
+        return f"{md_file.NAME} places items where no file of the checkpoint is ({e})", False, False
     for file, end in sorted(ends.items()):
         try:
             size = os.path.getsize(os.path.join(directory, file))
         except OSError:
-            return f"{file} is missing", False
+            return f"{file} is missing", False, False
         if size < end:
-            return f"{file} has {size} bytes, its items reach byte {end} (truncated?)", False
+            return f"{file} has {size} bytes, its items reach byte {end} (truncated?)", False, False
     return Resumable(directory, step_of_name(name), "dcp")
 
 
@@ -149,14 +155,26 @@ def resumable(parent) -> tuple[list[Resumable], list[Unusable]]:
     return usable, unusable
 
 
-def cut_short_below(parent, newest: Optional[Resumable]) -> list[str]:
-    """The folders under parent of saves cut short whose step is below newest's: nobody writes
-    them any more (a run's saves are committed in order, so every save before a committed one
-    has ended, on every rank), and they are never resumed from."""
-    if newest is None or newest.step < 0:
+def cut_short_below(found: tuple[list[Resumable], list[Unusable]]) -> list[str]:
+    """Of a folder's resumable() result, the folders of saves cut short whose step is below the
+    newest checkpoint's: nobody writes them any more (a run's saves are committed in order, so
+    every save before a committed one has ended, on every rank), and they are never resumed from."""
+    usable, unusable = found
+    if not usable or usable[0].step < 0:
         return []
-    return [u.path for u in resumable(parent)[1]
-            if u.cut_short and 0 <= step_of_name(os.path.basename(u.path)) < newest.step]
+    return [u.path for u in unusable if u.cut_short and 0 <= step_of_name(os.path.basename(u.path)) < usable[0].step]
+
+
+def withdraw(directory: str) -> None:
+    """A checkpoint stops looking like one, durably: its record, then its .metadata (each
+    removal made durable before the next), so a removal or a save cut short after this is never
+    taken for it by our reader or DCP's."""
+    for name in (RECORD, md_file.NAME):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue
+        fsync_dir(directory)
 
 
 def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:

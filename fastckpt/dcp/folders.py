@@ -17,11 +17,11 @@ import os
 from typing import Optional
 
 from ..commit import record
-from ..errors import CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
+from ..errors import CorruptCheckpointError, NoCheckpointError
 from ..tools.folder_kinds import FolderKind
 from ..tools.folders import Entry
 from . import metadata as md_file
-from .check import check_file, read_metadata
+from .check import check_file
 from .committed import Resumable, examine, resumable
 from .names import RECORD, SUFFIX, step_of_name
 
@@ -53,20 +53,10 @@ class DcpFolders(FolderKind):
             entry.step = info.step if info.step >= 0 else entry.step
             entry.checks = [(os.path.join(directory, f.name), f) for f in info.files]
             return entry
-        try:
-            metadata = read_metadata(directory)
-        except FileNotFoundError:
-            entry.detail = f"no {md_file.NAME}: a save cut short"
-            return entry
-        except (CorruptCheckpointError, UnsafeCheckpointError, OSError) as e:
-            entry.status, entry.detail = "invalid", str(e)
-            return entry
-        if md_file.written_by_fastckpt(metadata):
-            entry.detail = f"fastckpt began it and never committed it (no {RECORD})"
-            return entry
         found = examine(directory)
-        if not isinstance(found, Resumable):  # a rank's file missing or short
-            entry.status, entry.detail = "invalid", f"DCP, by its own writer: {found}"
+        if not isinstance(found, Resumable):  # a save never completed ("incomplete"), or damage
+            entry.status = "incomplete" if found is None or found.incomplete else "invalid"
+            entry.detail = found.why if found is not None else f"no {md_file.NAME}: a save cut short"
             return entry
         entry.status, entry.detail = "foreign", "DCP, by its own writer: no fastckpt record"
         entry.checks = [(os.path.join(directory, n), None) for n in [md_file.NAME] + data]

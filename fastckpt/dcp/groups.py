@@ -16,12 +16,10 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from ..commit.agreement import spread
+
 _made: dict[int, object] = {}
 _lock = threading.Lock()
-
-
-def spread() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def save_group() -> Optional[object]:

@@ -47,11 +47,10 @@ import weakref
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.staging import AsyncStager
 import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; DCP itself uses this one
 
-from ..commit.agreement import Agreement, DistAgreement
+from ..commit.agreement import Agreement, make_agreement
 from ..config import CheckpointerConfig
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
@@ -86,9 +85,8 @@ class FastStager(AsyncStager):
         self.strategy, self.concurrency, self.policy = config.strategy, config.concurrency, config.policy
         self.timeout_s = config.commit_timeout_s
         self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
-        spread = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
-        self._agree: Agreement = DistAgreement(2 * self.timeout_s) if spread else Agreement()
+        self._agree: Agreement = make_agreement(2 * self.timeout_s)
         self._slots: list[Slot] = []
         self._cond = threading.Condition()  # slots' states; waiters poll it (a save thread's end notifies nobody)
         self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere

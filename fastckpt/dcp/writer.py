@@ -59,7 +59,7 @@ from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.deadline import Deadline
 from . import metadata as md_file
 from . import staged as st
-from .committed import cut_short_below, newest_committed
+from .committed import cut_short_below, resumable, withdraw
 from .layout import plan_items
 from .names import RECORD, SUFFIX, step_of_name
 
@@ -127,12 +127,7 @@ class FastStorageWriter(StorageWriter):
         """Coordinator, after every rank planned and before any writes: a checkpoint this directory
         held is withdrawn first (its record, then its .metadata), so a save cut short here is never
         taken for the old checkpoint by our reader or DCP's."""
-        for name in (RECORD, md_file.NAME):
-            try:
-                os.unlink(os.path.join(self.path, name))
-            except FileNotFoundError:
-                continue
-            fsync_dir(self.path)
+        withdraw(self.path)
         self._sweep()
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
@@ -256,7 +251,7 @@ class FastStorageWriter(StorageWriter):
         its folder's parent older than the newest checkpoint there to resume from. Every rank has
         planned this save, so none is still writing an earlier one (committed.cut_short_below)."""
         parent = os.path.dirname(os.path.abspath(self.path))
-        for old in cut_short_below(parent, newest_committed(parent, warn=False)):
+        for old in cut_short_below(resumable(parent)):
             if os.path.abspath(old) != os.path.abspath(self.path):
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -272,11 +267,7 @@ class FastStorageWriter(StorageWriter):
         self._agree.all_ok(True, background=True)
         if not coordinator:
             return
-        for name in (RECORD, md_file.NAME):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
+        withdraw(directory)
         try:
             os.rmdir(directory)
             fsync_dir(os.path.dirname(os.path.abspath(directory)))
