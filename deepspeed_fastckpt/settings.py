@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, Optional
 
 from fastckpt.tune.auto_interval import AutoInterval
-from fastckpt.config import CheckpointerConfig
+from fastckpt.settings import CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER
 from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs

@@ -75,8 +75,9 @@ def _record_of_0_1(tag_dir: str) -> Optional[CommitInfo]:
             return None
         files = tuple(commit.FileEntry(commit.plain_name(f["name"], path), 0, int(f["bytes"]), int(f["crc32"], 16))
                       for f in rec["files"])
-        return CommitInfo(-1, tag_dir, sum(f.bytes for f in files), int(rec["seq"]), os.path.getmtime(path),
-                          int(rec.get("world_size", 0)) or 1, "torch", files, {"tag": rec.get("tag")})
+        return CommitInfo(step=-1, path=tag_dir, bytes=sum(f.bytes for f in files), counter=int(rec["seq"]),
+                          time=os.path.getmtime(path), world_size=int(rec.get("world_size", 0)) or 1,
+                          format="torch", files=files, meta={"tag": rec.get("tag")})
     except (OSError, ValueError, KeyError, TypeError, RecursionError, CorruptCheckpointError):
         return None
 

@@ -23,8 +23,8 @@ from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
-from .commit.record import CommitInfo
-from .config import DEFAULTS, CheckpointerConfig
+from .commit_info import CommitInfo
+from .settings import DEFAULTS, CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.plan import FilePlan

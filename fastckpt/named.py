@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .checkpointer import Checkpointer
-from .config import CheckpointerConfig
+from .settings import CheckpointerConfig
 from .pending import Pending
 from .store import ByPath, open_store, path_store
 
@@ -41,7 +41,7 @@ class NamedCheckpoints:
     """Checkpoints saved, loaded and removed by path.
 
     Args:
-        settings: Checkpointer settings (fastckpt.config.CheckpointerConfig's fields but
+        settings: Checkpointer settings (fastckpt.settings.CheckpointerConfig's fields but
             DECIDED_BY_CALLER), checked here before anything is opened; or a CheckpointerConfig
             (a plugin's, made where its settings entered), whose DECIDED_BY_CALLER fields are
             set here.

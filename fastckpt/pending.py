@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .commit.record import CommitInfo
+from .commit_info import CommitInfo
 from .timings import Timings
 
 

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Callable
 
-from .config import check_seconds
+from .settings import check_seconds
 from .write.native_engine import default_engine
 from .format import load_file, plan_file
 from .fsutil import fsync_dir

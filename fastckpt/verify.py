@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .commit.record import FileEntry
+from .commit_info import FileEntry
 from .errors import CorruptCheckpointError, UnsafeCheckpointError
 from .format import sniff
 from .format.reading import range_crcs

@@ -22,8 +22,8 @@ from typing import Any, Optional
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
-from fastckpt.config import DEFAULTS as D
-from fastckpt.config import flatten
+from fastckpt.settings import DEFAULTS as D
+from fastckpt.settings import flatten
 from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves

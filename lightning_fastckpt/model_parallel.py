@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 import fastckpt
-from fastckpt.config import CheckpointerConfig
+from fastckpt.settings import CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter
 from fastckpt.dcp.writer import RECORD

@@ -47,7 +47,7 @@ from torchtitan.components.checkpointer import MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager
 from torchtitan.tools.utils import GarbageCollection
 
-from fastckpt.config import CheckpointerConfig
+from fastckpt.settings import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
 from fastckpt.dcp.committed import cut_short_below, withdraw
 

@@ -18,7 +18,7 @@ from typing import Callable
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..pending import Pending
 from .ordered import CommitUnit
-from .record import CommitInfo, FileEntry
+from ..commit_info import CommitInfo, FileEntry
 
 log = logging.getLogger("fastckpt")
 
@@ -71,8 +71,9 @@ class CheckpointCommit(CommitUnit):
 
     def record(self, parts: list, rank: int) -> CommitInfo:
         p = self.pending
-        info = CommitInfo(p.step, self.ckpt_id, sum(e.bytes for e in parts), p.counter, time.time(),
-                          self.world_size, self.format, tuple(parts), self.meta or {})
+        info = CommitInfo(step=p.step, path=self.ckpt_id, bytes=sum(e.bytes for e in parts), counter=p.counter,
+                          time=time.time(), world_size=self.world_size, format=self.format, files=tuple(parts),
+                          meta=self.meta or {})
         self.store.commit_rank(self.ckpt_id, info)
         if rank == 0:
             try:

@@ -38,7 +38,7 @@ from ..write.deadline import Deadline
 from . import record as commit
 from .agreement import Agreement
 from .ordered import CommitUnit, OrderedCommits
-from .record import CommitInfo, FileEntry
+from ..commit_info import CommitInfo, FileEntry
 
 
 _live: "weakref.WeakSet[FileSets]" = weakref.WeakSet()
@@ -67,8 +67,9 @@ def commit_gathered(directory: str, record_name: str, files: list, step: int, wo
     files = tuple(files)
     with _gathered:
         counter = newest_counter_under(os.path.dirname(os.path.abspath(directory)), record_name) + 1
-        info = CommitInfo(step, os.path.abspath(directory), sum(f.bytes for f in files), counter, time.time(),
-                          world_size, fmt, files, dict(meta or {}))
+        info = CommitInfo(step=step, path=os.path.abspath(directory), bytes=sum(f.bytes for f in files),
+                          counter=counter, time=time.time(), world_size=world_size, format=fmt, files=files,
+                          meta=dict(meta or {}))
         commit.write(info, record_name)
     return info
 
@@ -234,8 +235,9 @@ class FileSetCommit(CommitUnit):
             return None
         files = tuple(f for part in parts for f in part)
         counter = s.next_counter(os.path.dirname(self.directory)) if rank == 0 else 0  # rank 0's record holds it
-        info = CommitInfo(self.step, self.directory, sum(f.bytes for f in files), counter, time.time(),
-                          s.agreement.world_size, self.format, files, self.meta)
+        info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files), counter=counter,
+                          time=time.time(), world_size=s.agreement.world_size, format=self.format, files=files,
+                          meta=self.meta)
         if rank == 0:
             commit.write(info, s.record_name)
             if s.after_record is not None:

@@ -4,63 +4,22 @@ Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one funct
 writes a record (`write`: every kind of checkpoint commits through it — the Checkpointer's
 `COMMIT`, a per-rank folder's, a set of files such as a DeepSpeed tag, under the name its
 convention gives), the checks that a record and the files it names are intact (sizes; full
-CRCs are the loader's job), and CommitInfo, what callers see of a committed checkpoint.
+CRCs are the loader's job), CommitInfo (fastckpt.commit_info) is what callers see of a committed checkpoint.
 """
 from __future__ import annotations
 
 import json
 import os
 import zlib
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..commit_info import CommitInfo, FileEntry
 from ..errors import CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
 
 COMMIT_NAME = "COMMIT"
 VERSION = 1
 MAX_RECORD = 64 << 20
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    name: str  # relative to the checkpoint directory
-    rank: int
-    bytes: int
-    crc32: int
-    spans: list = field(default_factory=list, compare=False)  # [record, offset, length, crc]
-    records: list = field(default_factory=list, compare=False)  # record names, by index
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """A committed checkpoint: its step, directory, size and when it was written."""
-
-    step: int
-    path: str
-    bytes: int
-    counter: int
-    time: float
-    world_size: int
-    format: str
-    files: tuple[FileEntry, ...] = ()
-    meta: dict = field(default_factory=dict, compare=False)
-
-    def __repr__(self) -> str:  # the record's spans and CRCs are for verify, not for reading
-        return (f"CommitInfo(step={self.step}, path={self.path!r}, bytes={self.bytes}, counter={self.counter}, "
-                f"world_size={self.world_size}, format={self.format!r}, files={len(self.files)})")
-
-    def file_for(self, rank: int) -> str:
-        for f in self.files:
-            if f.rank == rank:
-                return os.path.join(self.path, f.name)
-        raise CorruptCheckpointError(f"checkpoint {self.path} has no file for rank {rank}")
-
-    def entry_for(self, rank: int) -> FileEntry:
-        for f in self.files:
-            if f.rank == rank:
-                return f
-        raise CorruptCheckpointError(f"checkpoint {self.path} has no file for rank {rank}")
 
 
 def encode(info: CommitInfo) -> bytes:
@@ -87,9 +46,10 @@ def decode(raw: bytes, path: str) -> CommitInfo:
                                 f.get("spans", []), f.get("records", [])) for f in body["files"])
         if len({f.name for f in files}) != len(files):
             raise CorruptCheckpointError(f"commit record {path} names one file for two ranks")
-        return CommitInfo(int(body["step"]), os.path.dirname(path), int(body["bytes"]),
-                          int(body["counter"]), float(body["time"]), int(body["world_size"]),
-                          str(body["format"]), files, body.get("meta", {}))
+        return CommitInfo(step=int(body["step"]), path=os.path.dirname(path), bytes=int(body["bytes"]),
+                          counter=int(body["counter"]), time=float(body["time"]),
+                          world_size=int(body["world_size"]), format=str(body["format"]), files=files,
+                          meta=body.get("meta", {}))
     except CorruptCheckpointError:
         raise
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as e:

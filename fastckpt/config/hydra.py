@@ -1,6 +1,6 @@
 """What a Hydra/OmegaConf config (or a plain dict) builds, each checked before any work.
 
-instantiate(cfg): a Checkpointer (fastckpt.config.schema's settings and layout);
+instantiate(cfg): a Checkpointer (fastckpt.settings' settings and layout);
 offload_of(cfg): the activation offload of the `offload` group (None when off);
 tuner_of(cfg): the AutoInterval of the `tune` group (tune=auto; None when off);
 check(cfg): all three groups checked, nothing built.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..tune.auto_interval import AutoInterval
 from ..checkpointer import Checkpointer
-from .schema import CheckpointerConfig, flatten, to_plain
+from ..settings import CheckpointerConfig, flatten, to_plain
 from ..errors import ConfigError
 from ..offload.settings import OffloadConfig, offload_from
 

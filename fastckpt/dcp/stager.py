@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; DCP itself uses this one
 
 from ..commit.agreement import Agreement, make_agreement
-from ..config import CheckpointerConfig
+from ..settings import CheckpointerConfig
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
 from ..write.native_engine import MiB

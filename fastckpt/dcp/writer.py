@@ -77,7 +77,7 @@ class FastStorageWriter(StorageWriter):
         path: the checkpoint's directory (DCP's checkpoint_id may replace it per save).
         step: what the commit record says of this checkpoint (-1: the number its directory's name
             ends with, as torchtitan's step-12, else none); per save: expect().
-        settings: the Checkpointer's settings (fastckpt.config.CheckpointerConfig's fields
+        settings: the Checkpointer's settings (fastckpt.settings.CheckpointerConfig's fields
             but root, store, keep, distributed and model), checked here, e.g. strategy="c",
             writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
     """

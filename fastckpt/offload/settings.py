@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config import to_plain
+from ..settings import to_plain
 from ..errors import ConfigError
 from .activations import ActivationOffload
 from .adaptive import TensorIO

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..commit.agreement import Agreement
-from ..commit.record import CommitInfo
+from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError, NoCheckpointError
 
 

@@ -214,7 +214,8 @@ def _upload(local: str, url: str, result) -> None:
         fs.put_file(local, url)
         parent, name = url.rsplit("/", 1)
         entry = FileEntry(name, 0, result.bytes, result.file_crc, [list(s) for s in result.spans], result.names or [])
-        commit.write(CommitInfo(-1, parent, result.bytes, 1, time.time(), 1, sniff(local), (entry,)),
+        commit.write(CommitInfo(step=-1, path=parent, bytes=result.bytes, counter=1, time=time.time(), world_size=1,
+                                format=sniff(local), files=(entry,)),
                      name + MARKER_SUFFIX, fs=fs)
     finally:
         _unlink_quietly(local)

@@ -23,7 +23,7 @@ import time
 import zlib
 from typing import Optional
 
-from ..commit.record import CommitInfo, FileEntry
+from ..commit_info import CommitInfo, FileEntry
 from ..errors import ConfigError, CorruptCheckpointError
 from ..pmem import layout as L
 from ..pmem.image import read_version
@@ -272,8 +272,9 @@ class PoolStore(Store, ByPath):
                 continue
             files = tuple(FileEntry(f"{v.model}@{v.counter}", r, v.nbytes, v.desc.image_crc)
                           for r, v in enumerate(parts))
-            out.append(CommitInfo(parts[0].step, f"{self.root}#{self.model}@{c}", sum(v.nbytes for v in parts), c,
-                                  parts[0].desc.time, len(parts), "safetensors", files, meta))
+            out.append(CommitInfo(step=parts[0].step, path=f"{self.root}#{self.model}@{c}",
+                                  bytes=sum(v.nbytes for v in parts), counter=c, time=parts[0].desc.time,
+                                  world_size=len(parts), format="safetensors", files=files, meta=meta))
         return out
 
     def _extra(self, v: Version) -> dict:

@@ -42,7 +42,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..commit.record import CommitInfo
+from ..commit_info import CommitInfo
 from ..format import load_file
 from ..verify import verify_file
 from ..write.protocol import FileSink

@@ -14,7 +14,7 @@ import shutil
 from typing import Optional
 
 from ..commit import record as commit
-from ..commit.record import CommitInfo
+from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
 from .protocol import Listed, Store

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..commit import record as commit
-from ..commit.record import FileEntry
+from ..commit_info import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..pmem.pointer import is_pool_pointer
 from ..store import STORES

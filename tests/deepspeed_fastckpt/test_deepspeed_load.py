@@ -96,7 +96,8 @@ def test_deepspeeds_latest_is_named_again_durably_once_a_tag_commits_never_going
     from deepspeed_fastckpt.tag_records import TAG_RECORD, name_in_deepspeeds_latest, read_latest
     for counter, tag in ((1, "global_step1"), (2, "global_step2")):
         (tmp_path / tag).mkdir()
-        record.write(CommitInfo(counter, str(tmp_path / tag), 0, counter, 0.0, 1, "torch", (), {}), TAG_RECORD)
+        record.write(CommitInfo(step=counter, path=str(tmp_path / tag), bytes=0, counter=counter, time=0.0,
+                                world_size=1, format="torch"), TAG_RECORD)
     (tmp_path / "latest").write_text("global_step2")
     name_in_deepspeeds_latest(str(tmp_path), "global_step1", 1)  # an older tag landing late
     assert read_latest(str(tmp_path), "latest") == "global_step2"

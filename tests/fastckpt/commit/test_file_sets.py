@@ -108,8 +108,8 @@ def test_a_record_with_a_file_of_the_wrong_size_or_a_rank_out_of_range_is_not_co
         f.write(b"\0")
     with pytest.raises(CorruptCheckpointError, match="bytes"):
         commit.read(str(tmp_path / "t"), RECORD, every_rank=False)
-    bad = commit.CommitInfo(1, str(tmp_path / "t"), 1, 9, 0.0, 1, "torch",
-                            (commit.FileEntry("x.pt", 3, info.files[0].bytes + 1, 0),))
+    bad = commit.CommitInfo(step=1, path=str(tmp_path / "t"), bytes=1, counter=9, time=0.0, world_size=1,
+                            format="torch", files=(commit.FileEntry("x.pt", 3, info.files[0].bytes + 1, 0),))
     commit.write(bad, RECORD)
     with pytest.raises(CorruptCheckpointError, match="ranks"):
         commit.read(str(tmp_path / "t"), RECORD, every_rank=False)

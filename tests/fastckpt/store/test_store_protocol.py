@@ -327,7 +327,8 @@ class RecordsFirst(RootStore):
     def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
         ckpt_dir, part = super().begin(step, counter, rank, fmt, target, plan=plan, meta=meta)
         entry = commit.FileEntry(os.path.basename(part), rank, plan.file_size, 0)
-        commit.write(commit.CommitInfo(step, ckpt_dir, plan.file_size, counter, 0.0, 1, fmt, (entry,)))
+        commit.write(commit.CommitInfo(step=step, path=ckpt_dir, bytes=plan.file_size, counter=counter, time=0.0,
+                                       world_size=1, format=fmt, files=(entry,)))
         return ckpt_dir, part
 
 

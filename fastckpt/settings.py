@@ -3,7 +3,8 @@
 CheckpointerConfig holds every Checkpointer setting and its default and checks values;
 flatten(cfg) turns the Hydra layout (groups `strategy` and `store`, optional top-level
 overrides like `concurrency=4`) into its flat kwargs; unknown keys are a ConfigError naming
-the valid ones. What a config builds is fastckpt.config.hydra's.
+the valid ones. What a config builds is fastckpt.config.hydra's; this module sits low in the
+house (it imports only errors and write.deadline) so that every layer can read the settings.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..write.deadline import DEFAULT_STALL_S
+from .errors import ConfigError
+from .write.deadline import DEFAULT_STALL_S
 
 
 @dataclass
@@ -51,10 +52,10 @@ class CheckpointerConfig:
     def validate(self) -> "CheckpointerConfig":
         """Every value checked, nothing built or touched on disk (a pool path under /dev aside,
         which must name a DAX device); a ConfigError of one line names the first bad one."""
-        from ..format import FORMATS
-        from ..pmem.pool import PERSIST, check_device_path
-        from ..store import STORES
-        from ..write import STRATEGIES
+        from .format import FORMATS
+        from .pmem.pool import PERSIST, check_device_path
+        from .store import STORES
+        from .write import STRATEGIES
         for name, choices in (("strategy", STRATEGIES), ("store", tuple(STORES)), ("format", FORMATS),
                               ("policy", POLICIES), ("on_error", ON_ERROR), ("persist", PERSIST)):
             if getattr(self, name) not in choices:
