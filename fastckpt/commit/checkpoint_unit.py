@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..pending import Pending
-from .ordered import CommitUnit
+from .protocol import CommitUnit
 from ..commit_info import CommitInfo, FileEntry
 
 log = logging.getLogger("fastckpt")

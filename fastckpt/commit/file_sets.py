@@ -22,7 +22,8 @@ removal calls, through its plugin's host hook: fastckpt.host_hooks). A DeepSpeed
 lies); the Checkpointer's own checkpoints (one file per rank) commit through
 fastckpt.commit.checkpoint_unit, into the same record format through the same writer.
 A framework that gathers its ranks' files itself (DCP's finish, on its coordinator) commits the
-set with `commit_gathered`: the same record, its counter one above any under the parent.
+set with `commit_gathered` (a GatheredCommit through the same ordered commit): the same record,
+its counter one above any under the parent.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..write.deadline import Deadline
 from . import record as commit
 from .agreement import Agreement
-from .ordered import CommitUnit, OrderedCommits
+from .ordered import OrderedCommits
+from .protocol import CommitUnit
 from ..commit_info import CommitInfo, FileEntry
 
 
@@ -56,22 +58,22 @@ def newest_counter_under(parent: str, record_name: str) -> int:
     return newest
 
 
-_gathered = threading.Lock()
+def gathered_commits(stall_s: float) -> OrderedCommits:
+    """The ordered commit of one coordinator's gathered sets (a FastStorageWriter's saves, in the
+    order their finish came): one rank decides, so no other rank takes part. stall_s: how long
+    a commit may wait for the one before without progress."""
+    return OrderedCommits(Agreement(), Deadline(stall_s), 0.0, name="fastckpt-gathered")
 
 
-def commit_gathered(directory: str, record_name: str, files: list, step: int, world_size: int,
-                    fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
-    """A set whose ranks' files its framework already gathered, each known durable (DCP's
-    finish, on its coordinator): the one record, written now, its counter one above any
-    under the same parent. files: every rank's FileEntry."""
-    files = tuple(files)
-    with _gathered:
-        counter = newest_counter_under(os.path.dirname(os.path.abspath(directory)), record_name) + 1
-        info = CommitInfo(step=step, path=os.path.abspath(directory), bytes=sum(f.bytes for f in files),
-                          counter=counter, time=time.time(), world_size=world_size, format=fmt, files=files,
-                          meta=dict(meta or {}))
-        commit.write(info, record_name)
-    return info
+def commit_gathered(directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
+                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
+    """Commits a set whose ranks' files its framework already gathered on this coordinator (DCP's
+    finish) as a GatheredCommit through `commits` (gathered_commits()); returns once its record is
+    durable, or raises why it is not. part(): the coordinator's own part made durable (DCP's
+    .metadata), returning every file's FileEntry."""
+    unit = GatheredCommit(directory, record_name, part, step, world_size, fmt, meta)
+    commits.issue(unit)
+    return unit.result()
 
 
 def withdraw_anywhere(owner: str) -> bool:
@@ -250,3 +252,45 @@ class FileSetCommit(CommitUnit):
 
 def _owner(directory: str) -> str:
     return os.path.dirname(os.path.abspath(directory))
+
+
+class GatheredCommit(CommitUnit):
+    """A set whose framework gathered every rank's files on one coordinator, each known durable
+    (DCP's finish): the coordinator alone commits it, so it is a unit of one rank whose part is
+    every file. part(): the coordinator's own files made durable (1), returning every entry."""
+
+    def __init__(self, directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
+                 fmt: str, meta: Optional[dict]):
+        self.directory, self.record_name, self._part = os.path.abspath(directory), record_name, part
+        self.step, self.world_size, self.format, self.meta = step, world_size, fmt, dict(meta or {})
+        self.label = f"the checkpoint in {directory}"
+        self._done = threading.Event()
+        self._info: Optional[CommitInfo] = None
+        self._error: Optional[BaseException] = None
+
+    def finish(self) -> tuple:
+        files = tuple(self._part())
+        missing = [f.name for f in files if commit.file_size(os.path.join(self.directory, f.name)) != f.bytes]
+        if missing:
+            raise CheckpointWriteError(f"{self.label}: {', '.join(missing)} not there with the size gathered")
+        return files
+
+    def record(self, parts: list, rank: int) -> CommitInfo:
+        files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files
+        counter = newest_counter_under(os.path.dirname(self.directory), self.record_name) + 1
+        info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files), counter=counter,
+                          time=time.time(), world_size=self.world_size, format=self.format, files=files,
+                          meta=self.meta)
+        commit.write(info, self.record_name)
+        return info
+
+    def landed(self, info, error) -> None:
+        self._info, self._error = info, error
+        self._done.set()
+
+    def result(self) -> CommitInfo:
+        """Waits until it landed: its CommitInfo, or raises why it was not committed."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._info

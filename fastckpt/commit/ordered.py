@@ -1,10 +1,12 @@
 """The ordered commit: each checkpoint becomes real after the one issued before it, and only
 once every rank's part of it is durable.
 
-Owns the one mechanism every kind of checkpoint commits through — the Checkpointer's (one
-file per rank, a COMMIT record: fastckpt.commit.checkpoint_unit) and DeepSpeed's tags (several files
-per rank, a tag record: deepspeed_fastckpt.tags). A unit of commit (CommitUnit) says what its
-part is and how its record is written; this module says when:
+Owns the one mechanism every kind of checkpoint commits through: the Checkpointer's (one file
+per rank, a COMMIT record: fastckpt.commit.checkpoint_unit), a set of files across ranks
+(DeepSpeed's tags: fastckpt.commit.file_sets.FileSetCommit) and a set its framework gathered on
+one coordinator (DCP's finish: fastckpt.commit.file_sets.GatheredCommit). A unit of commit
+(fastckpt.commit.protocol.CommitUnit, its calls numbered there) says what its part is and how
+its record is written; this module says when:
 
   1. `finish()` on the unit's own thread, at once: this rank's part, durable. Units issued
      one after another finish in parallel (PCcheck's concurrent checkpoints).
@@ -31,33 +33,7 @@ from typing import Callable, Optional
 from ..errors import CheckpointWriteError
 from ..write.deadline import Deadline
 from .agreement import Agreement
-
-
-class CommitUnit:
-    """One checkpoint on its way to its commit record; each medium subclasses it."""
-
-    label = "a checkpoint"  # how errors name it: "step 12", "tag 'global_step3' in /ckpt"
-
-    def finish(self):
-        """This rank's part, made durable; raises on failure. What it returns goes to in_order."""
-
-    def in_order(self, finished):
-        """Local work that must come after the previous unit landed; returns this rank's part of
-        the record (by default what finish returned); raises on failure."""
-        return finished
-
-    def record(self, parts: list, rank: int):
-        """Every rank's part is durable (parts: one per rank). Writes this rank's share of the
-        record, rank 0 the record itself; returns what callers see of the commit."""
-
-    def landed(self, info, error: Optional[BaseException]) -> None:
-        """Committed (info) or failed (error); called once, before the next unit commits."""
-
-    def afterwards(self) -> None:
-        """After the next unit was let go: work no later commit waits for (retention)."""
-
-    def timed(self, phase: str, seconds: float) -> None:
-        """How long a step of its commit took: "order_wait" (2), "commit" (3-5); fastckpt.timings."""
+from .protocol import CommitUnit
 
 
 class OrderedCommits:

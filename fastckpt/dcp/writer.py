@@ -15,9 +15,10 @@ CRC-32 per chunk, fsync'ed, renamed into place. Its future is done once the file
 (`_StorageInfo(file, offset, length)`, the stock reader's own), and one more result carries the
 file's entry for the commit record (its size, CRC-32 and chunk CRCs).
 
-finish is the commit (fastckpt.commit.file_sets.commit_gathered): DCP has gathered every rank's
-results, so every rank's file is durable; the coordinator writes `.metadata` (as DCP does,
-atomically and durably, marked as fastckpt's) and then the one commit record,
+finish is the commit (fastckpt.commit.file_sets.commit_gathered: a GatheredCommit through the
+ordered commit, fastckpt.commit.protocol): DCP has gathered every rank's results, so every
+rank's file is durable; the coordinator's part is `.metadata` (written as DCP does, atomically
+and durably, marked as fastckpt's), and then comes the one commit record,
 `fastckpt-dcp.json`, naming every file and `.metadata` with their sizes and CRCs — and the files
 the caller named in `also_commit`, which it wrote durably into the directory with fastckpt.save
 before the save (Lightning's `meta.pt`: the rest of a Lightning checkpoint). A directory
@@ -50,7 +51,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..commit.agreement import make_agreement
-from ..commit.file_sets import commit_gathered
+from ..commit.file_sets import commit_gathered, gathered_commits
 from ..commit.record import FileEntry, plain_name
 from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
@@ -99,6 +100,7 @@ class FastStorageWriter(StorageWriter):
         # whether every rank's file of a save landed, asked on gloo groups of the writer's own (made
         # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
         self._agree = make_agreement(self.config.commit_timeout_s)
+        self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -211,11 +213,14 @@ class FastStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = dcp_files.CURRENT_DCP_VERSION
-        raw = md_file.write(os.path.join(self.path, md_file.NAME), metadata)
-        files.append(FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw)))
-        for name in self._this[1]:  # e.g. Lightning's meta.pt, written before this save began
-            files.append(self._entry_of(name))
-        commit_gathered(self.path, RECORD, files, self._this[0], len(results), meta={"dcp": True})
+        step, also = self._this
+
+        def part() -> list:  # the coordinator's own part, durable: .metadata (and what it commits too)
+            raw = md_file.write(os.path.join(self.path, md_file.NAME), metadata)
+            entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
+            return entries + [self._entry_of(name) for name in also]  # e.g. Lightning's meta.pt
+
+        commit_gathered(self.path, RECORD, part, step, len(results), self._commits, meta={"dcp": True})
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
