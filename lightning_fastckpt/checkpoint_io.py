@@ -53,7 +53,7 @@ class FastCheckpointIO(CheckpointIO):
             `LayerwiseCheckpointing` callback, which sets this).
         pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
             each checkpoint path becomes a model of the pool instead of a file.
-        pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (see the README).
+        pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (docs/pmem.md).
         on_error: "raise" (a failed checkpoint stops training at the next save or at teardown)
             or "warn" (it is logged and warned about, the previous checkpoint stays, training goes on).
         stall_timeout_s: a copy or write that makes no progress for this long fails its checkpoint

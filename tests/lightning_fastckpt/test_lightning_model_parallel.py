@@ -123,8 +123,10 @@ def test_a_save_that_failed_on_one_rank_is_raised_on_every_rank_at_the_next_save
     assert record.read(str(tmp_path / "ck" / "epoch=0-step=2.ckpt"), RECORD, every_rank=False).step == 2
 
 
-def test_the_readmes_lightning_lines_are_the_ones_this_test_runs():
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+def test_the_docs_lightning_lines_are_the_ones_this_test_runs():
+    """Every line of the FastModelParallelStrategy block of docs/dcp.md is a line of
+    tests/workers/lit_mp_worker.py."""
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "dcp.md"), "Lightning's ModelParallelStrategy",
                                          "`FastModelParallelStrategy`", os.path.join(WORKERS, "lit_mp_worker.py"))
     assert not missing, missing
 

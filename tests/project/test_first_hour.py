@@ -1,5 +1,7 @@
-"""What a new user meets in the first hour: the Makefile's commands keep working after `make
-clean`, and every Python block of the README runs as written (tests/support/readme_blocks.py)."""
+"""What a new user meets in the first hour: the README starts with the two commands and stays
+short, its links and those of docs/ lead somewhere, the Makefile's commands keep working after
+`make clean`, and every Python block of the README and of docs/*.md runs as written
+(tests/support/readme_blocks.py)."""
 from __future__ import annotations
 
 import os
@@ -20,19 +22,38 @@ def test_make_clean_forgets_the_install_stamp_with_the_extension():
     assert "fastckpt/*.so" in said and ".venv/.installed" in said
 
 
-def _readme_sections():
+README_MAX_CHARS = 12_000  # a README a newcomer reads in five minutes; the rest is in docs/
+DOCS_PAGES = ("design", "lightning", "deepspeed", "dcp", "pmem", "offload", "cli", "tuning")
+
+
+def _block_sections():
     from support import readme_blocks
-    with open(os.path.join(ROOT, "README.md")) as f:
-        return readme_blocks.sections(f.read())
+    return readme_blocks.all_sections(ROOT)
 
 
-@pytest.mark.parametrize("section", sorted(_readme_sections()))
-def test_every_python_block_of_the_readme_runs(section, tmp_path):
+def test_the_blocks_run_come_from_the_readme_and_from_docs():
+    """The collector finds the README's blocks and the docs pages' (a collector that found none
+    would leave the test below with nothing to run)."""
+    from support import readme_blocks
+    names = readme_blocks.documents(ROOT)
+    assert names[0] == "README.md" and all(f"docs/{p}.md" in names for p in DOCS_PAGES), names
+    files = {section.split(": ", 1)[0] for section in _block_sections()}
+    for name in ("README.md", "docs/design.md", "docs/pmem.md", "docs/offload.md"):
+        assert name in files, f"no Python block of {name} is run"
+    for name in names:  # every ```python block of every file is in one of its sections
+        text = open(os.path.join(ROOT, name)).read()
+        blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
+        ran = "\n".join(code for section, code in _block_sections().items() if section.startswith(name + ": "))
+        assert all(b in ran for b in blocks), name
+
+
+@pytest.mark.parametrize("section", sorted(_block_sections()))
+def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
     import socket
     import sys
 
     from support import readme_blocks
-    code = _readme_sections()[section]
+    code = _block_sections()[section]
     if "deepspeed" in code:
         pytest.importorskip("deepspeed")
     (tmp_path / "block.py").write_text(readme_blocks.script(code))
@@ -44,7 +65,51 @@ def test_every_python_block_of_the_readme_runs(section, tmp_path):
                PYTHONPATH=python_path(ROOT))
     r = subprocess.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0, f"the README's {section!r} code fails as written:\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, f"the code of {section!r} fails as written:\n{r.stderr[-4000:]}"
+
+
+def test_the_readme_starts_with_the_demo_and_the_tests_and_stays_short():
+    """The README's first block, before any section, is the two commands: `make demo`, then
+    `make test` (what CI runs: .ci/run); the whole README fits README_MAX_CHARS and sends the
+    reader on to every docs/ page."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    first = re.search(r"^```(\w*)\n(.*?)^```", readme, flags=re.M | re.S)
+    assert first and first[1] == "bash" and "\n## " not in readme[:first.start()], readme[:500]
+    commands = [line.split("#")[0].strip() for line in first[2].splitlines()]
+    assert commands[:2] == ["make demo", "make test"], commands
+    assert "make test" in open(os.path.join(ROOT, ".ci", "run")).read().splitlines()
+    size = len(readme.encode())  # as `wc -c README.md` counts
+    assert size <= README_MAX_CHARS, f"the README has {size} bytes, over {README_MAX_CHARS}"
+    for page in DOCS_PAGES:
+        assert f"(docs/{page}.md" in readme, f"the README does not link docs/{page}.md"
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors a Markdown page has: GitHub's slug of every heading, and every `id="..."`."""
+    out = set(re.findall(r'id="([^"]+)"', text))
+    for heading in re.findall(r"^#{1,6} (.*)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        out.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_the_links_of_the_readme_and_docs_lead_somewhere():
+    """Every relative link of the README and of docs/*.md names a file of the repository, and its
+    `#anchor`, if any, a heading (or an id) of that file."""
+    from support import readme_blocks
+    broken = []
+    for name in readme_blocks.documents(ROOT):
+        text = open(os.path.join(ROOT, name)).read()
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.S)):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s)://, mailto:
+            path, _, anchor = target.partition("#")
+            file = os.path.normpath(os.path.join(ROOT, os.path.dirname(name), path)) if path else \
+                os.path.join(ROOT, name)
+            if not os.path.exists(file):
+                broken.append(f"{name}: {target} (no such file)")
+            elif anchor and anchor not in _anchors(open(file).read()):
+                broken.append(f"{name}: {target} (no such anchor)")
+    assert not broken, broken
 
 
 def test_loading_one_part_of_a_saved_state_into_a_model(tmp_path):
@@ -104,8 +169,9 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     assert not (run_dir / "torch_save").exists() and os.listdir(tmp_path / "pools") == (["demo.pool"] if extra else [])
 
 
-# README passages that name CUDA or a GPU without claiming a GPU path of ours works: install
-# advice, what to save for an exact resume, Lightning's own rule, how to run the GPU tests and benchmark
+# passages of the README and docs/ that name CUDA or a GPU without claiming a GPU path of ours works:
+# install advice, what to save for an exact resume, Lightning's own rule, how to run the GPU tests and
+# benchmark
 GPU_ADVICE = ("Both create `.venv`", "1. **Everything the next step reads", "`ModelCheckpoint` then saves each",
               "On a GPU, `make bench-gpu`", "GPU-only tests carry")
 
@@ -127,18 +193,23 @@ def readme_passages(readme: str) -> list[str]:
 
 
 def test_the_readme_says_tested_on_gpu_only_once_a_gpu_run_is_recorded():
-    """Every README passage about a CUDA path of ours says "not yet run on a GPU" until a GPU run is
-    recorded in benchmarks/RESULTS.md; a "tested on GPU on DATE" names a day RESULTS.md recorded."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    """Every passage of the README and of docs/*.md about a CUDA path of ours says "not yet run on a
+    GPU" until a GPU run is recorded in benchmarks/RESULTS.md; a "tested on GPU on DATE" names a day
+    RESULTS.md recorded."""
+    from support import readme_blocks
     results = open(os.path.join(ROOT, "benchmarks", "RESULTS.md")).read()
     recorded = "<!-- gpu_overhead:begin -->" in results
-    claims = re.findall(r"tested on GPU on (\d{4}-\d{2}-\d{2})", readme)
     gpu = re.compile(r"\bCUDA\b|\bGPUs?\b|NCCL|kvikio|\bGDS\b|cudaHostRegister")
-    about_gpu = [p for p in readme_passages(readme) if gpu.search(p) and not p.startswith(GPU_ADVICE)]
-    assert len(about_gpu) >= 6, about_gpu  # the strategies, waits, staging, layer-wise, pool, kvikio passages
+    claims, about_gpu = [], []
+    for name in readme_blocks.documents(ROOT):
+        text = open(os.path.join(ROOT, name)).read()
+        claims += [(name, day) for day in re.findall(r"tested on GPU on (\d{4}-\d{2}-\d{2})", text)]
+        about_gpu += [(name, p) for p in readme_passages(text) if gpu.search(p) and not p.startswith(GPU_ADVICE)]
+    # the strategies, waits, staging, layer-wise, pool, kvikio passages
+    assert len(about_gpu) >= 6, about_gpu
     if not recorded:
         assert not claims, claims
-        for p in about_gpu:
-            assert "not yet run on a GPU" in p, f"a GPU passage without its mark: {p[:200]}"
-    for day in claims:
-        assert day in results, f"the README says tested on GPU on {day}; RESULTS.md has no run of that day"
+        for name, p in about_gpu:
+            assert "not yet run on a GPU" in p, f"a GPU passage of {name} without its mark: {p[:200]}"
+    for name, day in claims:
+        assert day in results, f"{name} says tested on GPU on {day}; RESULTS.md has no run of that day"

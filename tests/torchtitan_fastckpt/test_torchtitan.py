@@ -137,8 +137,8 @@ def test_a_kill_inside_the_commit_resumes_the_previous_step_and_a_truncated_file
     assert equal(state(tmp_path / "again", "loaded.pt"), state(reference, "state-3.pt"))
 
 
-def test_the_readmes_torchtitan_lines_are_the_ones_this_test_runs():
-    """Every line of the README's torchtitan block is a line of tests/workers/titan_worker.py."""
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+def test_the_docs_torchtitan_lines_are_the_ones_this_test_runs():
+    """Every line of the torchtitan block of docs/dcp.md is a line of tests/workers/titan_worker.py."""
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "dcp.md"), "torchtitan",
                                          "`torchtitan_fastckpt.CheckpointManager`", os.path.join(WORKERS, "titan_worker.py"))
     assert not missing, missing

@@ -1,5 +1,5 @@
 """One rank of the FSDP2 tests: a tiny model under fully_shard on gloo ranks (CPU), checkpointed with
-dcp.async_save through fastckpt's FastStorageWriter and FastStager — the README's FSDP2 lines, run.
+dcp.async_save through fastckpt's FastStorageWriter and FastStager — the FSDP2 lines of docs/dcp.md, run.
 
 Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*)
          each step trains, then (REF given) rank 0 keeps the full state in REF/step-N.pt, then step

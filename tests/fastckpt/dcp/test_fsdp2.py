@@ -1,4 +1,4 @@
-"""The README's FSDP2 lines, run: a model under fully_shard on 2 gloo ranks (CPU) saves every step
+"""The FSDP2 lines of docs/dcp.md, run: a model under fully_shard on 2 gloo ranks (CPU) saves every step
 with dcp.async_save through FastStorageWriter and FastStager (2 saves in flight, none waited
 for): every step's checkpoint equals, bit for bit, the run's state at that step, and the stager
 copied the optimizer's tensors after async_save returned. One rank is killed with SIGKILL mid-run; the
@@ -126,9 +126,9 @@ def test_a_rank_killed_mid_run_resumes_bit_exact_from_the_newest_committed_on_on
                          torch.load(os.path.join(reference, f"step-{step + 1}.pt"), weights_only=True))
 
 
-def test_the_readmes_fsdp2_lines_are_the_ones_this_test_runs():
-    """Every line of the README's FSDP2 block (its `py` block in the DCP section) is a line of
-    tests/workers/fsdp2_worker.py, so the README shows what the kill test runs."""
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "README.md"), "PyTorch DCP: FSDP2 and torchtitan",
+def test_the_docs_fsdp2_lines_are_the_ones_this_test_runs():
+    """Every line of the FSDP2 block of docs/dcp.md (the `py` block of its FSDP2 section) is a line
+    of tests/workers/fsdp2_worker.py, so the docs show what the kill test runs."""
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "dcp.md"), "FSDP2",
                                          "", os.path.join(WORKERS, "fsdp2_worker.py"))
     assert not missing, missing

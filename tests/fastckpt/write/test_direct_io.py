@@ -1,4 +1,4 @@
-"""O_DIRECT, as the README says: a default checkpoint on a filesystem that takes O_DIRECT is
+"""O_DIRECT, as docs/design.md says: a default checkpoint on a filesystem that takes O_DIRECT is
 written with it (its data never enters the page cache, and stats count it); where the
 filesystem refuses O_DIRECT the checkpoint is written buffered, counted in
 stats['o_direct_refused'] and warned about once (on the caller's thread, by the next save,
