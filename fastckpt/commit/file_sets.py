@@ -66,13 +66,15 @@ def gathered_commits(stall_s: float) -> OrderedCommits:
 
 
 def commit_gathered(directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
-                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
+                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None,
+                    track: Optional[Callable[[threading.Thread], None]] = None) -> CommitInfo:
     """Commits a set whose ranks' files its framework already gathered on this coordinator (DCP's
     finish) as a GatheredCommit through `commits` (gathered_commits()); returns once its record is
     durable, or raises why it is not. part(): the coordinator's own part made durable (DCP's
-    .metadata), returning every file's FileEntry."""
+    .metadata), returning every file's FileEntry. track(thread): the commit's thread, which goes
+    on after this returns (the unit's afterwards), for a close() to join."""
     unit = GatheredCommit(directory, record_name, part, step, world_size, fmt, meta)
-    commits.issue(unit)
+    commits.issue(unit, track=track)
     return unit.result()
 
 
@@ -113,6 +115,7 @@ class FileSets:
         self._owners: dict[str, int] = {}  # parent directory -> sets of it in flight
         self._withdrawn: set[str] = set()  # parents to delete once their sets land
         self._counters: dict[str, int] = {}  # parent -> the next counter (rank 0)
+        self._threads: list[threading.Thread] = []  # the sets' commit threads, which close() joins
         _live.add(self)
 
     # -- submitting ------------------------------------------------------
@@ -123,7 +126,11 @@ class FileSets:
         owner = _owner(directory)
         with self._cv:
             self._owners[owner] = self._owners.get(owner, 0) + 1
-        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label))
+        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label), track=self._track)
+
+    def _track(self, thread: threading.Thread) -> None:
+        with self._cv:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     # -- waiting ---------------------------------------------------------
     def wait_for(self, owner: str) -> None:
@@ -153,7 +160,14 @@ class FileSets:
             self._report(e)
 
     def close(self) -> None:
-        self.wait()
+        """Every set committed (or failed: raises the first failure) and its commit thread done."""
+        try:
+            self.wait()
+        finally:
+            with self._cv:
+                threads, self._threads = self._threads, []
+            for thread in threads:
+                thread.join()
 
     # -- withdrawing -----------------------------------------------------
     def withdraw(self, owner: str) -> bool:

@@ -101,6 +101,7 @@ class FastStorageWriter(StorageWriter):
         # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
         self._agree = make_agreement(self.config.commit_timeout_s)
         self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
+        self._commit_threads: list[threading.Thread] = []  # their threads, which close() joins
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -220,7 +221,9 @@ class FastStorageWriter(StorageWriter):
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
             return entries + [self._entry_of(name) for name in also]  # e.g. Lightning's meta.pt
 
-        commit_gathered(self.path, RECORD, part, step, len(results), self._commits, meta={"dcp": True})
+        self._commit_threads = [t for t in self._commit_threads if t.is_alive()]
+        commit_gathered(self.path, RECORD, part, step, len(results), self._commits, meta={"dcp": True},
+                        track=self._commit_threads.append)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -280,8 +283,10 @@ class FastStorageWriter(StorageWriter):
             fsync_dir(directory)  # something else is there: the directory stays, without our files
 
     def close(self) -> None:
-        """Waits for every file in flight and closes the writer's Checkpointers and groups."""
+        """Waits for every file and commit in flight and closes the writer's Checkpointers and groups."""
         try:
+            for thread in list(self._commit_threads):
+                thread.join()
             self.named.close()
         finally:
             try:

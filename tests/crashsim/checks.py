@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .saves import MODEL, PATH_SAVES, POOL, state_of
+from .saves import MODEL, PATH_SAVES, POOL, SET_FILES, SET_RECORD, state_of
 
 
 def _told(marks: list[str]) -> int | None:
@@ -180,6 +180,41 @@ def dcp(folder: str, marks: list[str]) -> list[str]:
         return problems + [f"step {step}, named committed, does not load: {type(e).__name__}: {e}"]
     if not _same(target, state_of(step)):
         problems.append(f"step {step} loads other values than were saved")
+    return problems
+
+
+def newest_recorded(folder: str, record_name: str, every_rank: bool = True):
+    """The step of the record with the highest counter among folder's folders whose record reads
+    (what a reader that goes by records alone picks); None when there is none."""
+    from fastckpt.commit import record
+    from fastckpt.errors import CorruptCheckpointError
+    newest = None
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        try:
+            info = record.read(os.path.join(folder, name), record_name, size_of=None, every_rank=every_rank)
+        except (CorruptCheckpointError, OSError):
+            continue
+        if newest is None or info.counter > newest.counter:
+            newest = info
+    return None if newest is None else newest.step
+
+
+def file_set(folder: str, marks: list[str]) -> list[str]:
+    """The newest set by its record is not older than told, and its two files load bit-exact."""
+    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False)
+    step = newest_recorded(folder, SET_RECORD, every_rank=False)
+    if told is not None and (step is None or step < told):
+        return problems + [f"told set {told} was committed, the newest committed is {step}"]
+    if step is None:
+        return problems
+    got = {}
+    try:
+        for name in SET_FILES:
+            got.update(torch.load(os.path.join(folder, f"set-{step}", name), weights_only=True))
+    except Exception as e:  # noqa: BLE001
+        return problems + [f"set {step}, named committed, does not load: {type(e).__name__}: {e}"]
+    if not _same(got, state_of(step)):
+        problems.append(f"set {step} loads other values than were saved")
     return problems
 
 

@@ -3,14 +3,26 @@
     python tests/crashsim/saves.py root ROOT   # a Checkpointer, store="root": 4 saves, 2 in flight at once
     python tests/crashsim/saves.py path ROOT   # a Checkpointer, store="path": last.ckpt saved over 3 times
     python tests/crashsim/saves.py dcp ROOT    # torch.distributed.checkpoint.save through FastStorageWriter
+    python tests/crashsim/saves.py file_set ROOT  # fastckpt.commit.file_sets: 3 sets of 2 files, 2 in flight
     python tests/crashsim/saves.py pool ROOT   # a Checkpointer, store="pmem": a pool file ROOT/ckpt.pool
     python tests/crashsim/saves.py deepspeed ROOT  # a DeepSpeed engine with a "fastckpt" entry: 3 tags,
                                                    # each copied to ROOT.expected once committed
 
 Each marks what it was told (mark(): opening ROOT/.sim-mark-TEXT, which the recording shim logs
-and nothing creates): "committed:K" once the save of step K (and every one before it) is
-reported committed (wait() returned), so a check knows what the disk owes it. state_of(step) is
-the state a save of that step holds, the same in the recorded process and in the check.
+and nothing creates, and a line `sim-mark TEXT` on stdout for a run without the shim):
+"committed:K" once the save of step K (and every one before it) is reported committed (wait()
+returned), so a check knows what the disk owes it. state_of(step) is the state a save of that
+step holds, the same in the recorded process and in the check.
+
+Two settings of the environment, for the commit conformance suite (tests/fastckpt/commit/
+test_commit_protocol.py):
+  FASTCKPT_TEST_CRASH_BEFORE=CALL:N:KIND  the N-th unit of commit of class KIND issued (1: the
+      first) kills the process (os._exit, nothing cleaned up, as kill -9) just before its
+      numbered call CALL (fastckpt.commit.protocol.CALLS); a set's files are saves whose own
+      units are CheckpointCommits, so KIND says which are counted;
+  FASTCKPT_TEST_PLANT=nondurable_metadata  DCP's .metadata, the coordinator's part of a gathered
+      commit, is written without its fsync: a commit whose record lands before its data is
+      durable, which the suite must fail.
 """
 from __future__ import annotations
 
@@ -21,7 +33,8 @@ import torch
 
 
 def mark(root: str, text: str) -> None:
-    """Tells the recording something (the shim logs it; nothing is created)."""
+    """Tells the recording something (the shim logs it; nothing is created), and stdout."""
+    print(f"sim-mark {text}", flush=True)
     try:
         open(os.path.join(root, f".sim-mark-{text}"), "rb").close()
     except FileNotFoundError:
@@ -69,8 +82,98 @@ def dcp(root: str) -> None:
 
     from fastckpt.dcp import FastStorageWriter
     for step in (1, 2):
-        dcp_api.save(state_of(step), storage_writer=FastStorageWriter(os.path.join(root, f"step-{step}"), step=step))
+        writer = FastStorageWriter(os.path.join(root, f"step-{step}"), step=step)
+        dcp_api.save(state_of(step), storage_writer=writer)
         mark(root, f"committed:{step}")
+        writer.close()
+
+
+SET_RECORD = "set-record.json"
+SET_FILES = ("model.pt", "opt.pt")  # a set's files: state_of(step)'s two parts
+
+
+def file_set(root: str) -> None:
+    """Sets of files (a DeepSpeed tag's shape, without DeepSpeed): each a folder set-K holding two
+    fastckpt saves, committed by one record; set 2 in flight beside set 3."""
+    from fastckpt.commit.agreement import Agreement
+    from fastckpt.commit.file_sets import FileSets
+    from fastckpt.named import NamedCheckpoints
+    from fastckpt.write.deadline import Deadline
+    named = NamedCheckpoints({"concurrency": 4, "chunk_mb": 1, "writers": 2})
+    sets = FileSets(SET_RECORD, Agreement(), Deadline(60.0), 0.0)
+    for step in (1, 2, 3):
+        folder = os.path.join(root, f"set-{step}")
+        os.makedirs(folder)
+        state = state_of(step)
+        parts = dict(zip(SET_FILES, ({"model": state["model"]}, {"opt": state["opt"], "step": step})))
+        sets.submit(folder, [(os.path.join(folder, n), named.save(parts[n], os.path.join(folder, n), step))
+                             for n in SET_FILES], step=step)
+        if step == 2:
+            continue  # in flight beside set 3
+        sets.wait()
+        mark(root, f"committed:{step}")
+    sets.close()
+    named.close()
+
+
+def crash_before(call: str, nth: int, kind: str) -> None:
+    """The nth unit of commit of class `kind` issued dies just before its call `call` (see the
+    module's doc)."""
+    from fastckpt.commit.ordered import OrderedCommits
+    from fastckpt.commit.protocol import CALLS, CommitUnit
+    assert call in CALLS, call
+    issue, issued = OrderedCommits.issue, [0]
+
+    class Crashing(CommitUnit):
+        def __init__(self, unit: CommitUnit, doomed: bool):
+            self.unit, self.doomed, self.label = unit, doomed, unit.label
+
+        def _call(self, name: str, *args):
+            if self.doomed and name == call:
+                print(f"crash before {call} of unit {nth} ({type(self.unit).__name__}: {self.label})", flush=True)
+                os._exit(137)
+            return getattr(self.unit, name)(*args)
+
+        def finish(self):
+            return self._call("finish")
+
+        def in_order(self, finished):
+            return self._call("in_order", finished)
+
+        def record(self, parts, rank):
+            return self._call("record", parts, rank)
+
+        def landed(self, info, error):
+            return self._call("landed", info, error)
+
+        def afterwards(self):
+            return self._call("afterwards")
+
+        def timed(self, phase, seconds):
+            return self.unit.timed(phase, seconds)
+
+    def issuing(self, unit, *args, **kwargs):
+        if type(unit).__name__ == kind:
+            issued[0] += 1
+        return issue(self, Crashing(unit, type(unit).__name__ == kind and issued[0] == nth), *args, **kwargs)
+
+    OrderedCommits.issue = issuing
+
+
+def plant(bug: str) -> None:
+    """A deliberately broken commit (see the module's doc)."""
+    assert bug == "nondurable_metadata", bug
+    import fastckpt.dcp.metadata as md_file
+
+    encode = md_file.encode
+
+    def write(path: str, metadata):
+        raw = encode(metadata)
+        with open(path, "wb") as f:  # no fsync, no rename: the record may land before these bytes
+            f.write(raw)
+        return raw
+
+    md_file.write = write
 
 
 POOL, MODEL = "ckpt.pool", "run"
@@ -127,4 +230,10 @@ def deepspeed(root: str) -> None:
 
 if __name__ == "__main__":
     kind, where = sys.argv[1], sys.argv[2]
-    {"root": root_store, "path": path_store, "dcp": dcp, "pool": pool, "deepspeed": deepspeed}[kind](where)
+    if os.environ.get("FASTCKPT_TEST_CRASH_BEFORE"):
+        at, n, unit = os.environ["FASTCKPT_TEST_CRASH_BEFORE"].split(":")
+        crash_before(at, int(n), unit)
+    if os.environ.get("FASTCKPT_TEST_PLANT"):
+        plant(os.environ["FASTCKPT_TEST_PLANT"])
+    {"root": root_store, "path": path_store, "dcp": dcp, "pool": pool, "deepspeed": deepspeed,
+     "file_set": file_set}[kind](where)

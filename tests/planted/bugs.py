@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CRASHSIM = "tests/crashsim/test_power_loss.py"
+COMMIT_SUITE = "tests/fastckpt/commit/test_commit_protocol.py"  # the commit seam's power-loss cases
 
 
 @dataclass(frozen=True)
@@ -30,17 +30,17 @@ BUGS = (
           "                fd = os.open(self.file_path, os.O_RDONLY)  # planted: durable only now\n"
           "                os.fdatasync(fd)\n"
           "                os.close(fd)\n")),
-        (CRASHSIM, "-k", "every_disk and root")),
+        (COMMIT_SUITE, "-k", "every_disk and CheckpointCommit")),
     Bug("record-before-directory-fsync",
         "the commit record written before the names of its files and folder are durable",
         (("fastckpt/commit/record.py",
           "        fsync_dir(info.path)\n        fsync_dir(os.path.dirname(os.path.abspath(info.path)))\n", ""),),
-        (CRASHSIM, "-k", "every_disk and (root or dcp)")),
+        (COMMIT_SUITE, "-k", "every_disk and (CheckpointCommit or GatheredCommit)")),
     Bug("latest-before-record",
         "the root store moves `latest` before writing the COMMIT record",
         (("fastckpt/store/root_store.py", "        commit.write(info)\n        self.move_latest(info)",
           "        self.move_latest(info)\n        commit.write(info)"),),
-        (CRASHSIM, "-k", "every_disk and root")),
+        (COMMIT_SUITE, "-k", "every_disk and CheckpointCommit")),
     Bug("rank0-commits-on-its-own-result",
         "rank 0 writes the record after checking only its own part, not every rank's",
         (("fastckpt/commit/ordered.py", "            if not all(ok for ok, _ in everyone):",

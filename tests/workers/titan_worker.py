@@ -108,7 +108,7 @@ def main() -> None:
     lr_schedulers = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=optimizers, training_steps=TOTAL)
     train_state = TrainState()
     kind = Stock
-    if manager == "fast":  # the README's torchtitan lines
+    if manager == "fast":  # the torchtitan lines of docs/dcp.md
         from torchtitan_fastckpt import CheckpointManager  # torchtitan's own, through fastckpt.dcp
         config = CheckpointManager.Config(enable=True, folder=ckpt, interval=1, async_mode=mode, concurrency=2,
                                           keep_latest_k=3, last_save_model_only=False)
