@@ -153,7 +153,7 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     pool elsewhere (they went next to it: /dev/shm/torch_save)."""
     import sys
     run_dir = tmp_path / "run"
-    extra = [f"store=pmem", f"root={tmp_path / 'pools' / 'demo.pool'}"] if store == "pmem" else []
+    extra = ["store=pmem", f"root={tmp_path / 'pools' / 'demo.pool'}"] if store == "pmem" else []
     (tmp_path / "pools").mkdir()
     r = subprocess.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -1,0 +1,101 @@
+"""The commit seam's conformance suite: every implementation of fastckpt.commit.protocol's
+CommitUnit, through the same cases.
+
+The implementations, each driven by a real program of tests/crashsim/saves.py (real saves,
+real files, real fsync): the Checkpointer's unit (CheckpointCommit: a Checkpointer, two saves in
+flight), a set of files (FileSetCommit: sets of two fastckpt saves, two sets in flight) and a
+set gathered on a coordinator (GatheredCommit: DCP's save through FastStorageWriter).
+
+The cases:
+- a process killed (os._exit, as kill -9) just before each numbered call of the second unit
+  issued: the disk gives the newest checkpoint the program was told was committed, bit-exact;
+  before `record` (5) the checkpoint before is still the newest, from `landed` (6) on the new
+  one is — and the unit that died is the implementation's own, driven by the one ordered commit;
+- every disk a power loss could leave at every moment (tests/crashsim: the page cache lost too):
+  a record is never there without every byte it names;
+- a deliberately broken commit — DCP's .metadata, the coordinator's part, written without its
+  fsync, so its record can land before its data is durable — fails the power-loss case.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from crashsim import checks
+from crashsim.harness import SAVES, build_shim, judge, record
+from crashsim.saves import SET_RECORD
+from fastckpt.commit.protocol import CALLS
+
+# implementation -> (the program of saves.py, its check, its record's name, every rank writes a file)
+KINDS = {
+    "CheckpointCommit": ("root", checks.root_store, "COMMIT", True),
+    "FileSetCommit": ("file_set", checks.file_set, SET_RECORD, False),
+    "GatheredCommit": ("dcp", checks.dcp, "fastckpt-dcp.json", False),
+}
+
+
+def run(kind: str, root: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SAVES, kind, root], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def marks_of(output: str) -> list[str]:
+    return [line.split(" ", 1)[1] for line in output.splitlines() if line.startswith("sim-mark ")]
+
+
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("unit", list(KINDS))
+def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint(tmp_path, unit, call):
+    kind, check, record_name, every_rank = KINDS[unit]
+    root = str(tmp_path / "root")
+    os.makedirs(root)
+    proc = run(kind, root, {"FASTCKPT_TEST_CRASH_BEFORE": f"{call}:2:{unit}"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 137 and f"crash before {call} of unit 2 ({unit}:" in out, out[-3000:]
+    marks = marks_of(proc.stdout)
+    assert check(root, marks) == []
+    newest = checks.newest_recorded(root, record_name, every_rank)
+    if CALLS.index(call) <= CALLS.index("record"):
+        assert newest == 1, f"killed before {call}: the newest committed is {newest}, not the one before (1)"
+    else:
+        assert newest == 2, f"killed before {call}, after its record: the newest committed is {newest}, not 2"
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> str:
+    return build_shim(str(tmp_path_factory.mktemp("shim")))
+
+
+@pytest.fixture
+def work():
+    """Disks are written out in memory (/dev/shm) when there is one: hundreds per test."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="fastckpt-commit-", dir=base) as d:
+        yield d
+
+
+@pytest.mark.parametrize("unit", list(KINDS))
+def test_every_disk_a_power_loss_can_leave_gives_the_newest_committed_checkpoint(tmp_path, shim, work, unit):
+    kind, check, _, _ = KINDS[unit]
+    root = tmp_path / "root"
+    rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)])
+    assert any(op.kind == "fsync" for op in rec.ops) and any(op.kind == "mark" for op in rec.ops), rec.output[-2000:]
+    verdict = judge(rec, check, work)
+    print(f"\n{unit}: {len(rec.ops)} file operations, {verdict.crash_points} crash points, "
+          f"{verdict.states} distinct disks checked")
+    assert verdict.problems == [], "\n".join(verdict.problems)
+    assert verdict.states >= 20
+
+
+def test_a_commit_whose_record_lands_before_its_data_is_durable_fails_the_suite(tmp_path, shim, work):
+    kind, check, _, _ = KINDS["GatheredCommit"]
+    root = tmp_path / "root"
+    rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)],
+                 env={"FASTCKPT_TEST_PLANT": "nondurable_metadata"})
+    verdict = judge(rec, check, work)
+    assert verdict.problems, f"no disk of {verdict.states} showed a record naming a .metadata that is not there"
+    print("\n" + "\n".join(verdict.problems[:3]))
