@@ -56,3 +56,15 @@ def test_no_test_starts_after_the_deadline(tmp_path):
     lines = [line.split()[0] for line in out.stdout.splitlines() if "::" in line]
     assert lines == ["NOTRUN", "NOTRUN"], out.stdout
     assert "NOTRUN 2" in out.stdout and out.returncode == 1
+
+
+def test_one_per_file_runs_the_first_test_of_each_file_and_lists_the_rest(tmp_path):
+    (tmp_path / "test_cases.py").write_text(CASES)
+    (tmp_path / "test_more.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    assert False\n")
+    out = subprocess.run([sys.executable, RUNNER, "--timeout", "30", "--jobs", "2", "--one-per-file", "--",
+                          str(tmp_path), "-k", "not hangs"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    lines = {line.split()[-1].split("::")[-1]: line.split()[0] for line in out.stdout.splitlines() if "::" in line}
+    assert lines == {"test_passes": "PASS", "test_fails": "SAMPLED", "test_skips": "SAMPLED",
+                     "test_a": "PASS", "test_b": "SAMPLED"}, out.stdout
+    assert "PASS 2 FAIL 0" in out.stdout and out.returncode == 0

@@ -21,8 +21,8 @@
 #    top-20 table and each save's timings under $OUT/profile (profile.md). Run before step 3, killed
 #    at PROFILE_BUDGET seconds.
 #
-# Without CUDA (the suite runs it so it never rots) step 2 must end with every test skipped and step 3
-# runs every contender with a tiny model. Exit 0 when every part did what it should, else 1.
+# Without CUDA (the suite runs it so it never rots) step 2 must end with every test it ran skipped
+# (the first of each file, the rest listed SAMPLED) and step 3 runs every contender with a tiny model. Exit 0 when every part did what it should, else 1.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 PYGPU=${PYGPU:-python3}
@@ -60,14 +60,20 @@ except Exception as exc:
 EOF
 } 2>&1 | tee "$OUT/env.txt"
 
-if [ "$cuda" != 1 ]; then TESTS_DEADLINE=100000; fi  # no device time to save here: every test gets its turn
+sample=()
+if [ "$cuda" != 1 ]; then
+  TESTS_DEADLINE=100000  # no device time to save here: every test gets its turn
+  # every gpu test is collected; the first of each file runs in its own process (all of them would
+  # only skip, a process each: minutes of CPU that show nothing more; GPU_TESTS_ALL=1 runs all)
+  [ -z "${GPU_TESTS_ALL:-}" ] && sample=(--one-per-file)
+fi
 if [ "$cuda" = 1 ] && [ "$GPU_CHECK" = long ] && [ -z "${RUN_TESTS:-}" ]; then
   # the first call ran them; the profile and the full-size benchmark fill this one (RUN_TESTS=1: run them too)
   echo "== gpu tests: not in the long call (they ran in the first; RUN_TESTS=1 runs them here too)"
 else
   echo "== gpu tests (each in its own process, $TEST_TIMEOUT s each at most, none started after $TESTS_DEADLINE s)"
   "$PYGPU" "$here/tests/support/run_isolated.py" --timeout "$TEST_TIMEOUT" --deadline "$TESTS_DEADLINE" \
-    --jobs "$JOBS" --log "$OUT/gpu-tests.log" -- "$here/tests" -m gpu 2>&1 | tee "$OUT/gpu-tests.txt"
+    --jobs "$JOBS" --log "$OUT/gpu-tests.log" "${sample[@]}" -- "$here/tests" -m gpu 2>&1 | tee "$OUT/gpu-tests.txt"
   rc=${PIPESTATUS[0]}
   if [ "$cuda" = 1 ] && [ "$rc" != 0 ]; then status=1; fi
   if [ "$cuda" != 1 ] && [ "$rc" != 3 ]; then echo "without CUDA every gpu test should skip (exit $rc)"; status=1; fi

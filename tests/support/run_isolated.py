@@ -1,6 +1,7 @@
 """Runs each selected test in its own process under a hard timeout: one PASS / FAIL / HANG / SKIP line each.
 
-    python tests/support/run_isolated.py [--timeout S] [--jobs N] [--deadline S] [--log FILE] -- PYTEST_ARGS...
+    python tests/support/run_isolated.py [--timeout S] [--jobs N] [--deadline S] [--log FILE]
+                                         [--one-per-file] -- PYTEST_ARGS...
 
 `make test-gpu` runs it over `tests -m gpu`. A test that outlives --timeout is killed with its
 whole process group (SIGKILL: a thread blocked in native code ignores pytest-timeout) and
@@ -9,7 +10,10 @@ run at all and counts as NOTRUN (the whole run then ends within deadline + timeo
 device call of bounded length needs). Lines are printed as tests end. Exit status: 0 when at
 least one test ran and none failed, hung or was left unrun; 1 on any FAIL, HANG or NOTRUN; 3
 when every test skipped (on a machine without CUDA nothing GPU-related ran).
-Each test's output goes to --log, under a header naming the test.
+Each test's output goes to --log, under a header naming the test. --one-per-file: every test is
+collected, the first of each file runs (the CPU rehearsal of `make gpu-check`, where every gpu
+test skips: a process per file shows each module imports and skips, at a tenth of the cost);
+the others are listed as SAMPLED and count as nothing.
 """
 from __future__ import annotations
 
@@ -59,12 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which no further test is started (those left count as NOTRUN)")
     ap.add_argument("--log", default=None, help="file for every test's output")
+    ap.add_argument("--one-per-file", action="store_true",
+                    help="run only the first test of each file (the rest: SAMPLED, counted as nothing)")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: what pytest selects")
     a = ap.parse_args(argv)
     args = a.pytest_args[1:] if a.pytest_args[:1] == ["--"] else a.pytest_args
     ids = collect(args)
     print(f"{len(ids)} test(s), each in its own process, {a.timeout:g} s each at most, {a.jobs} at a time",
           flush=True)
+    if a.one_per_file:
+        first = {}
+        for t in ids:
+            first.setdefault(t.split("::")[0], t)
+        for t in ids:
+            if t not in first.values():
+                print(f"SAMPLED  {t}", flush=True)
+        ids = list(first.values())
+        print(f"{len(ids)} of them run: the first of each file (--one-per-file)", flush=True)
     counts = {"PASS": 0, "FAIL": 0, "HANG": 0, "SKIP": 0, "NOTRUN": 0}
     log = open(a.log, "w") if a.log else None
     start_by = time.monotonic() + a.deadline if a.deadline is not None else float("inf")
