@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-quick test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -24,8 +24,15 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VPY) -m fastckpt.demo $(ARGS)
 
+# every test, TEST_JOBS pytest-xdist workers at once (auto: one per core), the 15 slowest named
+TEST_JOBS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q tests $(ARGS)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --durations=15 $(ARGS)
+
+# the edit loop: everything but the slow tier (tests/conftest.py's SLOW: ranks, frameworks, kill
+# campaigns, whole programs), a few minutes
+test-quick: $(STAMP)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) -m "not slow" --durations=10 $(ARGS)
 
 # every `gpu` test alone in its own process under a hard timeout: one PASS/FAIL/HANG/SKIP line each,
 # non-zero exit on any FAIL or HANG (3 when all skipped: no CUDA here). On a GPU machine it runs with

@@ -46,7 +46,25 @@ def pytest_unconfigure(config):
         shutil.rmtree(made, ignore_errors=True)
 
 
+# The slow tier, by test id prefix: what starts ranks, frameworks, kill campaigns or whole programs.
+# `make test-quick` runs everything else (-m "not slow", the edit loop); `make test` runs all.
+SLOW = ("tests/benchmarks/test_bench_gpu_overhead.py::test_make_gpu_check", "tests/campaign/", "tests/crashsim/",
+        "tests/deepspeed_fastckpt/", "tests/framework_suites/", "tests/native/", "tests/torchtitan_fastckpt/",
+        "tests/fastckpt/commit/test_commit_protocol.py", "tests/fastckpt/dcp/test_dcp_storage.py",
+        "tests/fastckpt/dcp/test_dcp_tools.py", "tests/fastckpt/dcp/test_fsdp2.py", "tests/fastckpt/dcp/test_stager.py",
+        "tests/fastckpt/pmem/test_pmem.py::test_kill9", "tests/fastckpt/test_crash.py",
+        "tests/fastckpt/test_distributed.py", "tests/fastckpt/test_reproducibility.py",
+        "tests/lightning_fastckpt/test_lightning_ddp.py", "tests/lightning_fastckpt/test_lightning_model_parallel.py",
+        "tests/project/test_first_hour.py", "tests/project/test_no_thread_left.py::test_no_thread_outlives_a_destroyed_deepspeed",
+        "tests/project/test_run_isolated.py::test_every_test_gets_its_own_line_and_a_hang_is_killed",
+        "tests/fastckpt/tools/test_cli_folders.py::test_a_deepspeed", "tests/fastckpt/tools/test_folder_kind_conformance.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine)")
