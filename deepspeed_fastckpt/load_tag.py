@@ -26,7 +26,7 @@ from typing import Optional
 from fastckpt.commit.agreement import Agreement
 from fastckpt.errors import CorruptCheckpointError
 
-from .tag_records import SizeOf, newest_committed, read_latest, read_record, tag_status
+from .tag_records import SizeOf, newest_committed_tag, read_latest, read_record, tag_status
 
 
 @dataclass
@@ -50,7 +50,7 @@ def choose(save_dir: str, tag: Optional[str], size_of: SizeOf, latest_file: str 
     status, why = tag_status(save_dir, named, size_of) if named else ("missing", f"no {latest_file!r} file")
     if status in ("committed", "foreign"):
         return Choice(named, status, why if status == "foreign" else "")
-    newest = newest_committed(save_dir, size_of)
+    newest = newest_committed_tag(save_dir, size_of)
     if newest is not None:
         note = "" if named is None else f"{latest_file!r} names {named!r}, which is not loadable ({why}); "
         return Choice(newest, "committed", f"{note}loading the newest committed tag {newest!r}" if note else "")

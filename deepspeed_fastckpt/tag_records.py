@@ -8,7 +8,7 @@ commit record `save_dir/tag/fastckpt-tag.json` (fastckpt.commit.record's format:
 with its rank, size and CRC-32, and a counter) and `save_dir/fastckpt-latest`, both
 atomically. A tag record fastckpt 0.1 wrote (plain JSON with a sequence number) still reads. DeepSpeed's own
 `latest` file is written with a plain open() and may be missing, torn, or name a tag that
-never completed; `newest_committed` ignores it.
+never completed; `newest_committed_tag` ignores it.
 
 Before any file of a tag is written, `mark_open` leaves `save_dir/tag/fastckpt-tag.open`: a
 tag with that mark and no record is one fastckpt began and never committed. Files fastckpt
@@ -109,7 +109,7 @@ def mark_open(save_dir: str, tag: str) -> None:
     os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
 
 
-def newest_committed(save_dir: str, size_of: SizeOf = file_size) -> Optional[str]:
+def newest_committed_tag(save_dir: str, size_of: SizeOf = file_size) -> Optional[str]:
     """The committed tag with the highest counter (None if there is none)."""
     best: Optional[tuple[int, str]] = None
     if not os.path.isdir(save_dir):

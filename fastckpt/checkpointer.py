@@ -29,7 +29,7 @@ from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.plan import FilePlan
 from .pending import Pending
-from .restore.newest import Loaded, newest_committed, newest_loadable
+from .restore.newest import Loaded, newest_loadable, newest_record
 from .store import open_store
 from .timings import Timings, summed
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
@@ -368,7 +368,7 @@ class Checkpointer:
         """The newest committed checkpoint: its commit record is intact and its files have the
         sizes the record says (no byte of them is read). verified=True: the newest whose every
         byte also checks against its CRC-32s (reads them all) — what load() returns."""
-        return newest_committed(self.store, verified)
+        return newest_record(self.store, verified)
 
     def list(self) -> list[CommitInfo]:
         """Every committed checkpoint (see latest()), newest first."""

@@ -13,6 +13,8 @@ import pytest
 import torch
 from support.paths import ROOT
 
+pytest_plugins = ["crashsim.fixtures"]  # shim and work, for the power-loss tests
+
 
 def pytest_addoption(parser):
     parser.addoption("--many", action="store_true", default=False,

@@ -58,6 +58,9 @@ def newest_counter_under(parent: str, record_name: str) -> int:
     return newest
 
 
+_counting = threading.Lock()  # a gathered set's counter is read from the disk and written with its record
+
+
 def gathered_commits(stall_s: float) -> OrderedCommits:
     """The ordered commit of one coordinator's gathered sets (a FastStorageWriter's saves, in the
     order their finish came): one rank decides, so no other rank takes part. stall_s: how long
@@ -291,11 +294,12 @@ class GatheredCommit(CommitUnit):
 
     def record(self, parts: list, rank: int) -> CommitInfo:
         files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files
-        counter = newest_counter_under(os.path.dirname(self.directory), self.record_name) + 1
-        info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files), counter=counter,
-                          time=time.time(), world_size=self.world_size, format=self.format, files=files,
-                          meta=self.meta)
-        commit.write(info, self.record_name)
+        with _counting:  # two writers' commits under one parent never take the same counter
+            counter = newest_counter_under(os.path.dirname(self.directory), self.record_name) + 1
+            info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files),
+                              counter=counter, time=time.time(), world_size=self.world_size, format=self.format,
+                              files=files, meta=self.meta)
+            commit.write(info, self.record_name)
         return info
 
     def landed(self, info, error) -> None:

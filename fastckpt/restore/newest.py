@@ -23,7 +23,7 @@ class Loaded:
     skipped: list[str]
 
 
-def newest_committed(store, verified: bool) -> Optional[CommitInfo]:
+def newest_record(store, verified: bool) -> Optional[CommitInfo]:
     """The newest committed checkpoint (record intact, file sizes as recorded); verified=True:
     the newest whose every byte also checks against its CRC-32s."""
     for info in store.committed():

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .path_store import PathStore
-from .pmem_store import PoolStore
+from .pmem_store import PmemStore
 from .protocol import ByPath, Store
 from .root_store import RootStore
 
-STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PoolStore)}
+STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PmemStore)}
 
 
 def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
@@ -27,4 +27,4 @@ def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
     return cls.open(config, rank, world_size)
 
 
-__all__ = ["STORES", "ByPath", "PathStore", "PoolStore", "RootStore", "Store", "open_store"]
+__all__ = ["STORES", "ByPath", "PathStore", "PmemStore", "RootStore", "Store", "open_store"]

@@ -44,7 +44,7 @@ STRATEGY_NOTE = ("fastckpt: store='pmem' stores every snapshot straight into the
                  "the pool), so strategy={!r} changes nothing there (left at its default, 'c', it is not said)")
 
 
-class PoolStore(Store, ByPath):
+class PmemStore(Store, ByPath):
     kind = "pmem"
     survey_kind = "pool"  # `fastckpt ls` lists a pool's models itself (fastckpt.pmem.commands)
     layout_format = "safetensors"  # what the pool keeps, whatever the Checkpointer's format
@@ -74,7 +74,7 @@ class PoolStore(Store, ByPath):
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, config, rank: int, world_size: int) -> "PoolStore":
+    def open(cls, config, rank: int, world_size: int) -> "PmemStore":
         return cls(config.root, model=config.model, pool_mb=config.pool_mb, persist=config.persist,
                    concurrency=config.concurrency, rank=rank, world_size=world_size)
 
@@ -83,7 +83,7 @@ class PoolStore(Store, ByPath):
 
     # -- the command's view: a pool is listed by fastckpt.pmem.commands ---------------
     @classmethod
-    def place_at(cls, path: str) -> Optional["PoolStore"]:
+    def place_at(cls, path: str) -> Optional["PmemStore"]:
         """A pool: the file (or DAX device), or a folder holding fastckpt.pool."""
         from ..pmem.commands import is_pool
         for candidate in (path, os.path.join(path, POOL_NAME)):

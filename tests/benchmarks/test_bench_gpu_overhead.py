@@ -49,7 +49,7 @@ def test_make_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     tests = [line for line in lines if "::" in line]
     ran = [line for line in tests if not line.startswith("SAMPLED")]
     files = {line.split()[-1].split("::")[0] for line in tests}
-    assert len(tests) >= 80 and len(ran) == len(files) >= 10, (len(tests), len(ran), len(files))
+    assert len(tests) >= 80 and len(ran) == len(files) > 1, (len(tests), len(ran), len(files))
     assert all(line.startswith("SKIP") for line in ran), ran[:5]
     assert f"PASS 0 FAIL 0 HANG 0 SKIP {len(ran)} NOTRUN 0" in lines
     res = json.load(open(out / "bench" / "gpu_overhead.json"))

@@ -13,27 +13,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import tempfile
 
 import pytest
 
 from crashsim import checks
-from crashsim.harness import SAVES, build_shim, judge, record
+from crashsim.harness import SAVES, judge, record
 
 CHECKS = {"path": checks.path_store, "pool": checks.pool}
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> str:
-    return build_shim(str(tmp_path_factory.mktemp("shim")))
-
-
-@pytest.fixture
-def work():
-    """Disks are written out in memory (/dev/shm) when there is one: hundreds per test."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="fastckpt-crashsim-", dir=base) as d:
-        yield d
 
 
 TOY = r'''

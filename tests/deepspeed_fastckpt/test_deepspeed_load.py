@@ -154,14 +154,14 @@ def test_a_deepspeed_tag_record_of_0_1_is_committed_with_its_seq_as_counter(tmp_
     """tests/fixtures/v0_1/deepspeed: 0.1's tag record (plain JSON, no CRC of its own) reads as a
     commit record whose counter is its `seq`; its files' sizes are still checked; `fastckpt ls`
     and `verify` read the folder."""
-    from deepspeed_fastckpt.tag_records import file_size, newest_committed, newest_counter, read_record, tag_status
+    from deepspeed_fastckpt.tag_records import file_size, newest_committed_tag, newest_counter, read_record, tag_status
     save_dir = str(shutil.copytree(os.path.join(FIXTURES, "v0_1", "deepspeed"), tmp_path / "ds"))
     info = read_record(save_dir, "global_step3")
     assert info.counter == 1 and info.world_size == 1
     assert sorted(f.name for f in info.files) == ["mp_rank_00_model_states.pt",
                                                   "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     assert tag_status(save_dir, "global_step3", file_size) == ("committed", "")
-    assert newest_committed(save_dir) == "global_step3" and newest_counter(save_dir) == 1
+    assert newest_committed_tag(save_dir) == "global_step3" and newest_counter(save_dir) == 1
     with open(os.path.join(save_dir, "global_step3", "mp_rank_00_model_states.pt"), "ab") as f:
         f.write(b"\0")  # its sizes are still checked
     assert tag_status(save_dir, "global_step3", file_size)[0] == "damaged"

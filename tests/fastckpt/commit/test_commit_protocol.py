@@ -21,12 +21,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from crashsim import checks
-from crashsim.harness import SAVES, build_shim, judge, record
+from crashsim.harness import SAVES, judge, record
 from crashsim.saves import SET_RECORD
 from fastckpt.commit.protocol import CALLS
 
@@ -63,19 +62,6 @@ def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint
         assert newest == 1, f"killed before {call}: the newest committed is {newest}, not the one before (1)"
     else:
         assert newest == 2, f"killed before {call}, after its record: the newest committed is {newest}, not 2"
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> str:
-    return build_shim(str(tmp_path_factory.mktemp("shim")))
-
-
-@pytest.fixture
-def work():
-    """Disks are written out in memory (/dev/shm) when there is one: hundreds per test."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="fastckpt-commit-", dir=base) as d:
-        yield d
 
 
 @pytest.mark.parametrize("unit", list(KINDS))
