@@ -214,15 +214,15 @@ class FastStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = dcp_files.CURRENT_DCP_VERSION
-        step, also = self._this
+        (step, also), directory = self._this, self.path  # this save's, whatever the next one sets
 
         def part() -> list:  # the coordinator's own part, durable: .metadata (and what it commits too)
-            raw = md_file.write(os.path.join(self.path, md_file.NAME), metadata)
+            raw = md_file.write(os.path.join(directory, md_file.NAME), metadata)
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
-            return entries + [self._entry_of(name) for name in also]  # e.g. Lightning's meta.pt
+            return entries + [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
 
         self._commit_threads = [t for t in self._commit_threads if t.is_alive()]
-        commit_gathered(self.path, RECORD, part, step, len(results), self._commits, meta={"dcp": True},
+        commit_gathered(directory, RECORD, part, step, len(results), self._commits, meta={"dcp": True},
                         track=self._commit_threads.append)
 
     @classmethod
@@ -236,9 +236,11 @@ class FastStorageWriter(StorageWriter):
         takes its own when it starts, so saves in flight at once never see each other's."""
         self._expected[os.path.abspath(os.fspath(path))] = (step, list(also_commit))
 
-    def _entry_of(self, name: str) -> FileEntry:
-        """The record's entry of a file fastckpt.save wrote (its own CRC-32, which verify checks)."""
-        path = os.path.join(self.path, plain_name(name, self.path))
+    @staticmethod
+    def _entry_of(directory: str, name: str) -> FileEntry:
+        """The record's entry of a file fastckpt.save wrote into directory (its own CRC-32, which
+        verify checks)."""
+        path = os.path.join(directory, plain_name(name, directory))
         idx = read_index(path)
         if idx.file_crc is None:
             raise ValueError(f"{path}: also_commit takes files written by fastckpt.save (their CRC-32 is "
