@@ -32,7 +32,8 @@ import os
 from typing import Callable, Optional
 
 from fastckpt.commit import record as commit
-from fastckpt.commit.record import CommitInfo, file_size
+from fastckpt.commit.record import file_size
+from fastckpt.commit_info import CommitInfo, FileEntry
 from fastckpt.errors import CorruptCheckpointError
 from fastckpt.fsutil import makedirs_durable, read_regular, write_atomic
 from fastckpt.pmem.pointer import is_pool_pointer
@@ -73,7 +74,7 @@ def _record_of_0_1(tag_dir: str) -> Optional[CommitInfo]:
         rec = json.loads(read_regular(path, commit.MAX_RECORD))
         if not isinstance(rec, dict) or "body" in rec:
             return None
-        files = tuple(commit.FileEntry(commit.plain_name(f["name"], path), 0, int(f["bytes"]), int(f["crc32"], 16))
+        files = tuple(FileEntry(commit.plain_name(f["name"], path), 0, int(f["bytes"]), int(f["crc32"], 16))
                       for f in rec["files"])
         return CommitInfo(step=-1, path=tag_dir, bytes=sum(f.bytes for f in files), counter=int(rec["seq"]),
                           time=os.path.getmtime(path), world_size=int(rec.get("world_size", 0)) or 1,

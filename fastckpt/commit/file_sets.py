@@ -69,15 +69,13 @@ def gathered_commits(stall_s: float) -> OrderedCommits:
 
 
 def commit_gathered(directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
-                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None,
-                    track: Optional[Callable[[threading.Thread], None]] = None) -> CommitInfo:
+                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
     """Commits a set whose ranks' files its framework already gathered on this coordinator (DCP's
-    finish) as a GatheredCommit through `commits` (gathered_commits()); returns once its record is
-    durable, or raises why it is not. part(): the coordinator's own part made durable (DCP's
-    .metadata), returning every file's FileEntry. track(thread): the commit's thread, which goes
-    on after this returns (the unit's afterwards), for a close() to join."""
+    finish) as a GatheredCommit through `commits` (gathered_commits(); its owner's close() joins
+    it); returns once its record is durable, or raises why it is not. part(): the coordinator's
+    own part made durable (DCP's .metadata), returning every file's FileEntry."""
     unit = GatheredCommit(directory, record_name, part, step, world_size, fmt, meta)
-    commits.issue(unit, track=track)
+    commits.issue(unit)
     return unit.result()
 
 
@@ -118,7 +116,6 @@ class FileSets:
         self._owners: dict[str, int] = {}  # parent directory -> sets of it in flight
         self._withdrawn: set[str] = set()  # parents to delete once their sets land
         self._counters: dict[str, int] = {}  # parent -> the next counter (rank 0)
-        self._threads: list[threading.Thread] = []  # the sets' commit threads, which close() joins
         _live.add(self)
 
     # -- submitting ------------------------------------------------------
@@ -129,11 +126,7 @@ class FileSets:
         owner = _owner(directory)
         with self._cv:
             self._owners[owner] = self._owners.get(owner, 0) + 1
-        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label), track=self._track)
-
-    def _track(self, thread: threading.Thread) -> None:
-        with self._cv:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label))
 
     # -- waiting ---------------------------------------------------------
     def wait_for(self, owner: str) -> None:
@@ -167,10 +160,7 @@ class FileSets:
         try:
             self.wait()
         finally:
-            with self._cv:
-                threads, self._threads = self._threads, []
-            for thread in threads:
-                thread.join()
+            self._commits.join()
 
     # -- withdrawing -----------------------------------------------------
     def withdraw(self, owner: str) -> bool:
@@ -286,11 +276,7 @@ class GatheredCommit(CommitUnit):
         self._error: Optional[BaseException] = None
 
     def finish(self) -> tuple:
-        files = tuple(self._part())
-        missing = [f.name for f in files if commit.file_size(os.path.join(self.directory, f.name)) != f.bytes]
-        if missing:
-            raise CheckpointWriteError(f"{self.label}: {', '.join(missing)} not there with the size gathered")
-        return files
+        return tuple(self._part())
 
     def record(self, parts: list, rank: int) -> CommitInfo:
         files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files

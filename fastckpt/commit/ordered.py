@@ -46,6 +46,7 @@ class OrderedCommits:
         self._lock = threading.Lock()
         self._last: Optional[threading.Event] = None  # set once the newest issued unit landed
         self._issued = 0
+        self._threads: list[threading.Thread] = []  # the units' threads not yet joined (join())
         # (index of the first unit that may not exchange any more, why): see _run
         self._broken: Optional[tuple[int, str]] = None
 
@@ -62,7 +63,17 @@ class OrderedCommits:
                                   name=f"{self._name}-{unit.label}", daemon=True)
         if track is not None:
             track(thread)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
+
+    def join(self) -> None:
+        """Until every unit issued so far has run to its end (afterwards() included): what an
+        owner's close() calls, so that no commit thread outlives it."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
     def _out_of_step(self, index: int) -> Optional[str]:
         broken = self._broken

@@ -3,8 +3,9 @@
 Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one function that
 writes a record (`write`: every kind of checkpoint commits through it — the Checkpointer's
 `COMMIT`, a per-rank folder's, a set of files such as a DeepSpeed tag, under the name its
-convention gives), the checks that a record and the files it names are intact (sizes; full
-CRCs are the loader's job), CommitInfo (fastckpt.commit_info) is what callers see of a committed checkpoint.
+convention gives), and the checks that a record and the files it names are intact (sizes; full
+CRCs are the loader's job). What callers see of a committed checkpoint, CommitInfo, is
+fastckpt.commit_info's.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from typing import Optional
 
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from ..commit.record import FileEntry, plain_name
+from ..commit.record import plain_name
+from ..commit_info import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..format.reading import range_crcs
 from ..format.zip_reader import read_index

@@ -28,7 +28,8 @@ import warnings
 from typing import Optional
 
 from ..commit import record
-from ..commit.record import CommitInfo, plain_name
+from ..commit.record import plain_name
+from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..fsutil import fsync_dir
 from .check import read_metadata

@@ -52,7 +52,8 @@ from torch.futures import Future
 
 from ..commit.agreement import make_agreement
 from ..commit.file_sets import commit_gathered, gathered_commits
-from ..commit.record import FileEntry, plain_name
+from ..commit.record import plain_name
+from ..commit_info import FileEntry
 from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
@@ -101,7 +102,6 @@ class FastStorageWriter(StorageWriter):
         # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
         self._agree = make_agreement(self.config.commit_timeout_s)
         self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
-        self._commit_threads: list[threading.Thread] = []  # their threads, which close() joins
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -221,9 +221,7 @@ class FastStorageWriter(StorageWriter):
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
             return entries + [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
 
-        self._commit_threads = [t for t in self._commit_threads if t.is_alive()]
-        commit_gathered(directory, RECORD, part, step, len(results), self._commits, meta={"dcp": True},
-                        track=self._commit_threads.append)
+        commit_gathered(directory, RECORD, part, step, len(results), self._commits, meta={"dcp": True})
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -287,8 +285,7 @@ class FastStorageWriter(StorageWriter):
     def close(self) -> None:
         """Waits for every file and commit in flight and closes the writer's Checkpointers and groups."""
         try:
-            for thread in list(self._commit_threads):
-                thread.join()
+            self._commits.join()
             self.named.close()
         finally:
             try:

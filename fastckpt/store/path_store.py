@@ -28,7 +28,8 @@ import warnings
 from typing import Any, Callable, Optional
 
 from ..commit import record as commit
-from ..commit.record import CommitInfo, FileEntry, file_size
+from ..commit.record import file_size
+from ..commit_info import CommitInfo, FileEntry
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..format import load_file, sniff
 from ..fsutil import fsync_dir, makedirs_durable
