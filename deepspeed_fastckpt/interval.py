@@ -6,10 +6,12 @@
         if deepspeed_fastckpt.checkpoint_due(engine, save_dir):
             engine.save_checkpoint(save_dir)
 
-Owns the AutoInterval (fastckpt.tune.auto_interval) of an engine: engine.step() feeds it the time
+Owns the AutoInterval (fastckpt.tune.auto_interval) of an engine: the engine's forward feeds it the time
 between steps; after the warm-up, checkpoint_due() profiles N x p once under
 SAVE_DIR/.fastckpt-tune with this rank's module and optimizer state, reconfigures the
-FastckptEngine to N* and p*, and answers by the interval f*. An integer "interval" answers
+FastckptEngine to N* and p*, and answers by the interval f*. The time between steps is taken
+at the first forward of each step (deepspeed_fastckpt.engine_hooks: one step's start to the
+next's, the save between them included). An integer "interval" answers
 by that. With several ranks the interval in force is the largest any rank chose, agreed by
 an all-reduce at tuning and every `window` steps after (so a drift re-tune is agreed too):
 every rank must answer the same, or their save_checkpoint collectives would not meet.
@@ -25,9 +27,8 @@ from fastckpt.tune.auto_interval import AutoInterval
 from fastckpt.errors import ConfigError
 
 from .engine import FastckptEngine
+from .engine_hooks import hooks_of, peek
 from .settings import interval_of
-
-ATTR = "_fastckpt_interval"
 
 
 class _Interval:
@@ -39,29 +40,29 @@ class _Interval:
         self.last_step_at: Optional[float] = None
         self.saved_in_step = False  # checkpoint_due said yes since the last step boundary
 
+    def step_ended(self, engine, now: float) -> None:
+        """A step of the engine ended at `now` (engine_hooks: the next step's first forward)."""
+        if self.auto is None:
+            return
+        if self.last_step_at is not None:
+            ce = engine.checkpoint_engine
+            in_flight = bool(getattr(ce, "in_flight", lambda: 0)())
+            self.auto.step_time(now - self.last_step_at, checkpointing=in_flight or self.saved_in_step)
+        self.last_step_at = now
+        self.saved_in_step = False
+
 
 def attach(engine, entry: dict) -> None:
     """From the entry's "interval" (and "tune") keys, if there."""
     checked = interval_of(entry)
     if checked is not None:
-        engine.__dict__[ATTR] = _Interval(*checked)
-
-
-def on_step(engine, now: float) -> None:
-    iv = engine.__dict__.get(ATTR)
-    if iv is None or iv.auto is None:
-        return
-    if iv.last_step_at is not None:
-        ce = engine.checkpoint_engine
-        in_flight = bool(getattr(ce, "in_flight", lambda: 0)())
-        iv.auto.step_time(now - iv.last_step_at, checkpointing=in_flight or iv.saved_in_step)
-    iv.last_step_at = now
-    iv.saved_in_step = False
+        hooks_of(engine).interval = _Interval(*checked)
 
 
 def checkpoint_due(engine, save_dir: str) -> bool:
     """Whether the engine's current global step is a checkpoint step (see the module doc)."""
-    iv = engine.__dict__.get(ATTR)
+    hooks = peek(engine)
+    iv = None if hooks is None else hooks.interval
     if iv is None:
         raise ConfigError('checkpoint_due needs "interval" ("auto" or steps) in the "fastckpt" entry')
     step = engine.global_steps

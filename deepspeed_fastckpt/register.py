@@ -1,35 +1,37 @@
 """Hooks fastckpt into DeepSpeed when `deepspeed_fastckpt` is imported.
 
-Small wraps of DeepSpeedEngine methods, each a no-op unless the engine's config has a
-"fastckpt" entry (or, for offload, offload_activations() was called on the engine):
-- `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there; with the entry
-  the engine gets a FastckptEngine instead (the entry is validated first: unknown keys
-  are a ConfigError), told which tensors the optimizer update alone rewrites and
-  which group of DeepSpeed's optimizer rewrites them;
-- `destroy()`: waits until every tag in flight is committed and raises a write error
-  (an interpreter exit without destroy() does the same, quietly logging errors);
-- `load_checkpoint(dir, tag=None)`: every save of this process into dir lands first, then
-  the ranks agree on one tag (deepspeed_fastckpt.load_tag): what DeepSpeed would load,
-  checked against fastckpt's commit records — a tag fastckpt never finished is not loaded
-  (the newest committed one is, with a warning), a tag another engine wrote is loaded as
-  DeepSpeed would and said so, and "nothing to load" is a warning, never silence.
-- `forward`, `backward`, `step`: activation offload (deepspeed_fastckpt.offload) when the
-  entry has `"offload": {...}`; `step` also times steps for `"interval": "auto"`
-  (deepspeed_fastckpt.interval).
+DeepSpeedEngine offers no hook for three things, so three of its methods are wrapped — each a
+no-op unless the engine's config has a "fastckpt" entry — and nothing else of it is replaced:
+- `_configure_checkpointing`: DeepSpeed builds its checkpoint engine there from the JSON config
+  and lets no one choose it; with the entry the engine gets a FastckptEngine instead (the entry
+  is validated first: unknown keys are a ConfigError), told which tensors the optimizer update
+  alone rewrites and which group of DeepSpeed's optimizer rewrites them. The engine's module
+  hooks (deepspeed_fastckpt.engine_hooks: activation offload, interval="auto") are registered
+  there too.
+- `load_checkpoint(dir, tag=None)`: DeepSpeed reads its `latest` file itself before it calls
+  the checkpoint engine at all, so a save of this process still in flight, or a `latest` that
+  names a tag a crash cut short, could only be refused after the tag is chosen. Wrapped, every
+  save of this process into dir lands first, then the ranks agree on one tag
+  (deepspeed_fastckpt.load_tag): what DeepSpeed would load, checked against fastckpt's commit
+  records — a tag fastckpt never finished is not loaded (the newest committed one is, with a
+  warning), a tag another engine wrote is loaded as DeepSpeed would and said so, and "nothing
+  to load" is a warning, never silence.
+- `destroy()`: waits until every tag in flight is committed and raises a write error (an
+  interpreter exit without destroy() does the same, quietly logging errors). DeepSpeed calls
+  the checkpoint engine's cleanup() from destroy() only for a decoupled engine, and only after
+  it destroyed the optimizer whose tensors a save may still be copying.
 DeepSpeed's offline readers (ds_to_universal, zero_to_fp32) run in-process wait for the
 saves into their directory first (deepspeed_fastckpt.offline_readers).
 This works the same under Lightning's DeepSpeedStrategy, which calls deepspeed.initialize;
 what Lightning does differently then (its removal of a checkpoint still in flight) is the
-Lightning plugin's host hook, run through fastckpt.host_hooks when an engine is made.
+Lightning plugin's callback (lightning_fastckpt.watch).
 """
 from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 
-from fastckpt import host_hooks
 from fastckpt.errors import CorruptCheckpointError
 
 from . import interval, offline_readers, offload
@@ -47,10 +49,7 @@ def register() -> None:
         return
     DeepSpeedEngine._configure_checkpointing = _wrap_configure(DeepSpeedEngine._configure_checkpointing)
     DeepSpeedEngine.load_checkpoint = _wrap_load(DeepSpeedEngine.load_checkpoint)
-    DeepSpeedEngine.destroy = offload.wrap_closing(_wrap_destroy(DeepSpeedEngine.destroy))
-    DeepSpeedEngine.forward = offload.wrap_forward(DeepSpeedEngine.forward)
-    DeepSpeedEngine.backward = offload.wrap_backward(DeepSpeedEngine.backward)
-    DeepSpeedEngine.step = _wrap_step(offload.wrap_closing(DeepSpeedEngine.step))
+    DeepSpeedEngine.destroy = _wrap_destroy(DeepSpeedEngine.destroy)
     offline_readers.register()
 
 
@@ -61,7 +60,6 @@ def _wrap_configure(original):
         if entry is None or entry is False:
             return original(self, *args, **kwargs)
         engine = FastckptEngine(self._config, settings=entry)  # validates before anything is built
-        host_hooks.install()  # e.g. Lightning's, when Lightning drives this engine
         original(self, *args, **kwargs)  # DeepSpeed's bookkeeping (which ranks write what)
         old, self.checkpoint_engine = self.checkpoint_engine, engine
         if old is not None and old.is_decoupled():
@@ -80,22 +78,12 @@ def _wrap_configure(original):
     return _configure_checkpointing
 
 
-def _wrap_step(original):
-    """Times the steps for interval="auto" (no-op without it)."""
-    @functools.wraps(original)
-    def step(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        interval.on_step(self, time.perf_counter())
-        return out
-
-    return step
-
-
 def _wrap_destroy(original):
     @functools.wraps(original)
     def destroy(self, *args, **kwargs):
         engine = getattr(self, "checkpoint_engine", None)
         try:
+            offload.close(self)
             if isinstance(engine, FastckptEngine):
                 engine.close()  # everything in flight lands and its tag commits; raises its error
         finally:

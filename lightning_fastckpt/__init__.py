@@ -10,10 +10,14 @@ overhead=0.05)` chooses the interval and FastCheckpointIO's concurrency/writers 
 tuner, measured on this machine. `FastModelParallelStrategy` is Lightning's ModelParallelStrategy
 (FSDP2, tensor parallelism) saving its distributed checkpoints through fastckpt.dcp.
 
-The names load on first use (PEP 562): importing the package itself imports no Lightning, so
-its host hook (lightning_fastckpt.deepspeed_removal) costs nothing in a process without it.
+The names load on first use (PEP 562): importing the package itself imports no Lightning.
+Through the entry-point group `lightning.pytorch.callbacks_factory` (callbacks() below),
+Lightning adds lightning_fastckpt.watch's callback to a Trainer made in a process that
+imported fastckpt (either plugin does), and to no other.
 """
 from __future__ import annotations
+
+import sys
 
 __all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "TensorOffload",
            "TunedModelCheckpoint"]
@@ -34,6 +38,15 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'lightning_fastckpt' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def callbacks() -> list:
+    """Lightning's `lightning.pytorch.callbacks_factory` entry point (called once per Trainer):
+    lightning_fastckpt.watch's callback in a process that imported fastckpt, else nothing."""
+    if "fastckpt" not in sys.modules:
+        return []
+    from .watch import FastckptWatch
+    return [FastckptWatch()]
 
 
 def __dir__() -> list[str]:

@@ -28,7 +28,7 @@ from fastckpt.errors import ConfigError
 from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
-from . import bypassed
+from .bypass_warning import is_dcp_folder, say_bypassed
 
 CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
                      "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
@@ -73,7 +73,6 @@ class FastCheckpointIO(CheckpointIO):
                                       distributed=None if per_rank else False)
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
-        bypassed.watch(FastCheckpointIO)  # a strategy that saves distributed checkpoints without us says so
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
@@ -145,8 +144,8 @@ class FastCheckpointIO(CheckpointIO):
         still being written, as soon as both hold (at a later save or at teardown). Never
         blocks: ModelCheckpoint removes the previous file right after issuing the next save,
         so waiting here would make every save wait for the one before it."""
-        if self.named.pending(os.fspath(path)) is None and bypassed.is_dcp_folder(os.fspath(path)):
-            bypassed.say(os.fspath(path))
+        if self.named.pending(os.fspath(path)) is None and is_dcp_folder(os.fspath(path)):
+            say_bypassed(f"{os.fspath(path)} was saved by the strategy itself")
         self.named.remove(os.fspath(path))
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:

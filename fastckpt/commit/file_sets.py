@@ -18,8 +18,8 @@ The parent directory owns its sets: a framework removing it while sets of it are
 (Lightning's ModelCheckpoint dropping a checkpoint it no longer keeps) withdraws it — those
 sets are not committed, their failures are no error, and the directory is deleted once the
 last of them lands. `withdraw_anywhere` asks every FileSets of the process (what a framework's
-removal calls, through its plugin's host hook: fastckpt.host_hooks). A DeepSpeed tag is one set (deepspeed_fastckpt.tags says where its record
-lies); the Checkpointer's own checkpoints (one file per rank) commit through
+removal calls, through its plugin: lightning_fastckpt.watch). A DeepSpeed tag is one set
+(deepspeed_fastckpt.tags says where its record lies); the Checkpointer's own checkpoints (one file per rank) commit through
 fastckpt.commit.checkpoint_unit, into the same record format through the same writer.
 A framework that gathers its ranks' files itself (DCP's finish, on its coordinator) commits the
 set with `commit_gathered` (a GatheredCommit through the same ordered commit): the same record,

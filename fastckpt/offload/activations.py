@@ -5,7 +5,8 @@
         loss.backward()          # inside the block: its end removes this step's files
 
 The plugins split that in three: start() and hooks() around the forward, close() once the
-step (backward included) is over or has failed.
+step (backward included) is over or has failed; with `close_when_used` set, the last use of
+the step's last offloaded activation in backward closes the step itself.
 
 Owns a torch.autograd.graph.saved_tensors_hooks pair. pack: a saved tensor of at least
 `threshold_mb` (not a Parameter) is handed to background writers (TensorIO: any tool, or
@@ -123,6 +124,7 @@ class ActivationOffload:
         self.io = io or TensorIO()
         self._writers = writers
         self.release_memory = release_memory
+        self.close_when_used = False  # the last use in backward of the last activation closes the step
         self._pool: ThreadPoolExecutor | None = None
         self._dir: str | None = None
         self._lock = threading.Condition()
@@ -291,4 +293,7 @@ class ActivationOffload:
                     os.unlink(packed.path)
                 except FileNotFoundError:
                     pass
+            done = self.close_when_used and all(h.used >= h.uses for h in self._order)
+        if done:
+            self.close()
         return t

@@ -166,7 +166,7 @@ def main() -> None:
             if deepspeed_fastckpt.checkpoint_due(eng, a.save_dir):
                 eng.save_checkpoint(a.save_dir, client_state={"data_pos": i + 1, "note": "auto"})
                 out["saved_at"].append(eng.global_steps)
-        iv = eng.__dict__[deepspeed_fastckpt.interval.ATTR]
+        iv = deepspeed_fastckpt.engine_hooks.peek(eng).interval
         out["interval"], out["plan"] = iv.every, iv.auto.plan.to_dict()
         out["concurrency"] = eng.checkpoint_engine.named.checkpointer.concurrency
         eng.destroy()
