@@ -186,7 +186,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         from lightning.pytorch.core.optimizer import LightningOptimizer
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
+            optimizer = optimizer.optimizer
         return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))
 
     # -- the end -----------------------------------------------------------

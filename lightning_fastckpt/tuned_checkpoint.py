@@ -79,7 +79,9 @@ class TunedModelCheckpoint(ModelCheckpoint):
         directory = self.dirpath or os.path.join(trainer.default_root_dir, "checkpoints")
         os.makedirs(directory, exist_ok=True)
         self.auto.log_path = os.path.join(directory, "fastckpt-tune.json")
-        state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        strategy = trainer.strategy  # what a checkpoint of this run holds, through the strategy's public calls
+        state = {"state_dict": strategy.lightning_module_state_dict(),
+                 "optimizer_states": [strategy.optimizer_state(o) for o in trainer.optimizers]}
         plan = self.auto.tune(state, os.path.join(directory, ".fastckpt-tune"))
         io = trainer.strategy.checkpoint_io
         if isinstance(io, FastCheckpointIO):
