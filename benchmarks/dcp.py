@@ -82,8 +82,8 @@ def rank_main(a) -> None:
     group = dist.new_group(backend="gloo")
     step()
     times = {"blocked": [], "durable": []}
-    stager = FastStager(concurrency=1) if a.contender == "fastckpt" else None
     writer = FastStorageWriter(out, chunk_mb=64) if a.contender == "fastckpt" else None
+    stager = FastStager(concurrency=1, writer=writer) if a.contender == "fastckpt" else None
     if a.contender == "dcp_async":
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         cuda = a.device == "cuda"

@@ -99,7 +99,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
                         if k not in ("root", "store", "keep", "distributed", "model")}
             self._group = dist.new_group(backend="gloo")  # DCP's collectives apart from training's
             self._writer = FastStorageWriter(path, settings=settings)
-            self._stager = FastStager(settings=settings)
+            self._stager = FastStager(settings=settings, writer=self._writer)
         return self._writer, self._stager, self._group
 
     def _land(self, key: str) -> None:

@@ -89,7 +89,7 @@ class CheckpointManager(TitanCheckpointManager):
         settings = config.fastckpt_settings()
         self.writer = FastStorageWriter(self.folder, settings=settings)
         # torchtitan's _save makes a DefaultStager only while self.stager is None
-        self.stager = FastStager(settings) if self.async_mode != AsyncMode.DISABLED else None
+        self.stager = FastStager(settings, writer=self.writer) if self.async_mode != AsyncMode.DISABLED else None
         self.in_flight: list[tuple[str, Future]] = []  # (checkpoint_id, upload future), oldest first
         self._saving: tuple[bool, bool] = (False, False)  # (inside _save, its last_step)
         self._closed = False

@@ -7,7 +7,8 @@
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no
                uncommitted checkpoint loaded
-  staged.py    the buffers a snapshot is staged into, and which storages hold one
+  staged.py    how a leaf (a tensor, a DTensor's shard) is copied into its buffer
+               (the buffers: fastckpt.write.snapshot_buffers)
   stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
   groups.py    save_group(): the gloo group async saves talk on; the default group refused
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote

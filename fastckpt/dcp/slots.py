@@ -10,7 +10,7 @@ import threading
 from typing import Optional
 
 from ..errors import FastckptError
-from . import staged as st
+from ..write.snapshot_buffers import SnapshotBuffers
 
 
 class SaveSkipped(FastckptError):
@@ -22,7 +22,7 @@ class Slot:
 
     def __init__(self, stager, index: int):
         self.index = index
-        self.buffers = st.Buffers(self, device_copy=stager.strategy == "g")
+        self.buffers = SnapshotBuffers(device_copy=stager.strategy == "g")
         self.busy = False
         self.seq = -1
         self.copied = threading.Event()  # no copy of this snapshot reads the caller's tensors any more
@@ -36,6 +36,10 @@ class Slot:
         self.refs: list = []  # weak references to them, whose callbacks count them down
         self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
         self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
+
+    def holds(self, address: int) -> bool:
+        """Whether the snapshot staged here now lies (in part) in the storage at `address`."""
+        return self.busy and (self.buffers.holds(address) or address in self.live)
 
     def finished(self) -> bool:
         """The save that staged here no longer needs the snapshot."""

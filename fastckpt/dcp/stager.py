@@ -1,12 +1,12 @@
 """FastStager: DCP's AsyncStager — an async_save's snapshot taken off the training thread, into
 bounded staging reused from save to save, kept whole by the gate before the optimizer step.
 
-`dcp.async_save(state, storage_writer=FastStorageWriter(...), async_stager=FastStager(...))`:
+`writer = FastStorageWriter(...); dcp.async_save(state, storage_writer=writer, async_stager=FastStager(..., writer=writer))`:
 `stage()` returns at once with a future of the staged state dict; DCP's save thread waits for
 it and writes what it holds. What happens between:
 
 - Slots. At most `concurrency` snapshots are staged or being written at a time, each in a slot
-  of its own buffers (staged.py), reused by the slot's next snapshot. A stage() that finds every
+  of its own buffers (fastckpt.write.snapshot_buffers), reused by the slot's next snapshot. A stage() that finds every
   slot taken waits for one (policy='wait', up to commit_timeout_s), or raises SaveSkipped
   (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or refused after
   that wait, is so on every rank. `staging_mb` bounds the slots' memory as well.
@@ -52,9 +52,10 @@ import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; 
 
 from ..commit.agreement import Agreement, make_agreement
 from ..settings import CheckpointerConfig
-from ..errors import CheckpointWriteError, TornSnapshotError
+from ..errors import CheckpointWriteError, ConfigError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
 from ..write.native_engine import MiB
+from ..write.snapshot_buffers import SnapshotBuffers
 from . import staged as st
 from .groups import refuse_default_group
 from .slots import SaveSkipped, Slot, StagedFuture
@@ -65,6 +66,10 @@ IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device
 
 class FastStager(AsyncStager):
     """Args:
+        writer: the FastStorageWriter that writes this stager's snapshots. Given, it writes a
+            staged snapshot straight from its buffers (no second copy) and refuses a 'd'
+            snapshot written in place (required with 'd'); without it, any StorageWriter
+            writes the snapshot as a plain state dict.
         settings: the Checkpointer's settings (or keywords): strategy ('c', 'g', 'd'),
             concurrency (snapshots staged or being written at once), policy ('wait', 'skip'),
             staging_mb (the slots' memory, None: concurrency snapshots' worth) and
@@ -74,13 +79,16 @@ class FastStager(AsyncStager):
 
     _synchronize_after_execute = False  # stage() returns a future; the gate protects the state
 
-    def __init__(self, settings=None, **kwargs):
+    def __init__(self, settings=None, *, writer=None, **kwargs):
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
         if isinstance(settings, CheckpointerConfig):
             config = settings.validate()
         else:
             config = CheckpointerConfig.from_dict(dict(settings if settings is not None else kwargs))
+        if config.strategy == "d" and writer is None:
+            raise ConfigError("FastStager(strategy='d') stages nothing, the snapshot is the live tensors: pass "
+                              "writer=your FastStorageWriter, so that it can refuse a snapshot written in place")
         self.config = config
         self.strategy, self.concurrency, self.policy = config.strategy, config.concurrency, config.policy
         self.timeout_s = config.commit_timeout_s
@@ -92,10 +100,13 @@ class FastStager(AsyncStager):
         self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
         self._seq = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastckpt-dcp-stage")
+        self._own_thread: Optional[threading.Thread] = None  # the worker's one thread, once it ran
         self._stream = None
         self._gate = StepGate(self._before_update)
         self._gate.install()
         self._closed = False
+        if writer is not None:
+            writer.meet(self)
 
     def __repr__(self) -> str:
         return (f"FastStager(strategy={self.strategy!r}, concurrency={self.concurrency}, "
@@ -154,6 +165,14 @@ class FastStager(AsyncStager):
         self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done, device)
         return future
 
+    def snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
+        """The slot whose snapshot, staged now, holds this tensor's memory (None: not one of
+        this stager's): what the writer it was given asks of each tensor it writes."""
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return None
+        address = st.local_tensor(t).untyped_storage().data_ptr()
+        return next((s for s in list(self._slots) if s.holds(address)), None)
+
     def synchronize_staging(self) -> None:
         """Waits until no copy reads the caller's tensors (what the gate waits for)."""
         self._before_update()
@@ -193,14 +212,13 @@ class FastStager(AsyncStager):
         return (later, watch) if watch.deferred else ([], watch)
 
     def _stage_leaf(self, slot: Slot, i: int, leaf: torch.Tensor, stream) -> torch.Tensor:
-        buf = slot.buffers.for_leaf(i, leaf)
+        buf = slot.buffers.for_leaf(i, st.local_tensor(leaf))
         st.copy_leaf(leaf, buf, stream)
         return self._track(slot, st.staged_like(leaf, buf))
 
     def _live_leaf(self, slot: Slot, leaf: torch.Tensor) -> torch.Tensor:
         """Strategy 'd': the snapshot is the caller's tensor (a new object over its memory)."""
         slot.live.append(storage_key(leaf))
-        st.register(slot.live[-1], slot)
         return self._track(slot, leaf.detach())
 
     def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
@@ -232,6 +250,7 @@ class FastStager(AsyncStager):
                 device) -> None:
         """On the stager's thread: the late copies, the check that the snapshot is whole, the
         agreement across ranks, then the future — which is resolved whatever happens here."""
+        self._own_thread = threading.current_thread()
         try:
             with (torch.cuda.device(device) if device is not None else contextlib.nullcontext()):
                 self._copy_late(slot, leaves, staged, later, event, now_done)
@@ -314,14 +333,12 @@ class FastStager(AsyncStager):
     def _release(self, s: Slot) -> None:
         if s.alive > 0:  # still referenced (a failed save's traceback): left to the garbage collector
             s.buffers.forget()
-            s.buffers = st.Buffers(s, device_copy=self.strategy == "g")
+            s.buffers = SnapshotBuffers(device_copy=self.strategy == "g")
         if s.live:  # 'd': the snapshot was the caller's tensors until now
             torn = s.torn()
             if torn and s.error is None:  # FastStorageWriter refused it already; another writer cannot
                 log.error("fastckpt: %s was written in place while async_save() was writing it (strategy 'd'); "
                           "unless FastStorageWriter refused that save, it may mix two states", torn)
-            for ptr in s.live:
-                st.unregister(ptr, s)
         s.busy, s.taken_by, s.staged_by, s.watch, s.live, s.refs = False, None, None, None, [], []
 
     def _take_slot(self, nbytes: int) -> Slot:
@@ -361,7 +378,7 @@ class FastStager(AsyncStager):
         stager's): remember it, wait until every earlier save is finished, and return True
         (the snapshot is handed over)."""
         me = threading.current_thread()
-        if me.name.startswith("fastckpt-dcp-stage"):
+        if me is self._own_thread:  # DCP's callback, run as the stager's thread resolves the future
             return False
         with self._cond:
             if me is slot.staged_by and slot.seq == seq:

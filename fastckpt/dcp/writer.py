@@ -40,6 +40,7 @@ import os
 import shutil
 import threading
 import uuid
+import weakref
 import zlib
 from typing import Optional
 
@@ -60,7 +61,6 @@ from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..write.deadline import Deadline
 from . import metadata as md_file
-from . import staged as st
 from .committed import cut_short_below, resumable, withdraw
 from .layout import plan_items
 from .names import RECORD, SUFFIX, step_of_name
@@ -102,6 +102,20 @@ class FastStorageWriter(StorageWriter):
         # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
         self._agree = make_agreement(self.config.commit_timeout_s)
         self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
+        self._stagers: list = []  # the FastStagers given this writer (FastStager(writer=...)), weakly
+
+    def meet(self, stager) -> None:
+        """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers."""
+        self._stagers.append(weakref.ref(stager))
+
+    def _snapshot_of(self, t: torch.Tensor):
+        """The slot of a stager given this writer whose snapshot holds t's memory, or None."""
+        for ref in self._stagers:
+            stager = ref()
+            slot = stager.snapshot_of(t) if stager is not None else None
+            if slot is not None:
+                return slot
+        return None
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -181,7 +195,7 @@ class FastStorageWriter(StorageWriter):
                 values.append(data.detach())
             items.append(item)
         file_plan, places = plan_items(values)
-        slots = {st.staged_slot(v) for v in values if isinstance(v, torch.Tensor)}
+        slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
         pending = self._named_for(slots).save(file_plan, path, self._this[0])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))

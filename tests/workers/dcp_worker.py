@@ -93,7 +93,8 @@ def main() -> None:
         writer.close()
     elif mode == "group":
         from fastckpt.dcp import FastStager, save_group
-        writer, stager = FastStorageWriter(directory, chunk_mb=1), FastStager(concurrency=2)
+        writer = FastStorageWriter(directory, chunk_mb=1)
+        stager = FastStager(concurrency=2, writer=writer)
         state = _sharded(filled(1), mesh, blank=False)
         try:
             dcp.async_save(state, checkpoint_id=os.path.join(directory, "step-1"), storage_writer=writer,

@@ -77,7 +77,7 @@ def main() -> None:
         steps, ref = int(sys.argv[3]), (sys.argv[4] if len(sys.argv) > 4 else None)
         ckpt_group = save_group()  # async saves talk on a gloo group of their own
         writer = FastStorageWriter(ckpt, chunk_mb=1)
-        stager = FastStager(concurrency=2)  # snapshots staged or being written at once
+        stager = FastStager(concurrency=2, writer=writer)  # snapshots staged or being written at once
         saves = []
         for step in range(1, steps + 1):
             train_step(model, optim, step)

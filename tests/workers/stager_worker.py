@@ -35,7 +35,7 @@ def main() -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     group = dist.new_group(backend="gloo")
     writer = FastStorageWriter(ckpt, chunk_mb=1)
-    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
+    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait", writer=writer,
                         commit_timeout_s=3 if mode == "wait" else 600)
 
     def step(n: int) -> None:

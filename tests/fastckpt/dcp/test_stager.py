@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, SaveSkipped, staged
+from fastckpt.errors import ConfigError
 from fastckpt.errors import TornSnapshotError
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
@@ -49,13 +50,13 @@ class Held:
 class Run:
     """A small model trained with Adam, saved with async_save through our stager and writer."""
 
-    def __init__(self, root, **stager):
+    def __init__(self, root, linked: bool = True, **stager):
         torch.manual_seed(0)
         self.root = root
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
         self.optim = torch.optim.Adam(self.model.parameters(), lr=1e-2)
-        self.stager = FastStager(**stager)
         self.writer = FastStorageWriter(root, chunk_mb=1)
+        self.stager = FastStager(**stager, writer=self.writer if linked else None)
         self.n = 0
 
     def backward(self) -> None:
@@ -179,7 +180,7 @@ def test_a_staged_buffer_is_page_aligned_and_a_storage_of_its_own(tmp_path):
         snapshot = run.stager.stage(run.state()).result()
         w = snapshot["model"]["0.weight"]
         assert w.data_ptr() % 4096 == 0 and w.untyped_storage().nbytes() == w.nbytes
-        assert staged.staged_slot(w) is not None and staged.staged_slot(run.model[0].weight) is None
+        assert run.stager.snapshot_of(w) is not None and run.stager.snapshot_of(run.model[0].weight) is None
         assert torch.equal(w, run.model[0].weight)
         del snapshot, w
     finally:
@@ -222,6 +223,25 @@ def test_bad_settings_are_one_line_errors():
         FastStager(strategy="x")
     with pytest.raises(ValueError, match="concurrency must be"):
         FastStager(concurrency=0)
+    with pytest.raises(ConfigError, match="pass writer="):  # nothing could refuse a 'd' snapshot written in place
+        FastStager(strategy="d")
+
+
+def test_a_stager_not_given_the_writer_is_written_as_a_plain_state_dict(tmp_path):
+    """The writer meets only the stagers given it: another's snapshot is copied once more, and
+    each checkpoint is still its step."""
+    run = Run(tmp_path, linked=False, concurrency=2)
+    try:
+        want = {}
+        for i in range(3):
+            run.step()
+            want[i] = model_state(run)
+            run.save(f"s{i}").upload_completion.result()
+        for i in range(3):
+            assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
+        assert run.writer._direct is None and run.writer.named.opened  # written through its own staging
+    finally:
+        run.close()
 
 
 def two_ranks(mode: str, directory) -> list[str]:
