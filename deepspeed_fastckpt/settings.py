@@ -2,8 +2,8 @@
 
 DeepSpeed keeps unknown top-level keys in `engine.config`; this module checks that entry once
 and turns it into the one CheckpointerConfig the engine's saves use, refusing keys it does not
-know, naming the valid ones. DeepSpeed decides paths and which tags exist, so `root`, `store`, `keep`,
-`distributed` and `model` are not settings here. `pool` (with `pool_mb`, `persist`) puts
+know, naming the valid ones. DeepSpeed decides paths and which tags exist, so the settings of
+fastckpt.settings.PLACEMENT are not settings here. `pool` (with `pool_mb`, `persist`) puts
 the tag's files into a persistent-memory pool as models named by their paths. `offload`
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
 and is not a Checkpointer setting. `interval` ("auto" or steps) with `tune` (AutoInterval's
@@ -11,19 +11,16 @@ settings) is what deepspeed_fastckpt.checkpoint_due answers by.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 from fastckpt.tune.auto_interval import AutoInterval
-from fastckpt.settings import CheckpointerConfig
+from fastckpt.settings import WRITING, CheckpointerConfig
 from fastckpt.errors import ConfigError
-from fastckpt.named import DECIDED_BY_CALLER
 from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs
 from fastckpt.offload.settings import OffloadConfig
 
 CONFIG_KEY = "fastckpt"
-VALID = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in DECIDED_BY_CALLER) + (
-    "pool", "offload", "interval", "tune")
+VALID = WRITING + ("pool", "offload", "interval", "tune")
 TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
              "feedback_intervals")
 
@@ -51,7 +48,7 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
     interval_of(entry)
     values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune")}
     pool = entry.get("pool")
-    return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)).validate(), pool
+    return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)), pool
 
 
 def offload_node(entry: Any) -> Any:

@@ -11,6 +11,7 @@ What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 """
 from __future__ import annotations
 
+import dataclasses
 import atexit
 import logging
 import os
@@ -24,7 +25,7 @@ from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
 from .commit_info import CommitInfo
-from .settings import DEFAULTS, CheckpointerConfig
+from .settings import CheckpointerConfig
 from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.plan import FilePlan
@@ -40,7 +41,6 @@ log = logging.getLogger("fastckpt")
 _REFUSED = ("the filesystem of {} refused O_DIRECT: checkpoints there are written through the page cache "
             "(buffered: slower, and they evict other cached data); stats['o_direct_refused'] counts them, "
             "direct_io=False says this is intended")
-D = DEFAULTS  # every default below is CheckpointerConfig's
 _open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 
@@ -50,27 +50,24 @@ SLOT_WAIT_S = 0.05  # a save that waits longer for a concurrency slot says the d
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
-    def __init__(self, root=None, strategy: str = D.strategy, concurrency: int = D.concurrency,
-                 writers: int = D.writers, chunk_mb: int = D.chunk_mb, staging_mb: int | None = D.staging_mb,
-                 store: str = D.store, format: str = D.format, keep: int = D.keep, verify: bool = D.verify,
-                 policy: str = D.policy, direct_io: bool = D.direct_io,
-                 commit_timeout_s: float = D.commit_timeout_s, distributed: bool | None = D.distributed,
-                 model: str | None = D.model, pool_mb: int | None = D.pool_mb, persist: str = D.persist,
-                 on_error: str = D.on_error, stall_timeout_s: float = D.stall_timeout_s):
-        self._open(CheckpointerConfig(
-            root=root, strategy=strategy, concurrency=concurrency, writers=writers, chunk_mb=chunk_mb,
-            staging_mb=staging_mb, store=store, format=format, keep=keep, verify=verify, policy=policy,
-            direct_io=direct_io, commit_timeout_s=commit_timeout_s, distributed=distributed, model=model,
-            pool_mb=pool_mb, persist=persist, on_error=on_error, stall_timeout_s=stall_timeout_s).validate())
+    def __init__(self, root=None, settings: CheckpointerConfig | None = None, **overrides):
+        """root: where the checkpoints live (None: as the store says). The settings are
+        fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
+        given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
+        a ConfigError naming the valid ones), or as one CheckpointerConfig (`settings=`)."""
+        if settings is not None and overrides:
+            raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
+        if settings is None:
+            settings = CheckpointerConfig.from_dict(dict(overrides, root=root))
+        elif root is not None:
+            settings = dataclasses.replace(settings, root=root)
+        self._open(settings)
 
     @classmethod
     def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
-        """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a plugin's
-        settings make it); checked here (cheap: values only), and every part of the Checkpointer
-        reads that same object."""
-        ck = cls.__new__(cls)
-        ck._open(config.validate())
-        return ck
+        """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a
+        plugin's settings make it, checked when made): every part of the Checkpointer reads it."""
+        return cls(config.root, settings=config)
 
     def _open(self, config: CheckpointerConfig) -> None:
         self.config = config

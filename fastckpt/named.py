@@ -18,12 +18,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from .checkpointer import Checkpointer
-from .settings import CheckpointerConfig
+from .errors import ConfigError
+from .settings import PLACEMENT, WRITING, CheckpointerConfig
 from .pending import Pending
 from .store import ByPath, open_store, path_store
-
-DECIDED_BY_CALLER = ("root", "store", "keep", "distributed", "model")  # paths, retention, ranks
-
 
 def checkpointer_kwargs(settings: dict, pool: Optional[str]) -> dict:
     """Checkpointer keyword arguments for checkpoints named by path: the path store, or the
@@ -42,9 +40,8 @@ class NamedCheckpoints:
 
     Args:
         settings: Checkpointer settings (fastckpt.settings.CheckpointerConfig's fields but
-            DECIDED_BY_CALLER), checked here before anything is opened; or a CheckpointerConfig
-            (a plugin's, made where its settings entered), whose DECIDED_BY_CALLER fields are
-            set here.
+            PLACEMENT's), checked here before anything is opened; or a CheckpointerConfig
+            (a plugin's, made where its settings entered), whose PLACEMENT fields are set here.
         pool: a persistent-memory pool; paths then name its models instead of files.
         distributed: as the Checkpointer's (None: every rank saves its part of each path).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
@@ -71,18 +68,21 @@ class NamedCheckpoints:
         self.closed_stats: list[dict] = []  # the stats of every Checkpointer closed here, in turn
 
     def _checked(self, settings) -> CheckpointerConfig:
-        """settings: a dict of CheckpointerConfig's fields but DECIDED_BY_CALLER, or a plugin's
-        CheckpointerConfig; either way its DECIDED_BY_CALLER fields are set here and it is checked."""
+        """settings: a dict of CheckpointerConfig's fields but PLACEMENT's, or a plugin's
+        CheckpointerConfig; either way its PLACEMENT fields are set here (the copy is checked as made)."""
         if isinstance(settings, CheckpointerConfig):
-            return dataclasses.replace(settings, distributed=self.distributed,
-                                       **checkpointer_kwargs({}, self.pool)).validate()
-        return dataclasses.replace(CheckpointerConfig.from_dict(checkpointer_kwargs(dict(settings), self.pool)),
-                                   distributed=self.distributed)
+            return dataclasses.replace(settings, distributed=self.distributed, **checkpointer_kwargs({}, self.pool))
+        placed = sorted(set(settings) & set(PLACEMENT))
+        if placed:
+            raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
+                              f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+        return CheckpointerConfig.from_dict(dict(checkpointer_kwargs(dict(settings), self.pool),
+                                                 distributed=self.distributed))
 
     @property
     def settings(self) -> dict:
-        """The settings a caller may change (reconfigure): every field but DECIDED_BY_CALLER."""
-        return {k: v for k, v in dataclasses.asdict(self.config).items() if k not in DECIDED_BY_CALLER}
+        """The settings a caller may change (reconfigure): every field but PLACEMENT's."""
+        return self.config.writing()
 
     @property
     def checkpointer(self) -> Checkpointer:

@@ -1,6 +1,12 @@
 """One spelling of every setting: a dataclass, the Hydra YAML in configs/, plugin kwargs.
 
-CheckpointerConfig holds every Checkpointer setting and its default and checks values;
+CheckpointerConfig holds every Checkpointer setting, its default and its doc, and is checked
+once, where it is made (frozen: nothing changes it after; a changed copy,
+dataclasses.replace, is made and checked anew). Nothing else lists the settings' names: a
+front end takes `settings=` (this object) or keywords (`from_dict`, which names the valid ones
+when one is unknown), and `PLACEMENT` — the fields a front end decides itself (where the
+checkpoints live, how many are kept, which ranks take part) — is derived from the fields'
+own metadata. A new setting is one field here, its check in `_check`, and its doc.
 flatten(cfg) turns the Hydra layout (groups `strategy` and `store`, optional top-level
 overrides like `concurrency=4`) into its flat kwargs; unknown keys are a ConfigError naming
 the valid ones. What a config builds is fastckpt.config.hydra's; this module sits low in the
@@ -9,47 +15,80 @@ house (it imports only errors and write.deadline) so that every layer can read t
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
 from .write.deadline import DEFAULT_STALL_S
 
 
-@dataclass
+POLICIES = ("wait", "skip")
+ON_ERROR = ("raise", "warn")
+_PLACED = {"placement": True}  # decided by the front end that names the checkpoints, not a user setting there
+
+
+@dataclass(frozen=True)
 class CheckpointerConfig:
     """Every Checkpointer setting with its default: the one place defaults live (Checkpointer,
-    FastCheckpointIO and the DeepSpeed entry take theirs from here; tests check the YAML's)."""
+    FastCheckpointIO, the DeepSpeed entry, DCP's writer and stager take theirs from here; tests
+    check the YAML's). Checked when made (a ConfigError of one line names the first bad value)."""
 
-    root: str | None = "checkpoints"
+    root: str | None = field(default="checkpoints", metadata=_PLACED)
+    """Where the checkpoints live: a directory, or a pool (store='pmem')."""
     strategy: str = "c"
+    """How a snapshot is taken: 'c' copy through staging, 'g' a full copy in spare memory first, 'd' direct."""
     concurrency: int = 2
+    """Checkpoints in flight at once (PCcheck's N)."""
     writers: int = 4
+    """Writer threads per unit of concurrency, one shared pool (PCcheck's p)."""
     chunk_mb: int = 64
+    """Staging chunk size."""
     staging_mb: int | None = None
-    store: str = "root"
+    """Bound on staging memory (None: concurrency checkpoints' worth, at most half the RAM)."""
+    store: str = field(default="root", metadata=_PLACED)
+    """'root' (step directories), 'path' (the caller's paths and URLs) or 'pmem' (pool models)."""
     format: str = "torch"
-    keep: int = 2
+    """'torch' (what torch.load reads) or 'safetensors'."""
+    keep: int = field(default=2, metadata=_PLACED)
+    """Committed checkpoints kept (0: all)."""
     verify: bool = True
+    """Check every CRC on load."""
     policy: str = "wait"
+    """'wait' for a free slot, or 'skip' the save (with a warning) when concurrency are in flight."""
     direct_io: bool = True
+    """O_DIRECT writes where the filesystem allows."""
     commit_timeout_s: float = 600.0
-    distributed: bool | None = None
-    model: str | None = "default"
+    """The longest wait for the other ranks of a commit (and for a free slot)."""
+    distributed: bool | None = field(default=None, metadata=_PLACED)
+    """None: every rank of an initialised process group saves and commits together; False: alone."""
+    model: str | None = field(default="default", metadata=_PLACED)
+    """The pool model checkpoints go to (store='pmem')."""
     pool_mb: int | None = None
+    """Size of a new pool."""
     persist: str = "auto"
+    """How a pool's writes are made durable: 'auto', 'fence' or 'msync' (docs/pmem.md)."""
     on_error: str = "raise"
+    """'raise' a failed checkpoint at the next call, or 'warn' and keep training on the previous one."""
     stall_timeout_s: float = DEFAULT_STALL_S
+    """A wait of the write path that sees no progress for this long fails its checkpoint."""
+
+    def __post_init__(self) -> None:
+        self._check()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
+        """From keywords; an unknown one is a ConfigError naming the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
         if unknown:
-            raise ConfigError(f"unknown fastckpt setting(s) {unknown}; valid: {sorted(fields)}")
-        return cls(**d).validate()
+            raise ConfigError(f"unknown fastckpt setting(s) {unknown}; valid: {sorted(names)}")
+        return cls(**d)
 
-    def validate(self) -> "CheckpointerConfig":
+    def writing(self) -> dict[str, Any]:
+        """The settings of how checkpoints are written: every field but PLACEMENT's."""
+        return {k: getattr(self, k) for k in WRITING}
+
+    def _check(self) -> None:
         """Every value checked, nothing built or touched on disk (a pool path under /dev aside,
         which must name a DAX device); a ConfigError of one line names the first bad one."""
         from .format import FORMATS
@@ -78,7 +117,10 @@ class CheckpointerConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
-        return self
+
+
+PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))
+WRITING = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in PLACEMENT)
 
 
 def check_seconds(name: str, value) -> None:
@@ -88,8 +130,6 @@ def check_seconds(name: str, value) -> None:
 
 
 DEFAULTS = CheckpointerConfig()
-POLICIES = ("wait", "skip")
-ON_ERROR = ("raise", "warn")
 
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),

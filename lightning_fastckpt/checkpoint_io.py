@@ -22,80 +22,69 @@ from typing import Any, Optional
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
-from fastckpt.settings import DEFAULTS as D
-from fastckpt.settings import flatten
-from fastckpt.errors import ConfigError
-from fastckpt.named import DECIDED_BY_CALLER, NamedCheckpoints
+from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten
+from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
 from .bypass_warning import is_dcp_folder, say_bypassed
-
-CHECKPOINTER_KEYS = ("strategy", "concurrency", "writers", "chunk_mb", "staging_mb", "format", "policy",
-                     "direct_io", "verify", "on_error", "stall_timeout_s", "pool_mb", "persist")  # settings passed on as they are
-
 
 class FastCheckpointIO(CheckpointIO):
     """Asynchronous, crash-safe checkpoints for `Trainer(plugins=[FastCheckpointIO(...)])`.
 
     Args:
-        strategy: "c" (copy into staging, default), "g" (full second copy first) or "d" (direct).
-        concurrency: checkpoints in flight at once (PCcheck's N).
-        writers: writer threads per unit of concurrency: one shared pool of writers x concurrency
-            threads drains every checkpoint in flight (one alone may use them all).
-        chunk_mb: staging chunk size.
-        staging_mb: bound on staging memory (default: concurrency x checkpoint size, <= RAM/2).
-        format: "torch" (an ordinary .ckpt) or "safetensors".
-        policy: "wait" (a save waits for a free slot) or "skip" (it is dropped with a warning).
-        verify: check every CRC on load.
+        settings: how checkpoints are written — fastckpt.settings.CheckpointerConfig's fields
+            (strategy, concurrency, writers, chunk_mb, staging_mb, format, policy, verify,
+            on_error, stall_timeout_s, ...: each one's default and doc are there), as keywords
+            (`FastCheckpointIO(strategy="c", concurrency=2)`; an unknown one is a ConfigError
+            naming the valid ones) or as one CheckpointerConfig. Where checkpoints live, how many
+            are kept and which ranks save are Lightning's (its paths, ModelCheckpoint, the
+            strategy), not settings here.
         per_rank: every rank saves (sharded strategies): the path becomes a directory with one
             file per rank and a COMMIT record written once all ranks are durable.
         layerwise: hold each snapshot until its DDP gradient bucket is final (needs the
             `LayerwiseCheckpointing` callback, which sets this).
         pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
-            each checkpoint path becomes a model of the pool instead of a file.
-        pool_mb, persist: size of a new pool, and "auto" | "fence" | "msync" (docs/pmem.md).
-        on_error: "raise" (a failed checkpoint stops training at the next save or at teardown)
-            or "warn" (it is logged and warned about, the previous checkpoint stays, training goes on).
-        stall_timeout_s: a copy or write that makes no progress for this long fails its checkpoint
-            (a CheckpointWriteError naming what it waited for) instead of hanging training.
+            each checkpoint path becomes a model of the pool instead of a file (with the settings
+            pool_mb and persist, docs/pmem.md).
     """
 
-    def __init__(self, strategy: str = D.strategy, concurrency: int = D.concurrency, writers: int = D.writers,
-                 chunk_mb: int = D.chunk_mb, staging_mb: Optional[int] = D.staging_mb, format: str = D.format,
-                 policy: str = D.policy, direct_io: bool = D.direct_io, verify: bool = D.verify,
-                 per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
-                 pool_mb: Optional[int] = D.pool_mb, persist: str = D.persist, on_error: str = D.on_error,
-                 stall_timeout_s: float = D.stall_timeout_s):
-        self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+    def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
+                 layerwise: bool = False, pool: Optional[str] = None, **overrides: Any):
+        if settings is not None and overrides:
+            raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
         self.pool = os.fspath(pool) if pool is not None else None
-        self.verify, self.per_rank, self.layerwise = verify, per_rank, layerwise
-        self.named = NamedCheckpoints({k: self._settings[k] for k in CHECKPOINTER_KEYS}, pool=self.pool,
+        self.per_rank, self.layerwise = per_rank, layerwise
+        self.named = NamedCheckpoints(settings if settings is not None else overrides, pool=self.pool,
                                       distributed=None if per_rank else False)
+        self.verify = self.named.config.verify
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self._settings.items() if getattr(D, k, None) != v and v not in (None, False)}
+        changed = {k: v for k, v in self.named.settings.items() if getattr(DEFAULTS, k) != v}
+        changed.update({k: v for k, v in self._own().items() if v})
         return f"FastCheckpointIO({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    def _own(self) -> dict:
+        """This plugin's own arguments (not Checkpointer settings)."""
+        return {"per_rank": self.per_rank, "layerwise": self.layerwise, "pool": self.pool}
 
     def __getstate__(self) -> dict:
         """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
         settings: the copy is a fresh plugin; saves in flight stay with the original."""
-        return dict(self._settings)
+        return {"settings": self.named.settings, **self._own()}
 
-    def __setstate__(self, settings: dict) -> None:
-        self.__init__(**settings)
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        self.__init__(**state.pop("settings"), **state)
 
     @classmethod
     def from_config(cls, cfg) -> "FastCheckpointIO":
-        """From a Hydra/OmegaConf config or dict with fastckpt's field names (root/store/keep ignored)."""
-        flat = {k: v for k, v in flatten(cfg).items() if k not in DECIDED_BY_CALLER}
-        extra = {k: flat.pop(k) for k in ("per_rank", "layerwise") if k in flat}
-        flat.pop("commit_timeout_s", None)
-        try:
-            return cls(**flat, **extra)
-        except TypeError as e:
-            raise ConfigError(f"unknown FastCheckpointIO setting: {e}") from None
+        """From a Hydra/OmegaConf config or dict with fastckpt's field names (fastckpt.settings.PLACEMENT's
+        are Lightning's here and ignored); per_rank, layerwise and pool are this plugin's own."""
+        flat = {k: v for k, v in flatten(cfg).items() if k not in PLACEMENT}
+        own = {k: flat.pop(k) for k in ("per_rank", "layerwise", "pool") if k in flat}
+        return cls(**flat, **own)
 
     # -- saving ----------------------------------------------------------
     @override
@@ -152,7 +141,6 @@ class FastCheckpointIO(CheckpointIO):
         """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
         next save opens the Checkpointer with them."""
         self.named.reconfigure(concurrency=concurrency, writers=writers)
-        self._settings.update(concurrency=self.named.settings["concurrency"], writers=self.named.settings["writers"])
 
     def in_flight(self) -> int:
         """Checkpoints saved and not yet landed."""

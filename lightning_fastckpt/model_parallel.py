@@ -95,8 +95,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
 
     def _parts(self, path: Path):
         if self._writer is None:
-            settings = {k: v for k, v in vars(self._fastckpt).items()
-                        if k not in ("root", "store", "keep", "distributed", "model")}
+            settings = self._fastckpt  # the writer and stager set where and who themselves
             self._group = dist.new_group(backend="gloo")  # DCP's collectives apart from training's
             self._writer = FastStorageWriter(path, settings=settings)
             self._stager = FastStager(settings=settings, writer=self._writer)

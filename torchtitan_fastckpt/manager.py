@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,32 +48,30 @@ from torchtitan.components.checkpointer import MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager
 from torchtitan.tools.utils import GarbageCollection
 
+from fastckpt.settings import DEFAULTS as D
 from fastckpt.settings import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
 from fastckpt.dcp.committed import cut_short_below, withdraw
-
-SETTINGS = ("strategy", "concurrency", "writers", "chunk_mb", "policy")  # the Config's fastckpt fields
-
 
 class CheckpointManager(TitanCheckpointManager):
     """torchtitan's CheckpointManager through fastckpt.dcp (see the module docstring)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(TitanCheckpointManager.Config):
-        strategy: Literal["c", "g", "d"] = "c"
+        strategy: Literal["c", "g", "d"] = D.strategy
         """fastckpt's snapshot of an async save: c host buffers, g spare device memory, d none
         (the optimizer step waits until the save is written)."""
 
-        concurrency: int = 2
+        concurrency: int = D.concurrency
         """Async saves staged or being written at once (torchtitan alone allows one)."""
 
-        writers: int = 4
+        writers: int = D.writers
         """Parallel writer threads per rank."""
 
-        chunk_mb: int = 64
+        chunk_mb: int = D.chunk_mb
         """Staging chunk size in MiB."""
 
-        policy: Literal["wait", "skip"] = "wait"
+        policy: Literal["wait", "skip"] = D.policy
         """When `concurrency` saves are in flight: wait for one, or skip this save on every rank."""
 
         def __post_init__(self) -> None:
@@ -80,7 +79,9 @@ class CheckpointManager(TitanCheckpointManager):
             self.fastckpt_settings()  # a bad value: one line (fastckpt.errors.ConfigError)
 
         def fastckpt_settings(self) -> CheckpointerConfig:
-            return CheckpointerConfig.from_dict({name: getattr(self, name) for name in SETTINGS})
+            """The fields this Config adds to torchtitan's: fastckpt settings (defaults from fastckpt.settings)."""
+            ours = {f.name for f in dataclasses.fields(self)} - {f.name for f in dataclasses.fields(TitanCheckpointManager.Config)}
+            return CheckpointerConfig.from_dict({name: getattr(self, name) for name in ours})
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

@@ -17,7 +17,7 @@ from ..offload.settings import OffloadConfig, offload_from
 def instantiate(cfg):
     """A Checkpointer from a Hydra config, a dict, or a CheckpointerConfig."""
     if isinstance(cfg, CheckpointerConfig):
-        c = cfg.validate()
+        c = cfg  # checked when it was made
     else:
         c = CheckpointerConfig.from_dict(flatten(cfg))
     return Checkpointer.from_config(c)

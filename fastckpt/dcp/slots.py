@@ -1,11 +1,19 @@
 """FastStager's slots: the place of one snapshot (its reused buffers and where the snapshot
-stands), the future stage() returns for it, and SaveSkipped. What moves a slot from state to
-state (taken, copied, delivered, handed to a save thread, released) is FastStager's
-(fastckpt.dcp.stager); a Slot only answers whether its save is done with it.
+stands), the future stage() returns for it, and SaveSkipped.
+
+A slot's state moves one way, FREE -> STAGING -> COPIED -> DELIVERED, and back to FREE when it
+is released (or refused before its snapshot began):
+  FREE       no snapshot; its buffers wait for the next one
+  STAGING    stage() took it; copies of the caller's tensors may still run
+  COPIED     no copy reads the caller's tensors any more (what the step gate waits for)
+  DELIVERED  its future is resolved: the snapshot is DCP's save's, or the save failed
+What moves it is FastStager's (fastckpt.dcp.stager), through `to()`, which refuses any other
+move; a Slot itself only answers whether its save is done with it.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import threading
 from typing import Optional
 
@@ -17,25 +25,51 @@ class SaveSkipped(FastckptError):
     """policy='skip': every staging slot was taken on some rank, so no rank saved this time."""
 
 
+class SlotState(enum.IntEnum):
+    FREE = 0
+    STAGING = 1
+    COPIED = 2
+    DELIVERED = 3
+
+
 class Slot:
-    """One snapshot's place: its buffers, and where its snapshot stands."""
+    """One snapshot's place: its buffers, its state, and what its snapshot needs to know."""
 
     def __init__(self, stager, index: int):
         self.index = index
         self.buffers = SnapshotBuffers(device_copy=stager.strategy == "g")
-        self.busy = False
+        self.state = SlotState.FREE
         self.seq = -1
-        self.copied = threading.Event()  # no copy of this snapshot reads the caller's tensors any more
         self.error: Optional[BaseException] = None
         self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
         self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
-        self.delivered = False  # the future is done
         self.tensors = 0  # tensor leaves of this snapshot
         self.taken_here = False  # the thread that staged it took the snapshot (a plain dcp.save)
         self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
         self.refs: list = []  # weak references to them, whose callbacks count them down
         self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
         self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
+
+    def to(self, state: SlotState) -> None:
+        """Moves the slot on: to FREE from any state, from FREE only to STAGING; else forward, or
+        where it is already (a copy made at once and none left for later is COPIED twice)."""
+        legal = (state is SlotState.FREE or (state is SlotState.STAGING and self.state is SlotState.FREE)
+                 or (self.state is not SlotState.FREE and state >= self.state and state is not SlotState.STAGING))
+        if not legal:
+            raise RuntimeError(f"fastckpt: a staging slot cannot go from {self.state.name} to {state.name}")
+        self.state = state
+
+    @property
+    def busy(self) -> bool:
+        return self.state is not SlotState.FREE
+
+    @property
+    def copied(self) -> bool:
+        return self.state >= SlotState.COPIED
+
+    @property
+    def delivered(self) -> bool:
+        return self.state is SlotState.DELIVERED
 
     def holds(self, address: int) -> bool:
         """Whether the snapshot staged here now lies (in part) in the storage at `address`."""

@@ -58,7 +58,7 @@ from ..write.native_engine import MiB
 from ..write.snapshot_buffers import SnapshotBuffers
 from . import staged as st
 from .groups import refuse_default_group
-from .slots import SaveSkipped, Slot, StagedFuture
+from .slots import SaveSkipped, Slot, SlotState, StagedFuture
 
 log = logging.getLogger("fastckpt")
 IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -83,7 +83,7 @@ class FastStager(AsyncStager):
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
         if isinstance(settings, CheckpointerConfig):
-            config = settings.validate()
+            config = settings  # checked when it was made
         else:
             config = CheckpointerConfig.from_dict(dict(settings if settings is not None else kwargs))
         if config.strategy == "d" and writer is None:
@@ -132,9 +132,8 @@ class FastStager(AsyncStager):
         future = StagedFuture(self, slot, seq)
         with self._count_lock:
             slot.seq, slot.alive, slot.refs = seq, 0, []
-        slot.error, slot.delivered, slot.tensors, slot.taken_here = None, False, 0, False
+        slot.error, slot.tensors, slot.taken_here = None, 0, False
         slot.staged_by, slot.taken_by = threading.current_thread(), None
-        slot.copied.clear()
         self.stats["staged"] += 1
         later: list[int] = []
         staged: list[Any] = list(leaves)
@@ -161,7 +160,7 @@ class FastStager(AsyncStager):
             slot.error = e
             later = []
         if not later:
-            slot.copied.set()
+            slot.to(SlotState.COPIED)
         self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done, device)
         return future
 
@@ -260,7 +259,7 @@ class FastStager(AsyncStager):
             except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a peer gone)
                 error = e
                 with self._cond:
-                    slot.delivered = True
+                    slot.to(SlotState.DELIVERED)
                     self._cond.notify_all()
                 self.stats["failed"] += 1
                 future.set_exception(error)
@@ -284,7 +283,7 @@ class FastStager(AsyncStager):
         except Exception as e:  # noqa: BLE001 - agreed and raised by the save
             slot.error = e
         finally:
-            slot.copied.set()
+            slot.to(SlotState.COPIED)
             leaves.clear()  # the caller's tensors are let go here
             with self._cond:
                 self._cond.notify_all()
@@ -299,7 +298,7 @@ class FastStager(AsyncStager):
             self.stats["failed"] += 1
             staged.clear()
         with self._cond:
-            slot.delivered = True
+            slot.to(SlotState.DELIVERED)
             self._cond.notify_all()
         if ok:
             future.set_result([result])
@@ -339,7 +338,8 @@ class FastStager(AsyncStager):
             if torn and s.error is None:  # FastStorageWriter refused it already; another writer cannot
                 log.error("fastckpt: %s was written in place while async_save() was writing it (strategy 'd'); "
                           "unless FastStorageWriter refused that save, it may mix two states", torn)
-        s.busy, s.taken_by, s.staged_by, s.watch, s.live, s.refs = False, None, None, None, [], []
+        s.to(SlotState.FREE)
+        s.taken_by, s.staged_by, s.watch, s.live, s.refs = None, None, None, [], []
 
     def _take_slot(self, nbytes: int) -> Slot:
         """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
@@ -353,14 +353,14 @@ class FastStager(AsyncStager):
                     self._cond.wait(min(max(deadline - time.monotonic(), 0.0), 0.05))
                     slot = self._free_slot(nbytes)
             if slot is not None:
-                slot.busy = True
+                slot.to(SlotState.STAGING)
         everyone = False
         try:
             everyone = self._agree.all_ok(slot is not None)
         finally:  # refused, or the agreement itself failed (a peer gone): the slot is given back
             if slot is not None and not everyone:
                 with self._cond:
-                    slot.busy = False
+                    slot.to(SlotState.FREE)
         if not everyone:
             if self.policy == "skip":
                 self.stats["skipped"] += 1
@@ -400,7 +400,7 @@ class FastStager(AsyncStager):
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             for s in list(self._slots):
-                while s.busy and not (s.copied.is_set() and (not s.live or s.finished())):
+                while s.busy and not (s.copied and (not s.live or s.finished())):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise CheckpointWriteError(f"a snapshot was not copied in {self.timeout_s:.0f} s")

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import zlib
+from types import SimpleNamespace
 from typing import Optional
 
 from ..commit_info import CommitInfo, FileEntry
@@ -51,8 +52,9 @@ class PmemStore(Store, ByPath):
     sink_kind = "mapped"  # tensors go straight into the pool: no staging
     allow_pickle = True  # like torch.save: other values are pickled, loaded by the restricted unpickler
 
-    def __init__(self, root, model: str = "default", pool_mb: int | None = None, persist: str = "auto",
-                 concurrency: int = 1, rank: int = 0, world_size: int = 1):
+    def __init__(self, config, rank: int = 0, world_size: int = 1):
+        """config: the Checkpointer's settings (root: the pool; model, pool_mb, persist, concurrency)."""
+        root, model, concurrency = config.root, config.model, config.concurrency
         if root is None:
             raise ConfigError("store='pmem' needs root=<the pool: a file, /dev/daxN.M, or a file on /dev/shm>")
         if not 1 <= concurrency < L.SLOTS:
@@ -62,7 +64,7 @@ class PmemStore(Store, ByPath):
         if os.path.isdir(self.root):
             self.root = os.path.join(self.root, POOL_NAME)
         check_device_path(self.root)
-        self.model, self.pool_mb, self.persist = model, pool_mb, persist
+        self.model, self.pool_mb, self.persist = model, config.pool_mb, config.persist
         self.slots = concurrency + 1
         self.world_size = world_size
         self.named = self.names_by_path = model is None
@@ -75,8 +77,7 @@ class PmemStore(Store, ByPath):
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "PmemStore":
-        return cls(config.root, model=config.model, pool_mb=config.pool_mb, persist=config.persist,
-                   concurrency=config.concurrency, rank=rank, world_size=world_size)
+        return cls(config, rank, world_size)
 
     def strategy_note(self, strategy: str) -> Optional[str]:
         return STRATEGY_NOTE.format(strategy) if strategy != "c" else None
@@ -88,7 +89,8 @@ class PmemStore(Store, ByPath):
         from ..pmem.commands import is_pool
         for candidate in (path, os.path.join(path, POOL_NAME)):
             if os.path.exists(candidate) and not os.path.isdir(candidate) and is_pool(candidate):
-                store = cls(candidate, model=None)
+                # opened to read (the settings sit above the stores; reading needs only where it is)
+                store = cls(SimpleNamespace(root=candidate, model=None, pool_mb=None, persist="auto", concurrency=1))
                 store.place = store.root
                 return store
         return None

@@ -49,13 +49,16 @@ def test_unknown_keys_are_clear_errors(tmp_path):
         instantiate({"root": str(tmp_path), "strategy": {"name": "c", "speed": 1}})
 
 
-def test_same_fields_everywhere():
+def test_same_fields_everywhere(tmp_path):
     import dataclasses
-    import inspect
-    ctor = set(inspect.signature(fastckpt.Checkpointer.__init__).parameters) - {"self"}
-    assert ctor == {f.name for f in dataclasses.fields(CheckpointerConfig)}
-    flat = flatten(make([]))
-    assert set(flat) <= ctor
+    fields = {f.name for f in dataclasses.fields(CheckpointerConfig)}
+    assert set(flatten(make([]))) <= fields  # the YAML spells only settings that exist
+    every = {name: getattr(CheckpointerConfig(), name) for name in fields - {"root"}}
+    ck = fastckpt.Checkpointer(str(tmp_path), **every)  # the constructor takes each of them by its name
+    assert ck.config == dataclasses.replace(CheckpointerConfig(), root=str(tmp_path))
+    ck.close()
+    with pytest.raises(fastckpt.ConfigError, match="unknown fastckpt setting.*valid:"):
+        fastckpt.Checkpointer(str(tmp_path), concurency=2)
 
 
 @pytest.mark.parametrize("group,expect", [("off", None), ("aware_w", ("aware", "w", None)),

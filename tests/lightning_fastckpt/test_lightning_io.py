@@ -357,7 +357,8 @@ def test_the_plugin_pickles_as_its_settings_for_ddp_spawn(tmp_path):
     import pickle
     io = FastCheckpointIO(concurrency=3, chunk_mb=8)
     copy = pickle.loads(pickle.dumps(io))
-    assert copy._settings == io._settings and copy is not io and not copy.named.opened
+    assert copy.named.config == io.named.config and copy is not io and not copy.named.opened
+    assert repr(copy) == repr(io) == "FastCheckpointIO(concurrency=3, chunk_mb=8)"
     torch.manual_seed(0)
     cb = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=2, save_top_k=-1)
     t = trainer(FastCheckpointIO(), [cb], max_steps=4, strategy="ddp_spawn", devices=2)

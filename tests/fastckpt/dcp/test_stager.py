@@ -319,3 +319,20 @@ def test_an_agreement_that_fails_fails_that_save_and_hangs_nothing(tmp_path, mon
         run.save("next").upload_completion.result()  # the slot was given back
     finally:
         run.close()
+
+
+def test_a_slot_moves_one_way_and_back_to_free():
+    from types import SimpleNamespace
+
+    from fastckpt.dcp.slots import Slot, SlotState as S
+    slot = Slot(SimpleNamespace(strategy="c"), 0)
+    with pytest.raises(RuntimeError, match="from FREE to COPIED"):
+        slot.to(S.COPIED)
+    for state in (S.STAGING, S.COPIED, S.COPIED, S.DELIVERED):
+        slot.to(state)
+    assert slot.busy and slot.copied and slot.delivered
+    for back in (S.STAGING, S.COPIED):
+        with pytest.raises(RuntimeError, match=f"from DELIVERED to {back.name}"):
+            slot.to(back)
+    slot.to(S.FREE)
+    assert not slot.busy and not slot.copied and not slot.delivered
