@@ -32,6 +32,7 @@ import os
 from typing import Callable, Optional
 
 from fastckpt.commit import record as commit
+from fastckpt.commit.committed_under import CommittedUnder
 from fastckpt.commit.record import file_size
 from fastckpt.commit_info import CommitInfo, FileEntry
 from fastckpt.errors import CorruptCheckpointError
@@ -110,32 +111,22 @@ def mark_open(save_dir: str, tag: str) -> None:
     os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
 
 
+def tags_under(save_dir: str, size_of: Optional[SizeOf] = file_size) -> CommittedUnder:
+    """save_dir's tags as the core's committed checkpoints under a parent (read_record reads each:
+    0.1's tag records too)."""
+    return CommittedUnder(save_dir, TAG_RECORD, size_of=size_of,
+                          read=lambda folder, size: read_record(save_dir, os.path.basename(folder), size))
+
+
 def newest_committed_tag(save_dir: str, size_of: SizeOf = file_size) -> Optional[str]:
     """The committed tag with the highest counter (None if there is none)."""
-    best: Optional[tuple[int, str]] = None
-    if not os.path.isdir(save_dir):
-        return None
-    for tag in os.listdir(save_dir):
-        if not os.path.isfile(os.path.join(save_dir, tag, TAG_RECORD)):
-            continue
-        try:
-            counter = read_record(save_dir, tag, size_of).counter
-        except CorruptCheckpointError:
-            continue
-        if best is None or counter > best[0]:
-            best = (counter, tag)
-    return None if best is None else best[1]
+    newest = tags_under(save_dir, size_of).newest()
+    return None if newest is None else os.path.basename(newest.path)
 
 
 def newest_counter(save_dir: str) -> int:
     """The highest counter of any tag record in save_dir, its files unchecked (0: none)."""
-    newest = 0
-    for tag in os.listdir(save_dir) if os.path.isdir(save_dir) else []:
-        try:
-            newest = max(newest, read_record(save_dir, tag, None).counter)
-        except (CorruptCheckpointError, OSError):
-            pass
-    return newest
+    return tags_under(save_dir).next_counter() - 1
 
 
 def files_of(tag_dir: str) -> tuple[bool, bool]:

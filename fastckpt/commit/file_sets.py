@@ -34,28 +34,17 @@ import time
 import weakref
 from typing import Callable, Optional
 
-from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..errors import CheckpointWriteError
 from ..write.deadline import Deadline
 from . import record as commit
 from .agreement import Agreement
+from .committed_under import CommittedUnder
 from .ordered import OrderedCommits
 from .protocol import CommitUnit
 from ..commit_info import CommitInfo, FileEntry
 
 
 _live: "weakref.WeakSet[FileSets]" = weakref.WeakSet()
-
-
-def newest_counter_under(parent: str, record_name: str) -> int:
-    """The highest counter of a record `record_name` in parent's folders (0: none)."""
-    newest = 0
-    for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        try:
-            newest = max(newest, commit.read(os.path.join(parent, name), record_name, None,
-                                             every_rank=False).counter)
-        except (OSError, CorruptCheckpointError):
-            continue
-    return newest
 
 
 _counting = threading.Lock()  # a gathered set's counter is read from the disk and written with its record
@@ -187,7 +176,7 @@ class FileSets:
         return counter
 
     def _newest_record(self, parent: str) -> int:
-        return newest_counter_under(parent, self.record_name)
+        return CommittedUnder(parent, self.record_name).next_counter() - 1
 
     def landed(self, directory: str, error: Optional[BaseException]) -> None:
         """One set landed; the last one of a withdrawn owner deletes it before anyone waiting
@@ -281,7 +270,7 @@ class GatheredCommit(CommitUnit):
     def record(self, parts: list, rank: int) -> CommitInfo:
         files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files
         with _counting:  # two writers' commits under one parent never take the same counter
-            counter = newest_counter_under(os.path.dirname(self.directory), self.record_name) + 1
+            counter = CommittedUnder(os.path.dirname(self.directory), self.record_name).next_counter()
             info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files),
                               counter=counter, time=time.time(), world_size=self.world_size, format=self.format,
                               files=files, meta=self.meta)

@@ -11,6 +11,8 @@
                (the buffers: fastckpt.write.snapshot_buffers)
   stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
   groups.py    save_group(): the gloo group async saves talk on; the default group refused
+  saved_paths.py  SavedPaths: saves into paths a caller names, saved into again and removed
+               (a committed one swapped out only once the new one is committed)
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
                them (fastckpt's committed ones and DCP's own): where to resume
 

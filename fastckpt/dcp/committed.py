@@ -28,6 +28,7 @@ import warnings
 from typing import Optional
 
 from ..commit import record
+from ..commit.committed_under import CommittedUnder
 from ..commit.record import plain_name
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -57,15 +58,19 @@ class Resumable:
 
 
 def committed(parent) -> list[CommitInfo]:
-    """Every checkpoint fastckpt committed directly under parent, newest commit first."""
-    parent = os.fspath(parent)
-    found = []
-    for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        try:
-            found.append(record.read(os.path.join(parent, name), RECORD, every_rank=False))
-        except (OSError, CorruptCheckpointError):
-            continue  # not a checkpoint, never committed, or damaged: not one to resume from
-    return sorted(found, key=lambda info: info.counter, reverse=True)
+    """Every checkpoint fastckpt committed directly under parent, newest commit first (a damaged
+    one is not one to resume from: fastckpt.commit.committed_under)."""
+    return CommittedUnder(parent, RECORD).newest_first()
+
+
+def is_committed(directory) -> bool:
+    """Whether fastckpt committed the checkpoint in `directory`: its record reads and every file
+    it names is there at its size."""
+    try:
+        record.read(os.fspath(directory), RECORD, every_rank=False)
+    except (OSError, CorruptCheckpointError):
+        return False
+    return True
 
 
 def only_save_files(names: list[str]) -> bool:

@@ -14,6 +14,7 @@ import shutil
 from typing import Optional
 
 from ..commit import record as commit
+from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
@@ -147,18 +148,8 @@ class RootStore(Store):
     def committed(self, problems: list | None = None) -> list[CommitInfo]:
         """Valid commit records, newest first (by counter); why others were passed over is
         appended to problems."""
-        out = []
-        for _, counter, path in sorted(self._dirs(), key=lambda d: -d[1]):
-            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
-                continue
-            try:
-                out.append(commit.read(path))
-            except FileNotFoundError:
-                continue  # removed by retention since the listing: gone, not corrupt
-            except (CorruptCheckpointError, OSError) as e:
-                if problems is not None:
-                    problems.append(str(e))  # names the checkpoint's folder
-        return out
+        return CommittedUnder(self.root, commit.COMMIT_NAME, every_rank=True,
+                              children=lambda name: DIR_RE.match(name) is not None).newest_first(problems)
 
     @classmethod
     def place_at(cls, path: str) -> Optional["RootStore"]:
