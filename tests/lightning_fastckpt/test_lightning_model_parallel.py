@@ -143,7 +143,7 @@ def test_last_ckpt_saved_into_again_and_again_is_always_a_committed_checkpoint(u
 
 
 def test_a_swap_cut_short_by_a_crash_is_finished_by_the_next_load(uninterrupted, tmp_path):
-    from lightning_fastckpt.model_parallel import NEW, OLD, recover
+    from fastckpt.dcp.saved_paths import NEW, OLD, recover
     kept = uninterrupted / "ck" / "epoch=3-step=8.ckpt"
     last = tmp_path / "last.ckpt"
     shutil.copytree(kept, tmp_path / f".last.ckpt{NEW}")  # renamed away, the new one not yet in place
