@@ -11,8 +11,8 @@ What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 """
 from __future__ import annotations
 
-import dataclasses
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -55,6 +55,9 @@ class Checkpointer:
         fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
         given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
         a ConfigError naming the valid ones), or as one CheckpointerConfig (`settings=`)."""
+        if settings is not None and not isinstance(settings, CheckpointerConfig):
+            raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
+                            "keyword (strategy='c', concurrency=4, ...)")
         if settings is not None and overrides:
             raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
         if settings is None:

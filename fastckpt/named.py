@@ -23,6 +23,7 @@ from .settings import PLACEMENT, WRITING, CheckpointerConfig
 from .pending import Pending
 from .store import ByPath, open_store, path_store
 
+
 def checkpointer_kwargs(settings: dict, pool: Optional[str]) -> dict:
     """Checkpointer keyword arguments for checkpoints named by path: the path store, or the
     pool's models named by path."""

@@ -28,6 +28,7 @@ from fastckpt.training_saves import TrainingSaves
 
 from .bypass_warning import is_dcp_folder, say_bypassed
 
+
 class FastCheckpointIO(CheckpointIO):
     """Asynchronous, crash-safe checkpoints for `Trainer(plugins=[FastCheckpointIO(...)])`.
 
@@ -50,6 +51,9 @@ class FastCheckpointIO(CheckpointIO):
 
     def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
                  layerwise: bool = False, pool: Optional[str] = None, **overrides: Any):
+        if settings is not None and not isinstance(settings, CheckpointerConfig):
+            raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
+                            "keyword (strategy='c', concurrency=2, ...)")
         if settings is not None and overrides:
             raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
         self.pool = os.fspath(pool) if pool is not None else None

@@ -78,3 +78,12 @@ def test_the_settings_are_frozen_and_checked_when_made():
         c.concurrency = 0
     with pytest.raises(ConfigError, match="writers must be"):
         dataclasses.replace(c, writers=0)  # a changed copy is made, and checked as made
+
+
+def test_a_setting_given_by_position_is_a_clear_error(tmp_path):
+    import fastckpt
+    with pytest.raises(TypeError, match="settings= takes a CheckpointerConfig.*by keyword"):
+        fastckpt.Checkpointer(str(tmp_path), "c")
+    with pytest.raises(ConfigError, match=r"\['keep'\] are not settings here"):
+        from fastckpt.named import NamedCheckpoints
+        NamedCheckpoints({"keep": 3})
