@@ -62,7 +62,7 @@ class Checkpointer:
             raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
         if settings is None:
             settings = CheckpointerConfig.from_dict(dict(overrides, root=root))
-        elif root is not None:
+        elif root is not None and root != settings.root:
             settings = dataclasses.replace(settings, root=root)
         self._open(settings)
 
@@ -70,7 +70,7 @@ class Checkpointer:
     def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
         """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a
         plugin's settings make it, checked when made): every part of the Checkpointer reads it."""
-        return cls(config.root, settings=config)
+        return cls(settings=config)
 
     def _open(self, config: CheckpointerConfig) -> None:
         self.config = config
