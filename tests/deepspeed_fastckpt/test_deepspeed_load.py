@@ -32,10 +32,14 @@ def test_a_load_right_after_a_save_loads_the_same_tag_on_every_rank(tmp_path, st
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_second_engine_loads_the_first_engines_checkpoint_still_in_flight(tmp_path, stage, fault_shim):
     """DeepSpeed's TestLatestCheckpoint::test_existing_latest: engine B, made in the same process
-    right after engine A's save returned, must wait for that save and load it. A's writes are
-    slowed (1 s each, the LD_PRELOAD shim) so that its save is surely still in flight then."""
-    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck"), "FASTCKPT_FAULT_SLOW_US": "1000000"}
-    got = run("two-engines", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, **slow)
+    right after engine A's save returned, must wait for that save and load it. A's writes are held
+    (the LD_PRELOAD shim) until rank 0's load waits for them, so its save is surely still in flight
+    then; had the load not waited, it would hang (the run's deadline) or load something else."""
+    released = tmp_path / "released"
+    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "global_step3" / ""),
+            "FASTCKPT_FAULT_HOLD": str(released)}  # the tag's files (not the folders the training thread makes)
+    got = run("two-engines", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=180, **held)
+    assert released.exists()  # the writes were let go by the waiting load
     assert got["path"] is not None and os.sep + "global_step3" + os.sep in got["path"]
     assert got["client"] == {"data_pos": 3, "note": "engine A"}
     for name, value in got["params_at_save"].items():
@@ -57,11 +61,14 @@ def test_a_checkpoint_deepspeed_wrote_itself_loads_as_deepspeed_would(tmp_path, 
 def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage, fault_shim):
     """DeepSpeed's TestZeROUniversalCheckpointDP::test_dp_world_size_2to2: ds_to_universal runs on
     rank 0 right after save_checkpoint returned, so it must wait for the save still in flight
-    (writes slowed to 0.3 s each so that it surely is); it copies the model-state files fastckpt
-    wrote into a tag fastckpt never saved, which was refused as a save cut short."""
-    slow = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "t" / ""),
-            "FASTCKPT_FAULT_SLOW_US": "300000"}
-    got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=300, **slow)
+    (its writes held by the shim until ds_to_universal waits for them, so that it surely is); it
+    copies the model-state files fastckpt wrote into a tag fastckpt never saved, which was refused
+    as a save cut short."""
+    released = tmp_path / "released"
+    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "t" / ""),
+            "FASTCKPT_FAULT_HOLD": str(released)}
+    got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=180, **held)
+    assert released.exists()
     assert got["path"] is not None and os.sep + "t_universal" + os.sep in got["path"], got["path"]
     assert got["client"] == {"data_pos": 3, "note": "universal"}
     for name, value in got["params_at_save"].items():

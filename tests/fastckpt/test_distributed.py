@@ -15,6 +15,7 @@ import torch
 
 import fastckpt
 
+from support import warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
 from workers.dist_worker import state_for  # noqa: E402
@@ -27,7 +28,7 @@ def launch(mode: str, root: str, world: int = 2, store: str = "root", env_of: di
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS), **(env_of or {}).get(rank, {}))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dist_worker.py"), mode, root, store],
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "dist_worker.py"), mode, root, store],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     return procs
 

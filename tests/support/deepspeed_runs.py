@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from . import warm
 from .paths import WORKERS, python_path
 from .processes import free_port
 
@@ -21,9 +22,9 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
     for rank in range(ranks):
         env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": python_path(WORKERS),
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), **env_extra}
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, script), mode, str(save_dir),
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, script), mode, str(save_dir),
                                        str(out), *extra], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+                                      stderr=subprocess.STDOUT, text=True, preload=("deepspeed",)))
     return procs
 
 

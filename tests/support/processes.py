@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from . import warm
 from .paths import ROOT, WORKERS, python_path
 
 
@@ -24,7 +25,7 @@ def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line)
     """Runs tests/workers/SCRIPT ARGS; once it prints "ready", kills it with SIGKILL after a
     random delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
     env = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS))
-    proc = subprocess.Popen([sys.executable, os.path.join(WORKERS, script), *args], stdout=subprocess.PIPE,
+    proc = warm.popen([sys.executable, os.path.join(WORKERS, script), *args], stdout=subprocess.PIPE,
                             text=True, env=env)
     ready = threading.Event()
 

@@ -28,7 +28,7 @@ import torch
 pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup.cfg: dev)")
 
 from fastckpt.dcp import committed, newest_committed  # noqa: E402
-from support import readme_blocks  # noqa: E402
+from support import readme_blocks, warm  # noqa: E402
 from support.paths import ROOT, WORKERS, python_path  # noqa: E402
 from support.processes import free_port  # noqa: E402
 from support.states import equal  # noqa: E402
@@ -42,7 +42,7 @@ def launch(manager: str, mode: str, ckpt, out, steps: int, **env) -> list[subpro
     for rank in range(2):
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                  PYTHONPATH=python_path(ROOT, WORKERS), **env)
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "titan_worker.py"), manager, mode,
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "titan_worker.py"), manager, mode,
                                        str(ckpt), str(out), str(steps)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                                       start_new_session=True))

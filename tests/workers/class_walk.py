@@ -32,6 +32,7 @@ if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 import torch  # noqa: E402
+from small_buckets import SMALL_BUCKETS  # noqa: E402
 
 torch.set_num_threads(1)
 MODULES = [  # whose classes (and, for the last two, functions) are walked
@@ -97,7 +98,7 @@ def lightning_deepspeed_fit(work: str) -> None:
             self.parallel_devices = [torch.device("cpu", i) for i in range(len(self.parallel_devices))]
             DDPStrategy.setup_environment(self)
 
-    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1, **SMALL_BUCKETS},
               "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
               "fastckpt": {"concurrency": 2}}
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_progress_bar=False,
@@ -114,7 +115,8 @@ def deepspeed_run(work: str) -> None:
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2},
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
+              "zero_optimization": {"stage": 2, **SMALL_BUCKETS},
               "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
               "fastckpt": {"concurrency": 2, "interval": 2,
                            "offload": {"directory": os.path.join(work, "act"), "threshold_mb": 0.0001}}}

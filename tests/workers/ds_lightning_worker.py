@@ -19,6 +19,7 @@ for k, v in (("DS_ACCELERATOR", "cpu"), ("MASTER_ADDR", "127.0.0.1"), ("RANK", "
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from small_buckets import SMALL_BUCKETS  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy  # noqa: E402
 
@@ -61,7 +62,7 @@ def main() -> None:
     a = ap.parse_args()
     g = torch.Generator().manual_seed(0)  # epochs of 4 steps: a resume at step 4 starts a fresh epoch
     data = torch.utils.data.TensorDataset(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g))
-    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": a.stage},
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": a.stage, **SMALL_BUCKETS},
               "fastckpt": {"concurrency": a.concurrency}}
     callbacks = [ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=a.every, save_top_k=a.top_k,
                                  monitor="step", mode="max")] if a.mode == "fit" else []

@@ -20,6 +20,8 @@
         TestZeROSaveLoadEdgeCase::test_immediate_save_load); every rank's loaded path in OUT
     python ds_worker.py two-engines SAVE_DIR OUT --stage S
         engine A saves after 3 steps; engine B, made next in the same process, loads at once
+        (with FASTCKPT_FAULT_HOLD, A's writes are held until rank 0's load waits for them; so
+        in `universal` until ds_to_universal does)
     python ds_worker.py resume-nothing SAVE_DIR OUT
         load_checkpoint of a directory holding no checkpoint; the path and warnings in OUT
     python ds_worker.py universal SAVE_DIR OUT --stage S
@@ -39,6 +41,8 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
 import warnings
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -56,6 +60,7 @@ import deepspeed  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
 from layout_watch import BlockNet, LayoutWatch  # noqa: E402
+from small_buckets import SMALL_BUCKETS  # noqa: E402
 from threads_left import threads_left, threads_now  # noqa: E402
 
 WATCHES: list[LayoutWatch] = []
@@ -74,7 +79,7 @@ def make_engine(stage: int, dtype: str, engine: str, fastckpt_entry=None, load_u
     cfg = {"train_batch_size": 4 * int(os.environ["WORLD_SIZE"]), "train_micro_batch_size_per_gpu": 4,
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
-           "zero_optimization": {"stage": stage},
+           "zero_optimization": {"stage": stage, **SMALL_BUCKETS},
            "checkpoint": {"tag_validation": "FAIL", **({"load_universal": True} if load_universal else {})}}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
@@ -106,6 +111,27 @@ def step(eng, i: int, before_update=None) -> float:
         before_update()
     eng.step()
     return loss.item()
+
+
+def release_held_writes_once_waited_for() -> None:
+    """Where the test's write shim holds this job's writes (FASTCKPT_FAULT_HOLD, see
+    tests/campaign/eio_shim.c), rank 0 lets them go once its main thread waits for the save they
+    belong to (deepspeed_fastckpt.open_engines.wait_for_saves_into): that save is surely still in
+    flight when the load or the conversion starts, on a fast machine or a loaded one."""
+    hold = os.environ.get("FASTCKPT_FAULT_HOLD")
+    if not hold or os.environ["RANK"] != "0":
+        return
+    main_thread = threading.main_thread().ident
+
+    def watch() -> None:
+        while not os.path.exists(hold):
+            frame = sys._current_frames().get(main_thread)
+            while frame is not None and frame.f_code.co_name != "wait_for_saves_into":
+                frame = frame.f_back
+            if frame is not None:
+                open(hold, "w").close()
+            time.sleep(0.002)
+    threading.Thread(target=watch, name="release-held-writes", daemon=True).start()
 
 
 def full_params(eng) -> dict[str, torch.Tensor]:
@@ -188,6 +214,7 @@ def main() -> None:
         for i in range(3):
             step(eng, i)
         from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+        release_held_writes_once_waited_for()
         eng.save_checkpoint(a.save_dir, tag="t", client_state={"data_pos": 3, "note": "universal",
                                                                UNIVERSAL_CHECKPOINT_INFO: {}})
         out["params_at_save"] = full_params(eng)
@@ -208,6 +235,7 @@ def main() -> None:
     elif a.mode == "two-engines":
         for i in range(3):
             step(eng, i)
+        release_held_writes_once_waited_for()
         eng.save_checkpoint(a.save_dir, client_state={"data_pos": 3, "note": "engine A"})
         out["params_at_save"] = full_params(eng)
         other = make_engine(a.stage, a.dtype, a.engine)  # a second engine in the same process

@@ -28,6 +28,7 @@ from crashsim import checks
 from crashsim.harness import SAVES, judge, record
 from crashsim.saves import SET_RECORD
 from fastckpt.commit.protocol import CALLS
+from support import warm
 
 # implementation -> (the program of saves.py, its check, its record's name, every rank writes a file)
 KINDS = {
@@ -38,7 +39,7 @@ KINDS = {
 
 
 def run(kind: str, root: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SAVES, kind, root], env={**os.environ, **env}, capture_output=True,
+    return warm.run([sys.executable, SAVES, kind, root], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 from fastckpt.commit import record
 from fastckpt.dcp import FastStorageReader, FastStorageWriter
 from fastckpt.dcp.writer import RECORD
+from support import warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
 
@@ -33,7 +34,7 @@ def run_ranks(mode: str, directory, world: int, *extra, **env) -> list[str]:
         e = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS), **env)
         if world:
             e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory),
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory),
                                        *map(str, extra)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
     outs = [p.communicate(timeout=300)[0] for p in procs]

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fastckpt.dcp import FastStorageReader, committed, newest_committed
-from support import readme_blocks
+from support import readme_blocks, warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port, kill_ranks
 
@@ -35,7 +35,7 @@ def launch(args: list[str], world: int) -> list[subprocess.Popen]:
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "fsdp2_worker.py"), *map(str, args)],
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "fsdp2_worker.py"), *map(str, args)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                       start_new_session=True))
     return procs

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, SaveSkipped, staged
 from fastckpt.errors import ConfigError
 from fastckpt.errors import TornSnapshotError
+from support import warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
 
@@ -249,7 +250,7 @@ def two_ranks(mode: str, directory) -> list[str]:
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONPATH=python_path(ROOT, WORKERS))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "stager_worker.py"), mode,
+        procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "stager_worker.py"), mode,
                                        str(directory)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env=env))
     outs = [p.communicate(timeout=300)[0] for p in procs]
