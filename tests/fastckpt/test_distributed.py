@@ -29,7 +29,7 @@ def launch(mode: str, root: str, world: int = 2, store: str = "root", env_of: di
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS), **(env_of or {}).get(rank, {}))
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "dist_worker.py"), mode, root, store],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     return procs
 
 

@@ -34,8 +34,8 @@ def two_ranks(out, *args, ok: bool = True) -> list[str]:
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
                    LOCAL_RANK=str(r), RANK=str(r), OMP_NUM_THREADS="1", PYTHONPATH=python_path(ROOT, WORKERS))
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "lit_mp_worker.py"), str(out),
-                                       str(STEPS), *map(str, args)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preload=("lightning",)))
+                                 str(STEPS), *map(str, args)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preload=("lightning",)))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     if ok:
         for p, said in zip(procs, outs):

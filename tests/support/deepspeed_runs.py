@@ -23,8 +23,8 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
         env = {**os.environ, "MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "PYTHONPATH": python_path(WORKERS),
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), **env_extra}
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, script), mode, str(save_dir),
-                                       str(out), *extra], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, preload=("deepspeed",)))
+                                 str(out), *extra], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, preload=("deepspeed",)))
     return procs
 
 

@@ -18,15 +18,16 @@ def launch(out, *args, ddp=False) -> list[subprocess.Popen]:
     base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if not ddp:
         return [warm.popen([sys.executable, WORKER, str(out), *args], env=base,
-                                 stdout=open(os.path.join(out, "log-0.txt"), "a"), stderr=subprocess.STDOUT, preload=("lightning",))]
+                           stdout=open(os.path.join(out, "log-0.txt"), "a"), stderr=subprocess.STDOUT,
+                           preload=("lightning",))]
     port = free_port()
     procs = []
     for r in range(2):
         env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
                "NODE_RANK": "0", "LOCAL_RANK": str(r), "RANK": str(r)}
         procs.append(warm.popen([sys.executable, WORKER, str(out), "--ddp", *args], env=env,
-                                      stdout=open(os.path.join(out, f"log-{r}.txt"), "a"),
-                                      stderr=subprocess.STDOUT, preload=("lightning",)))
+                                stdout=open(os.path.join(out, f"log-{r}.txt"), "a"),
+                                stderr=subprocess.STDOUT, preload=("lightning",)))
     return procs
 
 

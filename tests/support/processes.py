@@ -26,7 +26,7 @@ def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line)
     random delay of up to max_delay seconds. Every other line it printed goes to on_line()."""
     env = dict(os.environ, PYTHONPATH=python_path(ROOT, WORKERS))
     proc = warm.popen([sys.executable, os.path.join(WORKERS, script), *args], stdout=subprocess.PIPE,
-                            text=True, env=env)
+                      text=True, env=env)
     ready = threading.Event()
 
     def read():

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from .paths import ROOT
@@ -121,10 +122,14 @@ class _Server:
             pass
 
 
+_starting = threading.Lock()  # tests start ranks from threads too
+
+
 def _server(key) -> _Server:
-    if key not in _servers:
-        _servers[key] = _Server(*key)
-    return _servers[key]
+    with _starting:
+        if key not in _servers:
+            _servers[key] = _Server(*key)
+        return _servers[key]
 
 
 @atexit.register

@@ -106,8 +106,10 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-def child(request: dict, fds: list[int], base_path: list[str], default_threads: int) -> None:
-    """In the forked process: becomes the program and never returns."""
+def child(request: dict, fds: list[int], base_path: list[str], default_threads: int, set_up: int) -> None:
+    """In the forked process: becomes the program and never returns. Writes to `set_up` once its
+    session, streams, folder and environment are in place (the caller gets the pid only then,
+    as subprocess.Popen returns only after the child's exec)."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
@@ -123,6 +125,8 @@ def child(request: dict, fds: list[int], base_path: list[str], default_threads: 
         os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.write(set_up, b"1")
+    os.close(set_up)
     if os.environ.get("PYTHONUNBUFFERED"):  # as `python -u`
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(write_through=True)
@@ -188,6 +192,7 @@ def serve(path: str, base_path: list[str]) -> None:
                 request, fds = receive(conn)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                ready_r, ready_w = os.pipe()
                 pid = os.fork()
                 if pid == 0:
                     try:
@@ -197,9 +202,13 @@ def serve(path: str, base_path: list[str]) -> None:
                             other.close()
                         os.close(wake_r)
                         os.close(wake_w)
-                        child(request, fds, base_path, default_threads)
+                        os.close(ready_r)
+                        child(request, fds, base_path, default_threads, ready_w)
                     finally:
                         os._exit(70)
+                os.close(ready_w)
+                os.read(ready_r, 1)  # set up (or dead: then the status follows)
+                os.close(ready_r)
                 for fd in fds:
                     os.close(fd)
                 waiting[pid] = conn

@@ -43,9 +43,9 @@ def launch(manager: str, mode: str, ckpt, out, steps: int, **env) -> list[subpro
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                  PYTHONPATH=python_path(ROOT, WORKERS), **env)
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "titan_worker.py"), manager, mode,
-                                       str(ckpt), str(out), str(steps)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
-                                      start_new_session=True))
+                                 str(ckpt), str(out), str(steps)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                                start_new_session=True))
     return procs
 
 

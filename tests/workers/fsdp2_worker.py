@@ -5,7 +5,8 @@ Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*
          each step trains, then (REF given) rank 0 keeps the full state in REF/step-N.pt, then step
          N is saved with async_save into CKPT/step-N on its own gloo group, through FastStager
          (2 saves in flight: nothing waits for a save; the next optimizer step waits only for the
-         snapshot's copy); prints "committed N" once step N's save is done ("ready" after the first).
+         snapshot's copy); prints "committed N" once step N's save is done ("ready" after the first);
+         STEP_PAUSE_S=T: T seconds' pause after each step (the arithmetic unchanged), for a kill to land in
        fsdp2_worker.py resume CKPT OUT
          loads the newest committed checkpoint of CKPT (fastckpt.dcp.newest_committed) into a
          fresh sharded model and optimizer on this world's ranks, keeps its full state in
@@ -15,6 +16,7 @@ One thread per process: every run computes each step with the same arithmetic.
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -90,6 +92,7 @@ def main() -> None:
                                     storage_writer=writer, async_stager=stager, process_group=ckpt_group)
             saves.append((step, saving))
             report(saves, wait=False)
+            time.sleep(float(os.environ.get("STEP_PAUSE_S", "0")))  # a pace a kill can land in
         report(saves, wait=True)
         stager.close()
         writer.close()

@@ -40,7 +40,7 @@ KINDS = {
 
 def run(kind: str, root: str, env: dict) -> subprocess.CompletedProcess:
     return warm.run([sys.executable, SAVES, kind, root], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=300)
+                    text=True, timeout=300)
 
 
 def marks_of(output: str) -> list[str]:

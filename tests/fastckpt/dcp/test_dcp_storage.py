@@ -35,8 +35,8 @@ def run_ranks(mode: str, directory, world: int, *extra, **env) -> list[str]:
         if world:
             e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "dcp_worker.py"), mode, str(directory),
-                                       *map(str, extra)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
+                                 *map(str, extra)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]

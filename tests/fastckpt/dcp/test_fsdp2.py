@@ -30,14 +30,14 @@ STEPS = 6
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def launch(args: list[str], world: int) -> list[subprocess.Popen]:
+def launch(args: list[str], world: int, **extra: str) -> list[subprocess.Popen]:
     port, procs = free_port(), []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS))
+                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT, WORKERS), **extra)
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "fsdp2_worker.py"), *map(str, args)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                      start_new_session=True))
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True))
     return procs
 
 
@@ -83,9 +83,10 @@ def test_every_step_saved_with_two_in_flight_equals_the_state_at_that_step(unint
 
 
 def killed_run(ckpt, seed: int) -> None:
-    """2 ranks train and save every step; once step 1 is committed, rank 1 is killed with SIGKILL
-    after a random delay, then rank 0 (left waiting for its peer)."""
-    procs = launch(["train", ckpt, STEPS], 2)
+    """2 ranks train and save every step (0.3 s apart: a step alone takes milliseconds); once step 1
+    is committed, rank 1 is killed with SIGKILL after a random delay, then rank 0 (left waiting
+    for its peer)."""
+    procs = launch(["train", ckpt, STEPS], 2, STEP_PAUSE_S="0.3")
     ready = threading.Event()
     lines: list[str] = []
 
@@ -97,7 +98,8 @@ def killed_run(ckpt, seed: int) -> None:
 
     threading.Thread(target=read, daemon=True).start()
     assert ready.wait(240), "".join(lines)[-3000:]
-    time.sleep(random.Random(seed).uniform(0.0, 2.0))
+    time.sleep(random.Random(seed).uniform(0.0, 0.6))  # within steps 2-3
+    assert all(p.poll() is None for p in procs), "a rank ended before the kill: " + "".join(lines)[-3000:]
     kill_ranks(procs, [procs[1]])
 
 

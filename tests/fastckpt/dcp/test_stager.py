@@ -251,8 +251,8 @@ def two_ranks(mode: str, directory) -> list[str]:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONPATH=python_path(ROOT, WORKERS))
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "stager_worker.py"), mode,
-                                       str(directory)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env=env))
+                                 str(directory)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
