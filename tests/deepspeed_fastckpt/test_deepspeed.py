@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 pytest.importorskip("deepspeed")
+from support import warm
 from support.deepspeed_runs import assert_resumed_exactly, launch, run
 from support.paths import ROOT, python_path
 
@@ -93,8 +93,8 @@ def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, shm, stag
     assert_resumed_exactly(trained, resumed)
     out = tmp_path / "model_states.pt"  # a pool model exported is an ordinary DeepSpeed file
     model = str(tag_dir / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"))
-    assert subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "export", pool, str(out), "--model", model,
-                           "--to", "torch"], env=dict(os.environ, PYTHONPATH=python_path(ROOT))).returncode == 0
+    assert warm.run([sys.executable, "-m", "fastckpt.tools.cli", "export", pool, str(out), "--model", model,
+                     "--to", "torch"], env=dict(os.environ, PYTHONPATH=python_path(ROOT))).returncode == 0
     assert "module" in torch.load(out, weights_only=False)
 
 

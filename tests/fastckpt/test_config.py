@@ -11,6 +11,7 @@ import fastckpt
 from fastckpt.config import CheckpointerConfig, flatten
 from fastckpt.config.hydra import instantiate
 
+from support import warm
 from support.paths import CONFIGS, ROOT
 
 
@@ -137,13 +138,12 @@ def test_defaults_live_in_one_place():
 def test_the_demo_refuses_a_bad_config_at_once_in_one_line(tmp_path, override, says):
     """Before any work (the torch.save reference takes a minute): exit 2 and one line that says
     what is wrong — no traceback, not Hydra's 'use +key'."""
-    import subprocess
     import sys
     import time
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "fastckpt.demo", override, f"hydra.run.dir={tmp_path}"],
-                       capture_output=True, text=True, timeout=120,
-                       cwd=ROOT)
+    r = warm.run([sys.executable, "-m", "fastckpt.demo", override, f"hydra.run.dir={tmp_path}"],
+                 capture_output=True, text=True, timeout=120,
+                 cwd=ROOT)
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip() and "real_accelerator" not in x]
     assert len(lines) == 1 and says in lines[0], r.stderr

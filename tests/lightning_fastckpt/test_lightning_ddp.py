@@ -11,13 +11,13 @@ import glob
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 
+from support import warm
 from support.lightning_runs import launch, losses, run
 from workers.lit_app import assert_equal
 
@@ -53,8 +53,8 @@ def test_ddp_every_rank_saves_one_file_per_rank(tmp_path):
     assert last.is_dir() and (last / "COMMIT").exists()
     names = sorted(os.listdir(last))
     assert [n.split(".")[0] for n in names if n.startswith("rank-")] == ["rank-0", "rank-1"]
-    assert subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(last)],
-                          capture_output=True).returncode == 0
+    assert warm.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(last)],
+                    capture_output=True).returncode == 0
     run(tmp_path, "--epochs", "3", "--per-rank", "--resume", ddp=True)
     a, b = (torch.load(tmp_path / f"loaded-rank{r}.pt", weights_only=True) for r in range(2))
     assert a["global_step"] == b["global_step"] > 0

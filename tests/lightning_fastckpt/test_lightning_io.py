@@ -22,6 +22,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 import fastckpt
 from lightning_fastckpt import FastCheckpointIO
+from support import warm
 from support.paths import CONFIGS as CONFIG_DIR
 from workers.lit_app import TinyModule, assert_equal, loader, trainer
 
@@ -96,8 +97,8 @@ def test_checkpoint_dict_round_trips_every_part(tmp_path):
     assert ck["hyper_parameters"] == {"width": 64, "big": 0, "lr": 1e-2}
     assert_equal(FastCheckpointIO().load_checkpoint(tmp_path / "last.ckpt"), ck)
     # fastckpt's own tools read it too
-    out = subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path / "last.ckpt")],
-                         capture_output=True, text=True)
+    out = warm.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path / "last.ckpt")],
+                   capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 

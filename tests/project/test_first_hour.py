@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from support import warm
 from support.paths import ROOT, python_path
 
 
@@ -63,8 +64,8 @@ def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
     # a single process, as the README says a plain `python script.py` of the DeepSpeed block needs
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=python_path(ROOT))
-    r = subprocess.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = warm.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                 timeout=600)
     assert r.returncode == 0, f"the code of {section!r} fails as written:\n{r.stderr[-4000:]}"
 
 
@@ -155,8 +156,8 @@ def test_the_demo_resumes_exactly_says_where_things_went_and_leaves_little(tmp_p
     run_dir = tmp_path / "run"
     extra = ["store=pmem", f"root={tmp_path / 'pools' / 'demo.pool'}"] if store == "pmem" else []
     (tmp_path / "pools").mkdir()
-    r = subprocess.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = warm.run([sys.executable, "-m", "fastckpt.demo", *DEMO_SMALL, *extra, f"hydra.run.dir={run_dir}"],
+                 capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     # which checkpoint had committed when the kill came is timing (a loaded machine may still be
     # writing step 20 at step 23): whichever it was, it is the one resumed from and equals the state saved

@@ -1,5 +1,5 @@
-"""`fastckpt ls`, `verify` and `export` of PyTorch DCP checkpoints, through the installed command:
-a folder holding a committed checkpoint of ours, one DCP's own writer wrote, one whose commit
+"""`fastckpt ls`, `verify` and `export` of PyTorch DCP checkpoints, each a process of its own (the
+installed command is that CLI, checked once; the checks run `python -m fastckpt.tools.cli`): a folder holding a committed checkpoint of ours, one DCP's own writer wrote, one whose commit
 never happened and one cut short before its `.metadata` is listed with each status; verify reads
 every byte and names a damaged item by its key in the state (ours and DCP's own files), or
 damage between items by the commit record; export writes the whole state of a checkpoint saved
@@ -19,7 +19,8 @@ import fastckpt
 from fastckpt.commit import record
 from fastckpt.dcp import FastStorageWriter
 from fastckpt.dcp.writer import RECORD
-from support.paths import WORKERS
+from support import warm
+from support.paths import ROOT, WORKERS, python_path
 
 sys.path.insert(0, WORKERS)
 from dcp_worker import full_state  # noqa: E402 - the 2-rank save's state
@@ -30,8 +31,14 @@ FASTCKPT = os.path.join(os.path.dirname(sys.executable), "fastckpt")
 
 
 def cli(*args) -> tuple[int, str]:
-    p = subprocess.run([FASTCKPT, *map(str, args)], capture_output=True, text=True, timeout=300)
+    p = warm.run([sys.executable, "-m", "fastckpt.tools.cli", *map(str, args)], capture_output=True, text=True,
+                 timeout=300, env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     return p.returncode, p.stdout + p.stderr
+
+
+def test_the_installed_command_is_this_cli():
+    p = subprocess.run([FASTCKPT, "--help"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "verify" in p.stdout and "export" in p.stdout, p.stdout + p.stderr
 
 
 def state(i: int) -> dict:

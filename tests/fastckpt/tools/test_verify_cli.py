@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ from safetensors import safe_open
 
 import fastckpt
 from fastckpt.tools.cli import main
+from support import warm
 from support.states import assert_same, state_matrix
 
 
@@ -59,8 +59,8 @@ def test_verify_root_names_the_chunk(tmp_path, capsys):
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
     capsys.readouterr()
-    r = subprocess.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path)],
-                       capture_output=True, text=True)
+    r = warm.run([sys.executable, "-m", "fastckpt.tools.cli", "verify", str(tmp_path)],
+                 capture_output=True, text=True)
     assert r.returncode == 1
     assert "first bad chunk: 2 (record archive/data/0" in r.stdout, r.stdout
 
