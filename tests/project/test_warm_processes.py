@@ -103,3 +103,10 @@ def test_a_preloaded_shim_or_startup_variable_starts_cold():
     a = warm._warm_key([sys.executable, "x.py"], dict(os.environ, DS_ACCELERATOR="cpu"), ("deepspeed",))
     b = warm._warm_key([sys.executable, "x.py"], dict(os.environ, DS_ACCELERATOR="cuda"), ("deepspeed",))
     assert a != b  # read when deepspeed is imported: each its own warm interpreter
+
+
+def test_the_default_folder_is_the_tests_current_one(tmp_path, monkeypatch):
+    here = [sys.executable, "-c", "import os; print(os.getcwd())"]
+    assert warm.run(here, capture_output=True, text=True, timeout=60).returncode == 0  # the interpreter is up
+    monkeypatch.chdir(tmp_path)
+    assert warm.run(here, capture_output=True, text=True, timeout=60).stdout.strip() == str(tmp_path)

@@ -94,7 +94,9 @@ class _Server:
     def start(self, argv: list[str], env: dict, cwd, session: bool, fds: list[int]) -> tuple[socket.socket, int]:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
-        body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd) if cwd else None,
+        # the test's own folder by default, as Popen gives it (the test may have changed folder
+        # since the warm interpreter started)
+        body = json.dumps({"argv": argv, "env": env, "cwd": os.path.abspath(os.fspath(cwd) if cwd else os.getcwd()),
                            "session": session}).encode()
         socket.send_fds(conn, [len(body).to_bytes(8, "little") + body[:32768]], fds)
         if len(body) > 32768:
