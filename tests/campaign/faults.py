@@ -20,6 +20,13 @@ import uuid
 import forked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the children start through tests/support/warm.py; tests/ is on the path only while it is imported
+# (its test folders, tests/fastckpt among them, would shadow the packages they test)
+sys.path.insert(0, os.path.dirname(HERE))
+try:
+    from support import warm
+finally:
+    sys.path.remove(os.path.dirname(HERE))
 STEPS = 6
 MIB = 1 << 20
 # bytes that hold two checkpoints but not three: 2 MiB states / the Lightning model + Adam (~3.2 MB)
@@ -54,8 +61,9 @@ def _child(mode: str, root: str, on_error: str, env: dict, ro_after: int | None)
         args.append(str(ro_after))
     # the checkout (its siblings come with the script), then what this process was given
     paths = [os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(p for p in paths if p)))
+    proc = warm.run(args, capture_output=True, text=True, timeout=300,
+                    env=dict(os.environ, **env, PYTHONPATH=os.pathsep.join(p for p in paths if p)),
+                    preload=("lightning",) if mode == "lightning" else ())
     lines = proc.stdout.splitlines()
     if proc.returncode != 0:
         lines.append(f"crashed {proc.returncode}: {proc.stderr[-1500:]}")

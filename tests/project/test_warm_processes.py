@@ -93,11 +93,13 @@ def test_kill_9_ends_it_with_that_signal_and_its_lines_are_read_as_they_come(tmp
     proc.stdout.close()
 
 
-def test_a_preloaded_shim_or_startup_variable_starts_cold():
+def test_a_stateful_shim_or_startup_variable_starts_cold():
     env = dict(os.environ, LD_PRELOAD="")
     assert warm._warm_key([sys.executable, "x.py"], env, ()) is not None  # empty: nothing preloaded
-    env["LD_PRELOAD"] = "/x/shim.so"
+    env["LD_PRELOAD"] = "/x/record_shim.so"  # state from the first instruction on
     assert warm._warm_key([sys.executable, "x.py"], env, ()) is None
+    env["LD_PRELOAD"] = "/x/eio_shim.so"  # settings read at each call: a warm interpreter with it
+    assert ("LD_PRELOAD", "/x/eio_shim.so") in warm._warm_key([sys.executable, "x.py"], env, ())[1]
     assert warm._warm_key([sys.executable, "x.py"], dict(os.environ, PYTHONHASHSEED="0"), ()) is None
     assert warm._warm_key(["/usr/bin/env", "x.py"], dict(os.environ), ()) is None
     a = warm._warm_key([sys.executable, "x.py"], dict(os.environ, DS_ACCELERATOR="cpu"), ("deepspeed",))

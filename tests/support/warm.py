@@ -7,8 +7,9 @@ tests/support/warm_server.py, which imported torch (and `preload`) once and fork
 for it: its own pid, real signals and kill -9, stdin/stdout/stderr, environment, working directory,
 process group, sys.argv and sys.path as a cold start sets them (warm_server.py says what it sets).
 
-A cold start is used instead where a warm one would differ: another interpreter, LD_PRELOAD (a
-shim must be there from the first instruction), Python's start-up options or variables, a CUDA
+A cold start is used instead where a warm one would differ: another interpreter, an LD_PRELOAD
+shim that keeps state from the first instruction (the fault shim, which reads its settings at each
+call, gets a warm interpreter started with it), Python's start-up options or variables, a CUDA
 device, or FASTCKPT_TEST_COLD=1 in the test's environment (to compare). Import-time settings of the
 preloaded libraries (OMP_*, MKL_*, DS_*, TORCH_*, ...) select a warm interpreter started with the
 same values. One warm interpreter per (preload, settings) and test process, ended with it.
@@ -42,6 +43,10 @@ STARTUP_ONLY = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONWARNINGS", "PYTHONHASHSE
                 "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONTRACEMALLOC",
                 "PYTHONPROFILEIMPORTTIME", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8")
 # (PYTHONUNBUFFERED is applied in the child: its stdout and stderr write through)
+# preloaded libraries a warm interpreter may be started with, its children inheriting them: each
+# reads its settings from the environment at every call (the child's own), and its counters are
+# still zero at fork (the interpreter touched no path it watches). Any other LD_PRELOAD: cold.
+FORK_SAFE_SHIMS = ("eio_shim.so",)
 # what each preload name imports: the libraries and the parts of them most programs here reach
 # (torch._inductor.config: torch.use_deterministic_algorithms, which fastckpt.reproducible calls,
 # imports it, 2 s; DeepSpeed's ZeRO optimizer check imports its Muon optimizer, which imports dynamo)
@@ -67,10 +72,13 @@ def _warm_key(argv, env: dict, preload: tuple[str, ...]):
     first = os.fspath(argv[1])
     if first.startswith("-") and first not in ("-c", "-m") or first in ("-c", "-m") and len(argv) < 3:
         return None
-    if any((env.get(k) or None) != (os.environ.get(k) or None) for k in STARTUP_ONLY) or env.get("LD_PRELOAD"):
+    if any((env.get(k) or None) != (os.environ.get(k) or None) for k in STARTUP_ONLY if k != "LD_PRELOAD"):
+        return None
+    shims = env.get("LD_PRELOAD", "").replace(":", " ").split()
+    if any(os.path.basename(shim) not in FORK_SAFE_SHIMS for shim in shims):
         return None
     settings = tuple(sorted((k, v) for k, v in env.items()
-                            if k.startswith(IMPORT_TIME) and k not in APPLIED_IN_CHILD))
+                            if k.startswith(IMPORT_TIME) and k not in APPLIED_IN_CHILD or k == "LD_PRELOAD" and shims))
     return tuple(sorted(set(preload) | {"torch"})), settings
 
 
