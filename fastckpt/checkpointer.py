@@ -25,7 +25,7 @@ from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
 from .commit_info import CommitInfo
-from .settings import CheckpointerConfig
+from .settings import CheckpointerConfig, given_one_way
 from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.plan import FilePlan
@@ -55,11 +55,7 @@ class Checkpointer:
         fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
         given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
         a ConfigError naming the valid ones), or as one CheckpointerConfig (`settings=`)."""
-        if settings is not None and not isinstance(settings, CheckpointerConfig):
-            raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
-                            "keyword (strategy='c', concurrency=4, ...)")
-        if settings is not None and overrides:
-            raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
+        given_one_way(settings, overrides)
         if settings is None:
             settings = CheckpointerConfig.from_dict(dict(overrides, root=root))
         elif root is not None and root != settings.root:

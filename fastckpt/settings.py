@@ -132,6 +132,16 @@ def check_seconds(name: str, value) -> None:
 DEFAULTS = CheckpointerConfig()
 
 
+def given_one_way(settings, keywords: dict) -> None:
+    """A front end takes its settings one way: one CheckpointerConfig (`settings=`) or keywords;
+    a TypeError of one line otherwise (a setting passed by position lands in `settings`)."""
+    if settings is not None and not isinstance(settings, CheckpointerConfig):
+        raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
+                        "keyword (strategy='c', concurrency=4, ...)")
+    if settings is not None and keywords:
+        raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
+
+
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
               "store": ("direct_io", "model", "pool_mb", "persist")}
 NON_CHECKPOINTER = {"demo", "hydra", "offload", "tune"}  # offload_of() and tuner_of() read those

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
-from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten
+from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way
 from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
@@ -51,11 +51,7 @@ class FastCheckpointIO(CheckpointIO):
 
     def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
                  layerwise: bool = False, pool: Optional[str] = None, **overrides: Any):
-        if settings is not None and not isinstance(settings, CheckpointerConfig):
-            raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
-                            "keyword (strategy='c', concurrency=2, ...)")
-        if settings is not None and overrides:
-            raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
+        given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
         self.per_rank, self.layerwise = per_rank, layerwise
         self.named = NamedCheckpoints(settings if settings is not None else overrides, pool=self.pool,

@@ -204,11 +204,13 @@ def deepspeed(root: str) -> None:
     import deepspeed as ds
 
     import deepspeed_fastckpt  # noqa: F401  (registers the engine)
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
+    from small_buckets import SMALL_BUCKETS
     ds.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     cfg = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
-           "zero_optimization": {"stage": 1, "reduce_bucket_size": 1 << 20},  # tests/workers/small_buckets.py
+           "zero_optimization": {"stage": 1, **SMALL_BUCKETS},
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "fastckpt": {"concurrency": 2, "chunk_mb": 1}}
     eng, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)

@@ -17,6 +17,7 @@ same values. One warm interpreter per (preload, settings) and test process, ende
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import os
@@ -56,6 +57,7 @@ MODULES = {"torch": ("torch", "torch._inductor.config", "torch.distributed", "nu
 _servers: dict[tuple, "_Server"] = {}
 
 
+@functools.cache
 def _has_cuda() -> bool:
     """On a GPU machine every program starts cold: a CUDA driver set up before fork (DeepSpeed's
     accelerator probe may do it at import) is unusable in the children."""
