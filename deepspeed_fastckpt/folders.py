@@ -15,7 +15,7 @@ from fastckpt.tools.folder_kinds import FolderKind
 from fastckpt.tools.folders import Entry
 
 from .safe_types import deepspeed_safe_globals
-from .tag_records import LATEST, TAG_OPEN, TAG_RECORD, read_latest, read_record, tag_status
+from .tag_records import EARLIER_RECORD, LATEST, TAG_OPEN, read_latest, read_record, tag_status
 
 FILE_RE = re.compile(r"(model_states|optim_states)\.pt$")  # what DeepSpeed's engine names its files
 STEP_RE = re.compile(r"global_step(\d+)")  # DeepSpeed's default tag names the step
@@ -27,7 +27,7 @@ class DeepSpeedFolders(FolderKind):
     describe = {"deepspeed": "a DeepSpeed save folder", "tag": "one DeepSpeed tag"}
 
     def is_one(self, path: str, names: list[str]) -> bool:
-        return TAG_RECORD in names or TAG_OPEN in names or any(FILE_RE.search(n) for n in names)
+        return TAG_OPEN in names or EARLIER_RECORD in names or any(FILE_RE.search(n) for n in names)
 
     def latest(self, path: str) -> Optional[str]:
         return read_latest(path, "latest") or read_latest(path, LATEST)

@@ -4,9 +4,10 @@ mark it leaves first, and what a tag folder holds.
 A DeepSpeed tag (`save_dir/tag/`) is several files per rank (model states, ZeRO optimizer
 partitions). fastckpt's DeepSpeed engine commits a tag as one set of files across ranks
 (fastckpt.commit.file_sets): once every rank's files are durable, rank 0 writes the tag's
-commit record `save_dir/tag/fastckpt-tag.json` (fastckpt.commit.record's format: every file
-with its rank, size and CRC-32, and a counter) and `save_dir/fastckpt-latest`, both
-atomically. A tag record fastckpt 0.1 wrote (plain JSON with a sequence number) still reads. DeepSpeed's own
+commit record `save_dir/tag/COMMIT` (fastckpt.commit.record's, as every fastckpt checkpoint's:
+every file with its rank, size and CRC-32, and a counter) and `save_dir/fastckpt-latest`, both
+atomically. The record as fastckpt 0.2 named it (`fastckpt-tag.json`) still reads, and so does
+one fastckpt 0.1 wrote there (plain JSON with a sequence number). DeepSpeed's own
 `latest` file is written with a plain open() and may be missing, torn, or name a tag that
 never completed; `newest_committed_tag` ignores it.
 
@@ -41,7 +42,7 @@ from fastckpt.pmem.pointer import is_pool_pointer
 
 SizeOf = Callable[[str], Optional[int]]
 
-TAG_RECORD = "fastckpt-tag.json"
+EARLIER_RECORD = "fastckpt-tag.json"  # a tag's record as fastckpt 0.1 and 0.2 named it (fastckpt.commit.record.NAMES)
 TAG_OPEN = "fastckpt-tag.open"
 LATEST = "fastckpt-latest"
 
@@ -52,12 +53,12 @@ def read_record(save_dir: str, tag: str, size_of: Optional[SizeOf] = file_size) 
     path; None: the record alone); CorruptCheckpointError if not."""
     tag_dir = os.path.join(save_dir, tag)
     try:
-        return commit.read(tag_dir, TAG_RECORD, size_of, every_rank=False)
+        return commit.read(tag_dir, None, size_of, every_rank=False)
     except FileNotFoundError:
         raise CorruptCheckpointError(f"tag {tag!r} in {save_dir} was never committed "
-                                     f"(no {TAG_RECORD}): its files may be incomplete") from None
+                                     "(no commit record): its files may be incomplete") from None
     except OSError as e:  # unreadable (permissions, not a regular file): damaged, never loaded
-        raise CorruptCheckpointError(f"{os.path.join(tag_dir, TAG_RECORD)}: damaged commit record ({e})") from None
+        raise CorruptCheckpointError(f"{tag_dir}: damaged commit record ({e})") from None
     except CorruptCheckpointError:
         info = _record_of_0_1(tag_dir)
         if info is None:
@@ -70,7 +71,7 @@ def read_record(save_dir: str, tag: str, size_of: Optional[SizeOf] = file_size) 
 def _record_of_0_1(tag_dir: str) -> Optional[CommitInfo]:
     """A tag record as fastckpt 0.1 wrote it (plain JSON: tag, seq, world_size, files with
     name, bytes and hex CRC-32; no CRC of its own, no ranks); None when it is not one."""
-    path = os.path.join(tag_dir, TAG_RECORD)
+    path = os.path.join(tag_dir, EARLIER_RECORD)
     try:
         rec = json.loads(read_regular(path, commit.MAX_RECORD))
         if not isinstance(rec, dict) or "body" in rec:
@@ -114,7 +115,7 @@ def mark_open(save_dir: str, tag: str) -> None:
 def tags_under(save_dir: str, size_of: Optional[SizeOf] = file_size) -> CommittedUnder:
     """save_dir's tags as the core's committed checkpoints under a parent (read_record reads each:
     0.1's tag records too)."""
-    return CommittedUnder(save_dir, TAG_RECORD, size_of=size_of,
+    return CommittedUnder(save_dir, size_of=size_of,
                           read=lambda folder, size: read_record(save_dir, os.path.basename(folder), size))
 
 
@@ -142,7 +143,7 @@ def files_of(tag_dir: str) -> tuple[bool, bool]:
         path = os.path.join(tag_dir, name)
         if name == TAG_OPEN or (".fastckpt-" in name and name.endswith(".tmp")):
             ours = True
-        elif name != TAG_RECORD and os.path.isfile(path) and not os.path.islink(path):
+        elif name not in commit.NAMES and os.path.isfile(path) and not os.path.islink(path):
             if is_pool_pointer(path):
                 ours = True
             elif name.endswith(".pt"):
@@ -155,7 +156,7 @@ def tag_status(save_dir: str, tag: str, size_of: SizeOf) -> tuple[str, str]:
     tag_dir = os.path.join(save_dir, tag)
     if not tag or os.path.basename(os.path.normpath(tag)) != os.path.normpath(tag) or not os.path.isdir(tag_dir):
         return "missing", f"there is no tag {tag!r} in {save_dir}"
-    if os.path.exists(os.path.join(tag_dir, TAG_RECORD)):
+    if commit.present(tag_dir) is not None:
         try:
             read_record(save_dir, tag, size_of)
             return "committed", ""
@@ -163,7 +164,7 @@ def tag_status(save_dir: str, tag: str, size_of: SizeOf) -> tuple[str, str]:
             return "damaged", str(e)
     ours, foreign = files_of(tag_dir)
     if ours:
-        return "torn", (f"tag {tag!r} in {save_dir} was never committed (no {TAG_RECORD}): fastckpt's save of it "
+        return "torn", (f"tag {tag!r} in {save_dir} was never committed (no commit record): fastckpt's save of it "
                         "did not complete")
     if not foreign:
         return "empty", f"tag {tag!r} in {save_dir} holds no checkpoint file (a save cut short?)"

@@ -2,7 +2,7 @@
 (fastckpt.commit.file_sets): DeepSpeed's conventions only, the commit is the core's.
 
 What is DeepSpeed's here: a tag's files lie in `save_dir/tag/`, so its record lies there too,
-as `fastckpt-tag.json` (the core's record format, written by the core's one writer); once it
+as `COMMIT` (the core's record, written by the core's one writer); once it
 is durable, `save_dir/fastckpt-latest` names the tag, and so does DeepSpeed's own `latest`
 when the save asked for it (DeepSpeed writes it with a plain open() when the save is issued;
 it is written again here, atomically and durably, once the tag is committed); a pool-backed file leaves a pointer where DeepSpeed
@@ -20,7 +20,7 @@ from fastckpt.commit.file_sets import FileSets
 from fastckpt.named import NamedCheckpoints
 from fastckpt.write.deadline import Deadline
 
-from .tag_records import TAG_RECORD, name_in_deepspeeds_latest, newest_counter, write_latest
+from .tag_records import name_in_deepspeeds_latest, newest_counter, write_latest
 
 
 class TagCommitter:
@@ -34,7 +34,7 @@ class TagCommitter:
         slack_s = config.commit_timeout_s
         deadline = Deadline(config.stall_timeout_s, named.progress)
         self.format = "safetensors" if named.pool else config.format
-        self.sets = FileSets(TAG_RECORD, make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
+        self.sets = FileSets(make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
                              after_record=self._name_latest, on_durable=named.leave_pointer if named.pool else None,
                              report=report, name="fastckpt-tag")
         self.agreement = self.sets.agreement

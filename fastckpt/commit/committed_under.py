@@ -1,14 +1,17 @@
-"""The checkpoints committed directly under one parent folder: newest first, and the next counter.
+"""The checkpoints committed directly under one parent folder: newest first, the next counter, withdrawal.
 
-A parent folder holds one checkpoint per child folder, each made real by a commit record of one
-name: the Checkpointer's root (`COMMIT` in each step-N.cK), DeepSpeed's save_dir
-(`fastckpt-tag.json` in each tag), a DCP folder (`fastckpt-dcp.json` in each step-N). Every
-front end asks the same two questions of such a parent, answered here once:
+A parent folder holds one checkpoint per child folder, each made real by its commit record
+(`COMMIT`, or the name fastckpt 0.2 gave it: fastckpt.commit.record.present): the Checkpointer's
+root (each step-N.cK), DeepSpeed's save_dir (each tag), a DCP folder (each step-N). Every
+front end asks the same three things of such a parent, answered here once:
 - which children are committed, newest (highest commit counter) first — a child without the
   record is not one (quietly), one whose record is damaged or disagrees with its files is
   passed over and said why (`problems`);
 - which counter the next commit under the parent takes: one past the highest of any record
-  there, its files unchecked (a commit never reuses a counter, even of a damaged checkpoint).
+  there, its files unchecked (a commit never reuses a counter, even of a damaged checkpoint);
+- withdrawing a child before its files are removed or written over: its record goes first,
+  durably, so a crash part-way leaves a folder no reader takes for a checkpoint, never a
+  record naming files that are gone.
 `read` reads one child's record (default: fastckpt.commit.record.read; DeepSpeed's also reads
 the tag records fastckpt 0.1 wrote), `size_of` sizes the files it names, `children` picks the
 candidates by name (default: every child folder).
@@ -20,6 +23,7 @@ from typing import Callable, Optional
 
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
+from ..fsutil import fsync_dir
 from . import record
 from .record import file_size
 
@@ -27,15 +31,14 @@ SizeOf = Callable[[str], Optional[int]]
 
 
 class CommittedUnder:
-    """The checkpoints committed under `parent` by records named `record_name`."""
+    """The checkpoints committed under `parent`."""
 
-    def __init__(self, parent, record_name: str = record.COMMIT_NAME, *, size_of: Optional[SizeOf] = file_size,
-                 every_rank: bool = False, children: Optional[Callable[[str], bool]] = None,
+    def __init__(self, parent, *, size_of: Optional[SizeOf] = file_size, every_rank: bool = False,
+                 children: Optional[Callable[[str], bool]] = None,
                  read: Optional[Callable[[str, Optional[SizeOf]], CommitInfo]] = None):
-        self.parent, self.record_name = os.fspath(parent), record_name
+        self.parent = os.fspath(parent)
         self.size_of, self.every_rank, self._pick = size_of, every_rank, children
-        self._read = read or (lambda folder, size_of: record.read(folder, record_name, size_of,
-                                                                  every_rank=every_rank))
+        self._read = read or (lambda folder, size_of: record.read(folder, None, size_of, every_rank=every_rank))
 
     def children(self) -> list[str]:
         """The child folders that may hold a checkpoint (their paths)."""
@@ -50,7 +53,7 @@ class CommittedUnder:
         passed over is appended to problems."""
         found = []
         for folder in self.children():
-            if not os.path.exists(os.path.join(folder, self.record_name)):
+            if record.present(folder) is None:
                 continue  # never committed (or gone since the listing): not a checkpoint here
             try:
                 found.append(self._read(folder, self.size_of))
@@ -75,3 +78,15 @@ class CommittedUnder:
             except (OSError, CorruptCheckpointError):
                 continue
         return newest + 1
+
+    def withdraw(self, child) -> None:
+        """child (a folder here) stops being a committed checkpoint, durably: every record name
+        it has is removed, each removal made durable before this returns (its files stay: the
+        caller's to remove or write over)."""
+        child = os.fspath(child)
+        for name in record.NAMES:
+            try:
+                os.unlink(os.path.join(child, name))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            fsync_dir(child)

@@ -9,8 +9,8 @@ every rank:
      runs for each (a pool-backed file leaves its pointer where the framework looks);
   2. once every rank's files are durable, rank 0 writes the one record (commit.record.write:
      versioned JSON with its own CRC-32; each file's rank, size, CRC-32 and chunk CRCs) into
-     the set's directory under the name the caller's convention gives it, with a counter one
-     above any record under the same parent directory;
+     the set's directory (`COMMIT`), with a counter one above any record under the same parent
+     directory;
   3. `after_record(info)`: what the convention writes once the set is real (DeepSpeed's
      `fastckpt-latest`).
 
@@ -57,13 +57,13 @@ def gathered_commits(stall_s: float) -> OrderedCommits:
     return OrderedCommits(Agreement(), Deadline(stall_s), 0.0, name="fastckpt-gathered")
 
 
-def commit_gathered(directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
+def commit_gathered(directory: str, part: Callable[[], list], step: int, world_size: int,
                     commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
     """Commits a set whose ranks' files its framework already gathered on this coordinator (DCP's
     finish) as a GatheredCommit through `commits` (gathered_commits(); its owner's close() joins
     it); returns once its record is durable, or raises why it is not. part(): the coordinator's
     own part made durable (DCP's .metadata), returning every file's FileEntry."""
-    unit = GatheredCommit(directory, record_name, part, step, world_size, fmt, meta)
+    unit = GatheredCommit(directory, part, step, world_size, fmt, meta)
     commits.issue(unit)
     return unit.result()
 
@@ -80,23 +80,22 @@ class FileSets:
     """Commits sets of files, each into its own directory, in the order they were submitted.
 
     Args:
-        record_name: the file name of each set's record inside its directory.
         agreement: how the ranks agree (fastckpt.commit.agreement.make_agreement).
         deadline: bounds every wait (a file's write, the set before, the other ranks);
             slack_s: how much longer than the deadline a wait for other ranks may take.
         newest_counter(parent): the highest counter of a record already under parent (0: none);
-            by default read from the records `record_name` of parent's folders.
+            by default read from the records of parent's folders.
         after_record(info): run on rank 0 once a set's record is durable.
         on_durable(path): run for each file once it is durable.
         report(error): what a failed set does at the next `raise_errors` (default: raise it).
     """
 
-    def __init__(self, record_name: str, agreement: Agreement, deadline: Deadline, slack_s: float,
+    def __init__(self, agreement: Agreement, deadline: Deadline, slack_s: float,
                  newest_counter: Optional[Callable[[str], int]] = None,
                  after_record: Optional[Callable[[CommitInfo], None]] = None,
                  on_durable: Optional[Callable[[str], None]] = None,
                  report: Optional[Callable[[BaseException], None]] = None, name: str = "fastckpt-set"):
-        self.record_name, self.agreement, self.deadline, self.slack_s = record_name, agreement, deadline, slack_s
+        self.agreement, self.deadline, self.slack_s = agreement, deadline, slack_s
         self._newest_counter = newest_counter or self._newest_record
         self.after_record, self.on_durable, self._report = after_record, on_durable, report
         self._commits = OrderedCommits(agreement, deadline, slack_s, name=name)
@@ -176,7 +175,7 @@ class FileSets:
         return counter
 
     def _newest_record(self, parent: str) -> int:
-        return CommittedUnder(parent, self.record_name).next_counter() - 1
+        return CommittedUnder(parent).next_counter() - 1
 
     def landed(self, directory: str, error: Optional[BaseException]) -> None:
         """One set landed; the last one of a withdrawn owner deletes it before anyone waiting
@@ -237,7 +236,7 @@ class FileSetCommit(CommitUnit):
                           time=time.time(), world_size=s.agreement.world_size, format=self.format, files=files,
                           meta=self.meta)
         if rank == 0:
-            commit.write(info, s.record_name)
+            commit.write(info)
             if s.after_record is not None:
                 s.after_record(info)
         return info
@@ -255,9 +254,9 @@ class GatheredCommit(CommitUnit):
     (DCP's finish): the coordinator alone commits it, so it is a unit of one rank whose part is
     every file. part(): the coordinator's own files made durable (1), returning every entry."""
 
-    def __init__(self, directory: str, record_name: str, part: Callable[[], list], step: int, world_size: int,
+    def __init__(self, directory: str, part: Callable[[], list], step: int, world_size: int,
                  fmt: str, meta: Optional[dict]):
-        self.directory, self.record_name, self._part = os.path.abspath(directory), record_name, part
+        self.directory, self._part = os.path.abspath(directory), part
         self.step, self.world_size, self.format, self.meta = step, world_size, fmt, dict(meta or {})
         self.label = f"the checkpoint in {directory}"
         self._done = threading.Event()
@@ -270,11 +269,11 @@ class GatheredCommit(CommitUnit):
     def record(self, parts: list, rank: int) -> CommitInfo:
         files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files
         with _counting:  # two writers' commits under one parent never take the same counter
-            counter = CommittedUnder(os.path.dirname(self.directory), self.record_name).next_counter()
+            counter = CommittedUnder(os.path.dirname(self.directory)).next_counter()
             info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files),
                               counter=counter, time=time.time(), world_size=self.world_size, format=self.format,
                               files=files, meta=self.meta)
-            commit.write(info, self.record_name)
+            commit.write(info)
         return info
 
     def landed(self, info, error) -> None:

@@ -1,9 +1,10 @@
 """The commit record: the one small file whose durable presence makes a checkpoint real.
 
 Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one function that
-writes a record (`write`: every kind of checkpoint commits through it — the Checkpointer's
-`COMMIT`, a per-rank folder's, a set of files such as a DeepSpeed tag, under the name its
-convention gives), and the checks that a record and the files it names are intact (sizes; full
+writes a record (`write`: every kind of checkpoint commits through it — a Checkpointer's step, a
+per-rank folder, a set of files such as a DeepSpeed tag or a DCP checkpoint — as `COMMIT` in the
+checkpoint's folder; a file uploaded to an object store has its record beside it), which name a
+folder's record has (`present`, `name_in`: `COMMIT`, or a name fastckpt 0.2 wrote, still read), and the checks that a record and the files it names are intact (sizes; full
 CRCs are the loader's job). What callers see of a committed checkpoint, CommitInfo, is
 fastckpt.commit_info's.
 """
@@ -18,7 +19,10 @@ from ..commit_info import CommitInfo, FileEntry
 from ..errors import CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
 
-COMMIT_NAME = "COMMIT"
+COMMIT_NAME = "COMMIT"  # the commit record of every checkpoint folder, whatever wrote it
+# what fastckpt 0.2 named the record of a DeepSpeed tag and of a DCP checkpoint: read, never written
+EARLIER_NAMES = ("fastckpt-tag.json", "fastckpt-dcp.json")
+NAMES = (COMMIT_NAME,) + EARLIER_NAMES
 VERSION = 1
 MAX_RECORD = 64 << 20
 
@@ -64,8 +68,19 @@ def plain_name(name, path: str) -> str:
     return name
 
 
+def name_in(names) -> Optional[str]:
+    """The record name among a folder's entries (`COMMIT` before an earlier name); None: none."""
+    return next((n for n in NAMES if n in names), None)
+
+
+def present(folder: str) -> Optional[str]:
+    """The name of the commit record in folder (`COMMIT` before an earlier name); None: none."""
+    return next((n for n in NAMES if os.path.exists(os.path.join(folder, n))), None)
+
+
 def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
-    """Commits info: its record, atomically and durably, at `info.path/name` (the files it
+    """Commits info: its record, atomically and durably, at `info.path/name` (name: `COMMIT`;
+    a file's record beside it in an object store is named after the file) (the files it
     names must be durable already; their names and the folder's own are made durable here,
     first: a record never lands without them). The only writer of commit records. fs: an
     fsspec filesystem (an object store: no rename, so the record is simply put last, after the data)."""
@@ -73,8 +88,24 @@ def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
         fsync_dir(info.path)
         fsync_dir(os.path.dirname(os.path.abspath(info.path)))
         write_atomic(os.path.join(info.path, name), encode(info))
+        if name == COMMIT_NAME:
+            _drop_earlier(info.path)
     else:
         fs.pipe_file(f"{info.path}/{name}", encode(info))
+
+
+def _drop_earlier(folder: str) -> None:
+    """A record under an earlier name in a folder just committed as `COMMIT` (a DeepSpeed tag or
+    DCP checkpoint of fastckpt 0.2 saved into again) is superseded: removed, durably."""
+    dropped = False
+    for name in EARLIER_NAMES:
+        try:
+            os.unlink(os.path.join(folder, name))
+            dropped = True
+        except FileNotFoundError:
+            continue
+    if dropped:
+        fsync_dir(folder)
 
 
 def file_size(path: str) -> Optional[int]:
@@ -85,13 +116,14 @@ def file_size(path: str) -> Optional[int]:
         return None
 
 
-def read(ckpt_dir: str, name: str = COMMIT_NAME, size_of: Optional[Callable[[str], Optional[int]]] = file_size,
+def read(ckpt_dir: str, name: Optional[str] = None, size_of: Optional[Callable[[str], Optional[int]]] = file_size,
          every_rank: bool = True) -> CommitInfo:
-    """The commit record `name` of ckpt_dir, with its files' presence and sizes checked
+    """The commit record of ckpt_dir (name: the one there, `present`; FileNotFoundError when
+    there is none), with its files' presence and sizes checked
     (size_of: a file's size, None when missing; a pool-backed set's files are pointers whose
     size is the pool version's; size_of=None: the record alone, no file looked at). every_rank: each rank wrote one file at least (the
     Checkpointer's checkpoints); a set of files may have ranks that wrote none."""
-    path = os.path.join(ckpt_dir, name)
+    path = os.path.join(ckpt_dir, name or present(ckpt_dir) or COMMIT_NAME)
     raw = read_regular(path, MAX_RECORD + 1)
     if len(raw) > MAX_RECORD:
         raise CorruptCheckpointError(f"commit record {path} is larger than {MAX_RECORD >> 20} MiB")

@@ -3,7 +3,7 @@
 A folder of DCP checkpoints (torchtitan's `step-N`, one directory per save) holds checkpoints
 fastckpt committed, ones DCP's own writer wrote, saves cut short, and anything else:
 
-  fastckpt  its record (`fastckpt-dcp.json`, fastckpt.dcp.writer) is intact and every file it
+  fastckpt  its commit record (`COMMIT`, fastckpt.dcp.writer) is intact and every file it
             names is there at its size
   dcp       DCP's own FileSystemWriter wrote it: its `.metadata` (written last, by the
             coordinator, once every rank's data was written) reads as DCP metadata, is not
@@ -35,7 +35,7 @@ from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
-from .names import RECORD, SUFFIX, step_of_name
+from .names import SUFFIX, step_of_name
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
 IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being written (fastckpt.store.path_store)
@@ -60,14 +60,14 @@ class Resumable:
 def committed(parent) -> list[CommitInfo]:
     """Every checkpoint fastckpt committed directly under parent, newest commit first (a damaged
     one is not one to resume from: fastckpt.commit.committed_under)."""
-    return CommittedUnder(parent, RECORD).newest_first()
+    return CommittedUnder(parent).newest_first()
 
 
 def is_committed(directory) -> bool:
     """Whether fastckpt committed the checkpoint in `directory`: its record reads and every file
     it names is there at its size."""
     try:
-        record.read(os.fspath(directory), RECORD, every_rank=False)
+        record.read(os.fspath(directory), every_rank=False)
     except (OSError, CorruptCheckpointError):
         return False
     return True
@@ -76,8 +76,9 @@ def is_committed(directory) -> bool:
 def only_save_files(names: list[str]) -> bool:
     """Whether a folder holds nothing but what a DCP save writes (its data files, .metadata and
     their files in flight): one that holds anything else is never removed as a save cut short."""
-    return all(n.endswith(SUFFIX) or n == md_file.NAME or n.startswith((f"{md_file.NAME}.tmp", f"{RECORD}.tmp"))
-               or IN_FLIGHT.match(n) for n in names)
+    in_flight = tuple(f"{n}.tmp" for n in (md_file.NAME,) + record.NAMES)  # fastckpt.fsutil.write_atomic's
+    return all(n.endswith(SUFFIX) or n == md_file.NAME or n.startswith(in_flight) or IN_FLIGHT.match(n)
+               for n in names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +110,9 @@ def _examine(directory: str):
         names = os.listdir(directory)
     except OSError:
         return None
-    if RECORD in names:
+    if record.name_in(names) is not None:
         try:
-            info = record.read(directory, RECORD, every_rank=False)
+            info = record.read(directory, record.name_in(names), every_rank=False)
         except (OSError, CorruptCheckpointError) as e:
             return f"not as its commit record says ({e})", False, False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)
@@ -125,7 +126,7 @@ def _examine(directory: str):
     except (OSError, CorruptCheckpointError, UnsafeCheckpointError) as e:
         return f"unreadable {md_file.NAME} ({e})", False, False
     if md_file.written_by_fastckpt(metadata):
-        return f"fastckpt began it and never committed it (no {RECORD})", True, only_save_files(names)
+        return "fastckpt began it and never committed it (no commit record)", True, only_save_files(names)
     ends: dict[str, int] = {}
     try:
         for info in (metadata.storage_data or {}).values():
@@ -172,15 +173,16 @@ def cut_short_below(found: tuple[list[Resumable], list[Unusable]]) -> list[str]:
 
 
 def withdraw(directory: str) -> None:
-    """A checkpoint stops looking like one, durably: its record, then its .metadata (each
-    removal made durable before the next), so a removal or a save cut short after this is never
-    taken for it by our reader or DCP's."""
-    for name in (RECORD, md_file.NAME):
-        try:
-            os.unlink(os.path.join(directory, name))
-        except FileNotFoundError:
-            continue
-        fsync_dir(directory)
+    """A checkpoint stops looking like one, durably: its record (withdrawn as every committed
+    checkpoint is: fastckpt.commit.committed_under), then its .metadata (each removal made
+    durable before the next), so a removal or a save cut short after this is never taken for it
+    by our reader or DCP's."""
+    CommittedUnder(os.path.dirname(os.path.abspath(directory))).withdraw(directory)
+    try:
+        os.unlink(os.path.join(directory, md_file.NAME))
+    except FileNotFoundError:
+        return
+    fsync_dir(directory)
 
 
 def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:

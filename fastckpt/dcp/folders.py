@@ -3,7 +3,7 @@ checkpoints (torchtitan's `step-N`, one directory per save) and one of them — 
 (fastckpt.tools.folder_kinds), named in setup.cfg's entry points `fastckpt.folders`.
 
 Status of one DCP checkpoint directory:
-  committed   fastckpt's commit record (fastckpt-dcp.json) is intact and names every file at its size
+  committed   fastckpt's commit record (COMMIT) is intact and names every file at its size
   foreign     DCP's own FileSystemWriter wrote it (`.metadata`, no record): loadable, no file CRCs
   incomplete  fastckpt began it and never committed it (its `.metadata` is marked as ours, no
               record), or there is no `.metadata` at all: a save cut short, never loaded
@@ -23,7 +23,7 @@ from ..tools.folders import Entry
 from . import metadata as md_file
 from .check import check_file
 from .committed import Resumable, examine, resumable
-from .names import RECORD, SUFFIX, step_of_name
+from .names import SUFFIX, step_of_name
 
 
 
@@ -32,7 +32,7 @@ class DcpFolders(FolderKind):
     describe = {"dcp": "a folder of PyTorch DCP checkpoints", "dcp-checkpoint": "one PyTorch DCP checkpoint"}
 
     def is_one(self, path: str, names: list[str]) -> bool:
-        return md_file.NAME in names or RECORD in names or any(n.endswith(SUFFIX) for n in names)
+        return md_file.NAME in names or any(n.endswith(SUFFIX) for n in names)
 
     def latest(self, path: str) -> Optional[str]:
         return None  # DCP keeps no pointer; the newest committed is fastckpt.dcp.newest_committed's
@@ -42,9 +42,9 @@ class DcpFolders(FolderKind):
         entry = Entry(name, directory, "incomplete", time=os.path.getmtime(directory),
                       step=step_of_name(name) if step_of_name(name) >= 0 else None)
         data = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
-        if os.path.exists(os.path.join(directory, RECORD)):
+        if record.present(directory) is not None:
             try:
-                info = record.read(directory, RECORD, every_rank=False)
+                info = record.read(directory, every_rank=False)
             except (CorruptCheckpointError, OSError) as e:
                 entry.status, entry.detail = "invalid", str(e)
                 return entry

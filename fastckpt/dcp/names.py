@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 
-RECORD = "fastckpt-dcp.json"  # the commit record (fastckpt.dcp.writer's finish)
 SUFFIX = ".distcp"  # a rank's data file, as DCP's FileSystemWriter names them
 STEP_RE = re.compile(r"(\d+)$")  # step-12, checkpoint_12
 

@@ -45,7 +45,6 @@ from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from . import in_place
 from . import metadata as md_file
-from .names import RECORD
 
 _warned_stock = False
 STAGED_BATCH = 256 << 20  # bytes of archives a staged read holds at once
@@ -93,7 +92,7 @@ class FastStorageReader(StorageReader):
         if commit is None:
             if md_file.written_by_fastckpt(metadata):
                 raise CorruptCheckpointError(
-                    f"{self.path}: fastckpt began this checkpoint but never committed it (no {RECORD}: "
+                    f"{self.path}: fastckpt began this checkpoint but never committed it (no commit record: "
                     "a save killed before its end?); it is not loaded")
             if not _warned_stock:
                 _warned_stock = True
@@ -133,7 +132,7 @@ class FastStorageReader(StorageReader):
     # -- reading -----------------------------------------------------------
     def _commit(self):
         try:
-            return record.read(self.path, RECORD, every_rank=False)
+            return record.read(self.path, every_rank=False)
         except FileNotFoundError:
             return None
 

@@ -19,7 +19,7 @@ finish is the commit (fastckpt.commit.file_sets.commit_gathered: a GatheredCommi
 ordered commit, fastckpt.commit.protocol): DCP has gathered every rank's results, so every
 rank's file is durable; the coordinator's part is `.metadata` (written as DCP does, atomically
 and durably, marked as fastckpt's), and then comes the one commit record,
-`fastckpt-dcp.json`, naming every file and `.metadata` with their sizes and CRCs — and the files
+`COMMIT` (fastckpt.commit.record's, as every fastckpt checkpoint's), naming every file and `.metadata` with their sizes and CRCs — and the files
 the caller named in `also_commit`, which it wrote durably into the directory with fastckpt.save
 before the save (Lightning's `meta.pt`: the rest of a Lightning checkpoint). A directory
 whose record was never written is not loaded by FastStorageReader; the stock FileSystemReader
@@ -63,7 +63,7 @@ from ..write.deadline import Deadline
 from . import metadata as md_file
 from .committed import cut_short_below, resumable, withdraw
 from .layout import plan_items
-from .names import RECORD, SUFFIX, step_of_name
+from .names import SUFFIX, step_of_name
 
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
 
@@ -235,7 +235,7 @@ class FastStorageWriter(StorageWriter):
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
             return entries + [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
 
-        commit_gathered(directory, RECORD, part, step, len(results), self._commits, meta={"dcp": True})
+        commit_gathered(directory, part, step, len(results), self._commits, meta={"dcp": True})
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:

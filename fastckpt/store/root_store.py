@@ -104,8 +104,7 @@ class RootStore(Store):
     def remove(self, path: str) -> None:
         """Un-commits first (a crash mid-removal leaves an uncommitted dir, never a hollow commit)."""
         try:
-            os.unlink(os.path.join(path, commit.COMMIT_NAME))
-            fsync_dir(path)
+            CommittedUnder(self.root).withdraw(path)
         except OSError:
             pass
         shutil.rmtree(path, ignore_errors=True)
@@ -148,7 +147,7 @@ class RootStore(Store):
     def committed(self, problems: list | None = None) -> list[CommitInfo]:
         """Valid commit records, newest first (by counter); why others were passed over is
         appended to problems."""
-        return CommittedUnder(self.root, commit.COMMIT_NAME, every_rank=True,
+        return CommittedUnder(self.root, every_rank=True,
                               children=lambda name: DIR_RE.match(name) is not None).newest_first(problems)
 
     @classmethod

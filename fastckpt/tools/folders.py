@@ -71,8 +71,9 @@ class Survey:
 
 def survey(path: str) -> Survey:
     """What path holds: each store says whether path is its place and lists it (the store
-    protocol's place_at and listing); a plugin's own kinds of folder are asked before the
-    loosest store (any folder of checkpoint files)."""
+    protocol's place_at and listing); a plugin's own kinds of folder are asked before a folder
+    with a `COMMIT` is taken for a per-rank folder (a DeepSpeed tag and a DCP checkpoint have
+    one too) and before the loosest store (any folder of checkpoint files)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return Survey("missing", path, note=f"{path} does not exist")
@@ -84,8 +85,6 @@ def survey(path: str) -> Survey:
     if not os.path.isdir(path):
         return Survey("file", path, [_file_entry(path)], single=True)
     names = sorted(os.listdir(path))
-    if commit.COMMIT_NAME in names:  # one checkpoint folder with its record (a per-rank folder)
-        return Survey("checkpoint", path, [_commit_entry(path)], single=True)
     for kind in plugin_kinds():
         if kind.is_one(path, names):
             return Survey(kind.one, path, [kind.entry(os.path.dirname(path), os.path.basename(path), None)],
@@ -97,6 +96,8 @@ def survey(path: str) -> Survey:
             entries = [kind.entry(path, n, latest) for n in ones]
             entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
             return Survey(kind.many, path, entries, loading=kind.loading, check=kind.check)
+    if commit.COMMIT_NAME in names:  # one checkpoint folder with its record, of no plugin's kind (a per-rank folder)
+        return Survey("checkpoint", path, [_commit_entry(path)], single=True)
     found = _store_survey(path, loose)
     if found is not None:
         return found

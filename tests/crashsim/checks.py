@@ -160,8 +160,7 @@ def dcp(folder: str, marks: list[str]) -> list[str]:
 
     from fastckpt.dcp import FastStorageReader, newest_committed
     from fastckpt.dcp.check import check_file
-    from fastckpt.dcp.writer import RECORD
-    told, problems = _told(marks), records_hold(folder, RECORD, every_rank=False, verify=check_file)
+    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False, verify=check_file)
     try:
         newest = newest_committed(folder)
     except Exception as e:  # noqa: BLE001
@@ -223,15 +222,15 @@ def deepspeed(folder: str, marks: list[str], expected: str) -> list[str]:
     than told, and its every file is the one that was committed (expected/TAG); fastckpt-latest
     names a tag whose record is there."""
     from deepspeed_fastckpt.load_tag import choose
-    from deepspeed_fastckpt.tag_records import LATEST, TAG_RECORD, read_record
+    from deepspeed_fastckpt.tag_records import LATEST, read_record
     from fastckpt.commit.record import file_size
-    told, problems = _told(marks), records_hold(folder, TAG_RECORD, every_rank=False)
+    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False)
     try:
         with open(os.path.join(folder, LATEST), "rb") as f:
             named = f.read().decode(errors="replace")
     except OSError:
         named = None
-    if named and not _has_record(os.path.join(folder, named), TAG_RECORD, every_rank=False):
+    if named and not _has_record(os.path.join(folder, named), SET_RECORD, every_rank=False):
         problems.append(f"{LATEST} names {named!r}, which has no commit record that reads")
     try:
         choice = choose(folder, None, file_size)

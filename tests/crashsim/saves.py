@@ -88,7 +88,7 @@ def dcp(root: str) -> None:
         writer.close()
 
 
-SET_RECORD = "set-record.json"
+SET_RECORD = "COMMIT"  # every set's record (fastckpt.commit.record.COMMIT_NAME)
 SET_FILES = ("model.pt", "opt.pt")  # a set's files: state_of(step)'s two parts
 
 
@@ -100,7 +100,7 @@ def file_set(root: str) -> None:
     from fastckpt.named import NamedCheckpoints
     from fastckpt.write.deadline import Deadline
     named = NamedCheckpoints({"concurrency": 4, "chunk_mb": 1, "writers": 2})
-    sets = FileSets(SET_RECORD, Agreement(), Deadline(60.0), 0.0)
+    sets = FileSets(Agreement(), Deadline(60.0), 0.0)
     for step in (1, 2, 3):
         folder = os.path.join(root, f"set-{step}")
         os.makedirs(folder)

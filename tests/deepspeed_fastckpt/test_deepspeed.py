@@ -27,7 +27,7 @@ from deepspeed_fastckpt.tag_records import read_record
 def test_resume_is_bit_exact_for_every_zero_stage(tmp_path, stage, dtype):
     trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), "--dtype", dtype)
     assert trained["engine"] == "FastckptEngine"
-    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "fastckpt-tag.json")
+    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "COMMIT")
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), "--dtype", dtype)
     assert_resumed_exactly(trained, resumed)
 
@@ -86,7 +86,7 @@ def test_tags_into_a_pmem_pool_resume_bit_exact_on_two_ranks(tmp_path, shm, stag
     trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2,
                   FASTCKPT_ENTRY=entry)
     tag_dir = tmp_path / "ck" / "global_step3"
-    sizes = {f: os.path.getsize(tag_dir / f) for f in os.listdir(tag_dir) if f != "fastckpt-tag.json"}
+    sizes = {f: os.path.getsize(tag_dir / f) for f in os.listdir(tag_dir) if f != "COMMIT"}
     assert sizes and max(sizes.values()) < 1024, sizes  # pointers: the data lives in the pool
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), ranks=2,
                   FASTCKPT_ENTRY=entry)
@@ -147,7 +147,7 @@ def test_latest_file_is_not_trusted(tmp_path, latest):
 
 def test_a_script_that_never_calls_destroy_still_commits_its_last_tag(tmp_path):
     trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", "1", EXIT_WITHOUT_DESTROY="1")
-    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "fastckpt-tag.json")
+    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "COMMIT")
     assert_resumed_exactly(trained, run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", "1"))
 
 
@@ -173,7 +173,7 @@ def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_p
     full = run("fit", tmp_path / "a", tmp_path / "a.pt", "--steps", "8", "--every", "4", **lit)
     assert full["engine"] == "FastckptEngine"
     assert full["files"] == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"]
-    assert os.path.isfile(tmp_path / "a" / "epoch=0-step=4.ckpt" / "checkpoint" / "fastckpt-tag.json")
+    assert os.path.isfile(tmp_path / "a" / "epoch=0-step=4.ckpt" / "checkpoint" / "COMMIT")
     resumed = run("resume", tmp_path / "a", tmp_path / "b.pt", "--steps", "8", "--from", "epoch=0-step=4.ckpt", **lit)
     assert resumed["global_step"] == 8
     for name, value in full["params"].items():
@@ -200,7 +200,7 @@ def test_lightning_top_k_removes_a_checkpoint_still_in_flight_once_it_lands(tmp_
                "--concurrency", "4", **lit, **slow)
     assert "epoch=1-step=5.ckpt" in kept["files_before_destroy"]  # removed while in flight: deferred
     assert kept["files"] == ["epoch=1-step=6.ckpt"]
-    assert os.path.isfile(tmp_path / "c" / "epoch=1-step=6.ckpt" / "checkpoint" / "fastckpt-tag.json")
+    assert os.path.isfile(tmp_path / "c" / "epoch=1-step=6.ckpt" / "checkpoint" / "COMMIT")
     resumed = run("resume", tmp_path / "c", tmp_path / "d.pt", "--steps", "6", "--from", "epoch=1-step=6.ckpt", **lit)
     assert resumed["global_step"] == 6
     for name, value in kept["params"].items():
@@ -280,7 +280,7 @@ def test_interval_auto_is_tuned_once_and_agreed_by_both_ranks(tmp_path):
     tags = sorted(d for d in os.listdir(tmp_path / "ck") if d.startswith("global_step"))
     assert tags == sorted(f"global_step{s}" for s in got["saved_at"])
     for t in tags:
-        assert (tmp_path / "ck" / t / "fastckpt-tag.json").exists()
+        assert (tmp_path / "ck" / t / "COMMIT").exists()
     assert {"fastckpt-tune-rank0.json", "fastckpt-tune-rank1.json"} <= set(os.listdir(tmp_path / "ck"))
 
 

@@ -20,6 +20,6 @@ def test_zero_stages_on_one_gpu_resume_bit_exact(tmp_path, stage, dtype, strateg
     trained = run("train", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), "--dtype", dtype, **cuda)
     assert trained["engine"] == "FastckptEngine"
     assert next(iter(trained["params"].values())).is_cuda
-    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "fastckpt-tag.json")
+    assert os.path.isfile(tmp_path / "ck" / "global_step3" / "COMMIT")
     resumed = run("resume", tmp_path / "ck", tmp_path / "b.pt", "--stage", str(stage), "--dtype", dtype, **cuda)
     assert_resumed_exactly(trained, resumed)

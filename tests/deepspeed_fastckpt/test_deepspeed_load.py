@@ -89,7 +89,7 @@ def test_a_tag_fastckpt_began_is_told_from_files_copied_into_another(tmp_path):
     assert tag_status(str(tmp_path), "begun", file_size)[0] == "torn"
     assert tag_status(str(tmp_path), "copied", file_size)[0] == "foreign"
     (tmp_path / "unreadable").mkdir()
-    (tmp_path / "unreadable" / "fastckpt-tag.json").mkdir()  # its record cannot be read: damaged, no OSError
+    (tmp_path / "unreadable" / "COMMIT").mkdir()  # its record cannot be read: damaged, no OSError
     assert tag_status(str(tmp_path), "unreadable", file_size)[0] == "damaged"
 
 
@@ -100,11 +100,11 @@ def test_deepspeeds_latest_is_named_again_durably_once_a_tag_commits_never_going
     committed tag; a name that is no committed tag (one in flight, torn bytes) is replaced."""
     from fastckpt.commit import record
     from fastckpt.commit.record import CommitInfo
-    from deepspeed_fastckpt.tag_records import TAG_RECORD, name_in_deepspeeds_latest, read_latest
+    from deepspeed_fastckpt.tag_records import name_in_deepspeeds_latest, read_latest
     for counter, tag in ((1, "global_step1"), (2, "global_step2")):
         (tmp_path / tag).mkdir()
         record.write(CommitInfo(step=counter, path=str(tmp_path / tag), bytes=0, counter=counter, time=0.0,
-                                world_size=1, format="torch"), TAG_RECORD)
+                                world_size=1, format="torch"))
     (tmp_path / "latest").write_text("global_step2")
     name_in_deepspeeds_latest(str(tmp_path), "global_step1", 1)  # an older tag landing late
     assert read_latest(str(tmp_path), "latest") == "global_step2"
@@ -194,4 +194,5 @@ def test_a_tag_fastckpt_0_1_committed_resumes_and_the_next_tag_commits_after_it(
     info = read_record(str(save_dir), "global_step3")
     assert info.counter == 2 and {f.rank for f in info.files} == {0} and info.meta == {"tag": "global_step3"}
     assert info.step == 3  # DeepSpeed's global_steps, as its model-states file records them
-    assert b'"body"' in (save_dir / "global_step3" / "fastckpt-tag.json").read_bytes()  # this version's record
+    assert b'"body"' in (save_dir / "global_step3" / "COMMIT").read_bytes()  # this version's record
+    assert not (save_dir / "global_step3" / "fastckpt-tag.json").exists()  # 0.1's, superseded

@@ -18,7 +18,7 @@ import torch
 
 from fastckpt.commit import record
 from fastckpt.dcp import committed
-from fastckpt.dcp.writer import RECORD
+from fastckpt.commit.record import COMMIT_NAME as RECORD
 from support import readme_blocks, warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port

@@ -62,12 +62,12 @@ def kill_in_commit(step: int) -> None:
     import fastckpt.dcp.writer as writer
     commit_gathered = writer.commit_gathered
 
-    def killing(directory, record_name, part, at_step, *args, **kwargs):
+    def killing(directory, part, at_step, *args, **kwargs):
         if at_step == step:
             part()  # .metadata durable, the record not yet written
             print(f"killing in commit {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        return commit_gathered(directory, record_name, part, at_step, *args, **kwargs)
+        return commit_gathered(directory, part, at_step, *args, **kwargs)
 
     writer.commit_gathered = killing
 
@@ -76,12 +76,12 @@ def hold_first_commit(release: str) -> None:
     import fastckpt.dcp.writer as writer
     commit_gathered = writer.commit_gathered
 
-    def holding(directory, record_name, part, at_step, *args, **kwargs):
+    def holding(directory, part, at_step, *args, **kwargs):
         if at_step == 1:
             deadline = time.monotonic() + 120
             while not os.path.exists(release) and time.monotonic() < deadline:
                 time.sleep(0.01)
-        return commit_gathered(directory, record_name, part, at_step, *args, **kwargs)
+        return commit_gathered(directory, part, at_step, *args, **kwargs)
 
     writer.commit_gathered = holding
 

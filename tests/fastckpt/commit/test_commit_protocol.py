@@ -34,7 +34,7 @@ from support import warm
 KINDS = {
     "CheckpointCommit": ("root", checks.root_store, "COMMIT", True),
     "FileSetCommit": ("file_set", checks.file_set, SET_RECORD, False),
-    "GatheredCommit": ("dcp", checks.dcp, "fastckpt-dcp.json", False),
+    "GatheredCommit": ("dcp", checks.dcp, "COMMIT", False),
 }
 
 

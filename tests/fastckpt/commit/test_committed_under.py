@@ -1,27 +1,28 @@
 """fastckpt.commit.committed_under: the one answer to "which checkpoints under this parent are
-committed, newest first, and which counter comes next", asked of a real parent of real records
-(written by the core's one record writer) — with a damaged one, one never committed, and one
-whose file is short."""
+committed, newest first, which counter comes next, and how one stops being committed", asked of
+a real parent of real records (written by the core's one record writer) — with a damaged one,
+one never committed, one whose file is short, and records under the names fastckpt 0.2 used."""
 from __future__ import annotations
 
 import os
+import shutil
 import zlib
 
 from fastckpt.commit import record
 from fastckpt.commit.committed_under import CommittedUnder
 from fastckpt.commit_info import CommitInfo, FileEntry
 
-NAME = "fastckpt-test.json"
+NAME = record.COMMIT_NAME
 
 
-def committed(parent, child: str, counter: int, payload: bytes = b"x" * 100) -> None:
+def committed(parent, child: str, counter: int, payload: bytes = b"x" * 100, name: str = NAME) -> None:
     folder = os.path.join(parent, child)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "data.bin"), "wb") as f:
         f.write(payload)
     files = (FileEntry(name="data.bin", rank=0, bytes=len(payload), crc32=zlib.crc32(payload)),)
     record.write(CommitInfo(step=counter * 10, path=folder, bytes=len(payload), counter=counter, time=0.0,
-                            world_size=1, format="torch", files=files, meta={}), NAME)
+                            world_size=1, format="torch", files=files, meta={}), name)
 
 
 def test_newest_first_passes_over_what_is_not_committed_and_says_why(tmp_path):
@@ -34,15 +35,43 @@ def test_newest_first_passes_over_what_is_not_committed_and_says_why(tmp_path):
         f.seek(5)
         f.write(b"\0\0")
     problems = []
-    found = CommittedUnder(tmp_path, NAME).newest_first(problems)
+    found = CommittedUnder(tmp_path).newest_first(problems)
     assert [os.path.basename(i.path) for i in found] == ["b", "c", "a"]
     assert len(problems) == 2 and any("short" in p for p in problems) and any("damaged" in p for p in problems)
-    assert os.path.basename(CommittedUnder(tmp_path, NAME).newest().path) == "b"
+    assert os.path.basename(CommittedUnder(tmp_path).newest().path) == "b"
     # the next counter skips every record it can read, whatever its files: 4 (short) is taken
-    assert CommittedUnder(tmp_path, NAME).next_counter() == 5
-    assert CommittedUnder(tmp_path, NAME, children=lambda n: n in ("a", "c")).next_counter() == 3
+    assert CommittedUnder(tmp_path).next_counter() == 5
+    assert CommittedUnder(tmp_path, children=lambda n: n in ("a", "c")).next_counter() == 3
 
 
 def test_an_empty_or_missing_parent_has_none(tmp_path):
-    assert CommittedUnder(tmp_path / "nowhere", NAME).newest_first() == []
-    assert CommittedUnder(tmp_path, NAME).newest() is None and CommittedUnder(tmp_path, NAME).next_counter() == 1
+    assert CommittedUnder(tmp_path / "nowhere").newest_first() == []
+    assert CommittedUnder(tmp_path).newest() is None and CommittedUnder(tmp_path).next_counter() == 1
+
+
+def test_records_under_the_earlier_names_are_read_and_a_new_commit_supersedes_them(tmp_path):
+    """A DeepSpeed tag's and a DCP checkpoint's record as fastckpt 0.2 named them still count; a
+    folder committed again writes `COMMIT` and the earlier record is gone."""
+    for (child, counter), name in zip((("tag", 1), ("dcp", 2)), record.EARLIER_NAMES):
+        committed(tmp_path, child, counter, name=name)
+    assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["dcp", "tag"]
+    assert record.present(str(tmp_path / "tag")) == "fastckpt-tag.json"
+    assert CommittedUnder(tmp_path).next_counter() == 3
+    committed(tmp_path, "tag", 3)  # saved into again by this version
+    assert sorted(os.listdir(tmp_path / "tag")) == [NAME, "data.bin"]
+    assert [(os.path.basename(i.path), i.counter) for i in CommittedUnder(tmp_path).newest_first()] == [
+        ("tag", 3), ("dcp", 2)]
+
+
+def test_withdraw_removes_every_record_name_and_leaves_the_files(tmp_path):
+    committed(tmp_path, "a", 1)
+    committed(tmp_path, "b", 2)
+    committed(tmp_path, "old", 3, name=record.EARLIER_NAMES[1])
+    shutil.copy(tmp_path / "a" / NAME, tmp_path / "old" / NAME)  # both names, as a crash mid-upgrade could leave
+    under = CommittedUnder(tmp_path)
+    under.withdraw(tmp_path / "old")
+    under.withdraw(tmp_path / "b")
+    under.withdraw(tmp_path / "missing")  # nothing there: nothing to do
+    assert os.listdir(tmp_path / "old") == ["data.bin"] and os.listdir(tmp_path / "b") == ["data.bin"]
+    assert [os.path.basename(i.path) for i in under.newest_first()] == ["a"]
+    assert under.next_counter() == 2  # a withdrawn checkpoint's counter is no longer held

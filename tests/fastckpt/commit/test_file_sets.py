@@ -19,11 +19,11 @@ from fastckpt.named import NamedCheckpoints
 from fastckpt.pending import Pending
 from fastckpt.write.deadline import Deadline
 
-RECORD = "set-record.json"
+RECORD = commit.COMMIT_NAME
 
 
 def sets(after=None, stall_s: float = 60.0) -> FileSets:
-    return FileSets(RECORD, Agreement(), Deadline(stall_s), 0.0, after_record=after)
+    return FileSets(Agreement(), Deadline(stall_s), 0.0, after_record=after)
 
 
 def save_files(named: NamedCheckpoints, directory, names, step: int) -> list:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 from fastckpt.commit import record
 from fastckpt.dcp import FastStorageReader, FastStorageWriter
-from fastckpt.dcp.writer import RECORD
+from fastckpt.commit.record import COMMIT_NAME as RECORD
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 import fastckpt
 from fastckpt.commit import record
 from fastckpt.dcp import FastStorageWriter
-from fastckpt.dcp.writer import RECORD
+from fastckpt.commit.record import COMMIT_NAME as RECORD
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
 

@@ -91,7 +91,7 @@ def test_a_truncated_rank_file_and_cut_short_folders_are_passed_over_by_name(tmp
     os.truncate(os.path.join(torn, data), os.path.getsize(os.path.join(torn, data)) // 2)
     os.makedirs(tmp_path / "step-4")  # a save killed after its mkdir
     uncommitted = fast_save(tmp_path, 5)
-    os.unlink(os.path.join(uncommitted, "fastckpt-dcp.json"))  # killed before its commit record
+    os.unlink(os.path.join(uncommitted, "COMMIT"))  # killed before its commit record
     newest, said = newest_warned(tmp_path)
     assert (newest.step, newest.by) == (2, "fastckpt")
     assert len(said) == 1
@@ -119,7 +119,7 @@ def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_n
     fast_save(tmp_path, 2)
     os.makedirs(tmp_path / "step-3")  # killed after its mkdir
     (tmp_path / "step-3" / "__0_0.distcp").write_bytes(b"x" * 100)
-    os.unlink(os.path.join(fast_save(tmp_path, 4), "fastckpt-dcp.json"))  # killed before its record
+    os.unlink(os.path.join(fast_save(tmp_path, 4), "COMMIT"))  # killed before its record
     damaged = stock_save(tmp_path, 0)  # a stock checkpoint whose file lost its tail: damaged, not cut short
     data = [n for n in os.listdir(damaged) if n.endswith(".distcp")][0]
     os.truncate(os.path.join(damaged, data), 10)
@@ -136,3 +136,18 @@ def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_n
     assert sorted(os.listdir(tmp_path)) == sorted(kept + ["step-5", "step-6"])
     assert (tmp_path / "ckpt3" / "mine.txt").exists() and (tmp_path / "step-1b" / "notes.txt").exists()
     assert [r.step for r in resumable(tmp_path)[0]] == [6, 5, 2, 1]
+
+
+def test_a_checkpoint_whose_record_has_its_earlier_name_is_still_fastckpts(tmp_path):
+    """fastckpt 0.2's DCP record (`fastckpt-dcp.json`) still makes a checkpoint committed: it is
+    resumed from and loads with its files checked; a save into the same folder writes `COMMIT`
+    and removes it."""
+    os.rename(os.path.join(fast_save(tmp_path, 3), "COMMIT"), os.path.join(tmp_path, "step-3", "fastckpt-dcp.json"))
+    stock_save(tmp_path, 2)
+    newest, said = newest_warned(tmp_path)
+    assert (newest.step, newest.by) == (3, "fastckpt") and said == []
+    assert same(loaded(newest), state(3))
+    assert [os.path.basename(i.path) for i in committed(tmp_path)] == ["step-3"]
+    fast_save(tmp_path, 3)
+    assert "fastckpt-dcp.json" not in os.listdir(tmp_path / "step-3") and "COMMIT" in os.listdir(tmp_path / "step-3")
+    assert same(loaded(newest_committed(tmp_path)), state(3))

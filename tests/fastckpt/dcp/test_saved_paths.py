@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from fastckpt.commit import record
 from fastckpt.commit_info import CommitInfo, FileEntry
 from fastckpt.dcp.committed import is_committed
-from fastckpt.dcp.names import RECORD
+from fastckpt.commit.record import COMMIT_NAME as RECORD
 from fastckpt.dcp.saved_paths import NEW, OLD, SavedPaths, beside, recover
 
 
