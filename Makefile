@@ -11,11 +11,13 @@ $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/in
 	$(VPY) -m pip install -q --upgrade pip
 	# the local CPU build of torch first, so nothing below can pull a CUDA torch
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q pybind11 setuptools wheel
+	$(VPY) -m pip install -q pybind11 setuptools wheel ninja
 	# DeepSpeed after torch, without building its CUDA ops (it then uses its CPU accelerator here);
 	# its CPU shared-memory op prebuilt, so no process compiles it at start-up (a process killed
-	# mid-build leaves torch's lock file behind and every later DeepSpeed start waits on it forever)
-	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(VPY) -m pip install -q --no-cache-dir --no-build-isolation "deepspeed==0.19.8"
+	# mid-build leaves torch's lock file behind and every later DeepSpeed start waits on it forever);
+	# its two sources compiled side by side by ninja (DS_ENABLE_NINJA: 163 s -> 99 s on 2 cores)
+	PATH="$(abspath $(VENV))/bin:$$PATH" DS_ENABLE_NINJA=1 DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
+	  $(VPY) -m pip install -q --no-cache-dir --no-build-isolation "deepspeed==0.19.8"
 	$(VPY) -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $(STAMP)
 
@@ -24,15 +26,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VPY) -m fastckpt.demo $(ARGS)
 
-# every test, TEST_JOBS pytest-xdist workers at once (auto: one per core), the 15 slowest named
+# every test, TEST_JOBS pytest-xdist workers at once (auto: one per core; a worker that runs out
+# takes tests queued for another), the 15 slowest named
 TEST_JOBS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --durations=15 $(ARGS)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --dist worksteal --durations=15 $(ARGS)
 
 # the edit loop: everything but the slow tier (tests/conftest.py's SLOW: ranks, frameworks, kill
 # campaigns, whole programs), a few minutes
 test-quick: $(STAMP)
-	$(VPY) -m pytest -q tests -n $(TEST_JOBS) -m "not slow" --durations=10 $(ARGS)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --dist worksteal -m "not slow" --durations=10 $(ARGS)
 
 # every `gpu` test alone in its own process under a hard timeout: one PASS/FAIL/HANG/SKIP line each,
 # non-zero exit on any FAIL or HANG (3 when all skipped: no CUDA here). On a GPU machine it runs with
