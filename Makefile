@@ -26,16 +26,15 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VPY) -m fastckpt.demo $(ARGS)
 
-# every test, TEST_JOBS pytest-xdist workers at once (auto: one per core; a worker that runs out
-# takes tests queued for another), the 15 slowest named
+# every test, TEST_JOBS pytest-xdist workers at once (auto: one per core), the 15 slowest named
 TEST_JOBS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --dist worksteal --durations=15 $(ARGS)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --durations=15 $(ARGS)
 
 # the edit loop: everything but the slow tier (tests/conftest.py's SLOW: ranks, frameworks, kill
 # campaigns, whole programs), a few minutes
 test-quick: $(STAMP)
-	$(VPY) -m pytest -q tests -n $(TEST_JOBS) --dist worksteal -m "not slow" --durations=10 $(ARGS)
+	$(VPY) -m pytest -q tests -n $(TEST_JOBS) -m "not slow" --durations=10 $(ARGS)
 
 # every `gpu` test alone in its own process under a hard timeout: one PASS/FAIL/HANG/SKIP line each,
 # non-zero exit on any FAIL or HANG (3 when all skipped: no CUDA here). On a GPU machine it runs with

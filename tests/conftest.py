@@ -63,13 +63,10 @@ SLOW = ("tests/benchmarks/test_bench_gpu_overhead.py::test_make_gpu_check", "tes
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tier is marked, and comes first: under `make test`'s parallel workers a long test
-    started last would run alone at the end while the other core idles."""
     slow = pytest.mark.slow
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(slow)
-    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: each tier keeps its order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine)")

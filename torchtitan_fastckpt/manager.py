@@ -93,6 +93,7 @@ class CheckpointManager(TitanCheckpointManager):
         self.stager = FastStager(settings, writer=self.writer) if self.async_mode != AsyncMode.DISABLED else None
         self.in_flight: list[tuple[str, Future]] = []  # (checkpoint_id, upload future), oldest first
         self._saving: tuple[bool, bool] = (False, False)  # (inside _save, its last_step)
+        self._purging: set[str] = set()  # handed to torchtitan's purge thread, maybe not yet removed
         self._closed = False
 
     # -- torchtitan's storage calls ------------------------------------------
@@ -164,9 +165,11 @@ class CheckpointManager(TitanCheckpointManager):
         flying = {os.path.abspath(cid) for cid, future in self.in_flight if not future.done()}
         found = resumable(self.folder)
         doomed = [r.path for r in found[0][self.keep_latest_k:]] + cut_short_below(found)
+        self._purging = {p for p in self._purging if os.path.exists(p)}
         for path in doomed:
-            if os.path.abspath(path) not in flying:
-                withdraw(path)
+            if os.path.abspath(path) not in flying and os.path.abspath(path) not in self._purging:
+                withdraw(path)  # once: a folder withdrawn and queued looks cut short until the thread removes it
+                self._purging.add(os.path.abspath(path))
                 self.purge_queue.put(path)
 
     def _close(self) -> None:

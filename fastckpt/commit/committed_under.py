@@ -82,11 +82,12 @@ class CommittedUnder:
     def withdraw(self, child) -> None:
         """child (a folder here) stops being a committed checkpoint, durably: every record name
         it has is removed, each removal made durable before this returns (its files stay: the
-        caller's to remove or write over)."""
+        caller's to remove or write over). A child removed meanwhile (a remover thread) is
+        withdrawn too: nothing of it is left to take for a checkpoint."""
         child = os.fspath(child)
         for name in record.NAMES:
             try:
                 os.unlink(os.path.join(child, name))
+                fsync_dir(child)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            fsync_dir(child)

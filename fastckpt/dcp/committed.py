@@ -176,13 +176,14 @@ def withdraw(directory: str) -> None:
     """A checkpoint stops looking like one, durably: its record (withdrawn as every committed
     checkpoint is: fastckpt.commit.committed_under), then its .metadata (each removal made
     durable before the next), so a removal or a save cut short after this is never taken for it
-    by our reader or DCP's."""
+    by our reader or DCP's. A directory removed meanwhile (torchtitan's purge thread) is
+    withdrawn too."""
     CommittedUnder(os.path.dirname(os.path.abspath(directory))).withdraw(directory)
     try:
         os.unlink(os.path.join(directory, md_file.NAME))
-    except FileNotFoundError:
+        fsync_dir(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    fsync_dir(directory)
 
 
 def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:

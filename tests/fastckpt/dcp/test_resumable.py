@@ -15,6 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from fastckpt.dcp import FastStorageReader, FastStorageWriter, Resumable, committed, newest_committed, resumable
+from fastckpt.dcp.committed import withdraw
 from fastckpt.dcp.folders import DcpFolders
 from fastckpt.errors import NoCheckpointError
 
@@ -151,3 +152,6 @@ def test_a_checkpoint_whose_record_has_its_earlier_name_is_still_fastckpts(tmp_p
     fast_save(tmp_path, 3)
     assert "fastckpt-dcp.json" not in os.listdir(tmp_path / "step-3") and "COMMIT" in os.listdir(tmp_path / "step-3")
     assert same(loaded(newest_committed(tmp_path)), state(3))
+    withdraw(str(tmp_path / "step-3"))
+    assert newest_committed(tmp_path, warn=False).step == 2 and sorted(os.listdir(tmp_path / "step-3")) == ["__0_0.distcp"]
+    withdraw(str(tmp_path / "gone"))  # removed meanwhile (a purge thread): nothing left to withdraw
