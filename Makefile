@@ -11,14 +11,23 @@ $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/in
 	$(VPY) -m pip install -q --upgrade pip
 	# the local CPU build of torch first, so nothing below can pull a CUDA torch
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q pybind11 setuptools wheel ninja
+	$(VPY) -m pip install -q pybind11 setuptools wheel ninja numpy
 	# DeepSpeed after torch, without building its CUDA ops (it then uses its CPU accelerator here);
 	# its CPU shared-memory op prebuilt, so no process compiles it at start-up (a process killed
-	# mid-build leaves torch's lock file behind and every later DeepSpeed start waits on it forever);
-	# its two sources compiled side by side by ninja (DS_ENABLE_NINJA: 163 s -> 99 s on 2 cores)
-	PATH="$(abspath $(VENV))/bin:$$PATH" DS_ENABLE_NINJA=1 DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
-	  $(VPY) -m pip install -q --no-cache-dir --no-build-isolation "deepspeed==0.19.8"
-	$(VPY) -m pip install -q --no-build-isolation -e ".[dev]"
+	# mid-build leaves torch's lock file behind and every later DeepSpeed start waits on it forever).
+	# Its wheel is built (its two sources side by side by ninja: DS_ENABLE_NINJA) while fastckpt and
+	# the rest install; it sees only what is installed above, none of which the rest changes.
+	if $(VPY) -c "import importlib.metadata as m, sys; sys.exit(m.version('deepspeed') != '0.19.8')" 2>/dev/null; then \
+	  $(VPY) -m pip install -q --no-build-isolation -e ".[dev]"; \
+	else \
+	  rm -rf $(VENV)/deepspeed-wheel; \
+	  PATH="$(abspath $(VENV))/bin:$$PATH" DS_ENABLE_NINJA=1 DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
+	    $(VPY) -m pip wheel -q --no-cache-dir --no-deps --no-build-isolation -w $(VENV)/deepspeed-wheel \
+	    "deepspeed==0.19.8" > $(VENV)/deepspeed-wheel.log 2>&1 & ds=$$!; \
+	  $(VPY) -m pip install -q --no-build-isolation -e ".[dev]"; rest=$$?; \
+	  wait $$ds || { tail -n 40 $(VENV)/deepspeed-wheel.log; exit 1; }; [ $$rest = 0 ] || exit $$rest; \
+	  $(VPY) -m pip install -q $(VENV)/deepspeed-wheel/deepspeed-0.19.8-*.whl; \
+	fi
 	touch $(STAMP)
 
 setup: $(STAMP)
