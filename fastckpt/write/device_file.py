@@ -176,11 +176,11 @@ class DeviceFileWrite(DeviceWrite):
         self._wait_mark(mark, f"the copy of chunk {c} for {self.where}")
         inflight.popleft()
         self.units.done[c].set()
-        self._job.push_chunk(c, slot)
-        self._moved_one()
         self._handed += 1
         if self._handed == self._job.n_chunks and not self._hold_gate:
-            self.clock.at("copied_at")
+            self.clock.at("copied_at")  # before the writers have the last chunk: it is written after
+        self._job.push_chunk(c, slot)
+        self._moved_one()
         return True
 
     def _give_back(self, pool, inflight) -> None:
