@@ -1,7 +1,7 @@
 """The checkpoints committed directly under one parent folder: newest first, the next counter, withdrawal.
 
 A parent folder holds one checkpoint per child folder, each made real by its commit record
-(`COMMIT`, or the name fastckpt 0.2 gave it: fastckpt.commit.record.present): the Checkpointer's
+(`COMMIT`, or the name an earlier build gave it: fastckpt.commit.record.present): the Checkpointer's
 root (each step-N.cK), DeepSpeed's save_dir (each tag), a DCP folder (each step-N). Every
 front end asks the same three things of such a parent, answered here once:
 - which children are committed, newest (highest commit counter) first — a child without the

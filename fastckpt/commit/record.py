@@ -4,8 +4,9 @@ Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one funct
 writes a record (`write`: every kind of checkpoint commits through it — a Checkpointer's step, a
 per-rank folder, a set of files such as a DeepSpeed tag or a DCP checkpoint — as `COMMIT` in the
 checkpoint's folder; a file uploaded to an object store has its record beside it), which name a
-folder's record has (`present`, `name_in`: `COMMIT`, or a name fastckpt 0.2 wrote, still read), and the checks that a record and the files it names are intact (sizes; full
-CRCs are the loader's job). What callers see of a committed checkpoint, CommitInfo, is
+folder's record has (`present`, `name_in`: `COMMIT`, or a name earlier builds wrote, still
+read), and the checks that a record and the files it names are intact (sizes; full CRCs are the
+loader's job). What callers see of a committed checkpoint, CommitInfo, is
 fastckpt.commit_info's.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ..errors import CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
 
 COMMIT_NAME = "COMMIT"  # the commit record of every checkpoint folder, whatever wrote it
-# what fastckpt 0.2 named the record of a DeepSpeed tag and of a DCP checkpoint: read, never written
+# what earlier builds named the record of a DeepSpeed tag (0.1 and 0.2) and of a DCP checkpoint
+# (0.2): read, never written
 EARLIER_NAMES = ("fastckpt-tag.json", "fastckpt-dcp.json")
 NAMES = (COMMIT_NAME,) + EARLIER_NAMES
 VERSION = 1

@@ -18,10 +18,11 @@ file's entry for the commit record (its size, CRC-32 and chunk CRCs).
 finish is the commit (fastckpt.commit.file_sets.commit_gathered: a GatheredCommit through the
 ordered commit, fastckpt.commit.protocol): DCP has gathered every rank's results, so every
 rank's file is durable; the coordinator's part is `.metadata` (written as DCP does, atomically
-and durably, marked as fastckpt's), and then comes the one commit record,
-`COMMIT` (fastckpt.commit.record's, as every fastckpt checkpoint's), naming every file and `.metadata` with their sizes and CRCs — and the files
-the caller named in `also_commit`, which it wrote durably into the directory with fastckpt.save
-before the save (Lightning's `meta.pt`: the rest of a Lightning checkpoint). A directory
+and durably, marked as fastckpt's), and then comes the one commit record, `COMMIT`
+(fastckpt.commit.record's, as every fastckpt checkpoint's), naming every file and `.metadata`
+with their sizes and CRCs — and the files the caller named in `also_commit`, which it wrote
+durably into the directory with fastckpt.save before the save (Lightning's `meta.pt`: the rest
+of a Lightning checkpoint). A directory
 whose record was never written is not loaded by FastStorageReader; the stock FileSystemReader
 loads a committed one unchanged.
 
