@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .saves import MODEL, PATH_SAVES, POOL, SET_FILES, SET_RECORD, state_of
+from .saves import MODEL, PATH_SAVES, POOL, SET_FILES, state_of
 
 
 def _told(marks: list[str]) -> int | None:
@@ -31,14 +31,15 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def records_hold(folder: str, record_name: str, every_rank: bool = True, verify=None) -> list[str]:
-    """Every folder under `folder` whose commit record reads (its own CRC intact) has every file
+def records_hold(folder: str, every_rank: bool = True, verify=None) -> list[str]:
+    """Every folder under `folder` whose commit record (`COMMIT`, every kind's) reads (its own CRC intact) has every file
     the record names, each matching the record's size and CRC-32 (verify(path, entry): the
     check `fastckpt verify` makes of such a file; default fastckpt.verify.verify_file)."""
     from fastckpt.commit import record
     from fastckpt.errors import CorruptCheckpointError
     from fastckpt.verify import verify_file
     verify = verify or verify_file
+    record_name = record.COMMIT_NAME
     problems = []
     for d, _, files in os.walk(folder):
         if record_name not in files:
@@ -59,11 +60,11 @@ def records_hold(folder: str, record_name: str, every_rank: bool = True, verify=
     return problems
 
 
-def _has_record(folder: str, name: str, every_rank: bool = True) -> bool:
+def _has_record(folder: str, every_rank: bool = True) -> bool:
     from fastckpt.commit import record
     from fastckpt.errors import CorruptCheckpointError
     try:
-        record.read(folder, name, size_of=None, every_rank=every_rank)
+        record.read(folder, record.COMMIT_NAME, size_of=None, every_rank=every_rank)
         return True
     except (CorruptCheckpointError, OSError):
         return False
@@ -73,14 +74,13 @@ def root_store(folder: str, marks: list[str]) -> list[str]:
     import json
 
     import fastckpt
-    from fastckpt.commit import record
-    told, problems = _told(marks), records_hold(folder, record.COMMIT_NAME)
+    told, problems = _told(marks), records_hold(folder)
     try:
         with open(os.path.join(folder, "latest"), "rb") as f:
             latest = json.loads(f.read())
     except (OSError, ValueError):
         latest = None
-    if isinstance(latest, dict) and not _has_record(os.path.join(folder, str(latest.get("dir"))), record.COMMIT_NAME):
+    if isinstance(latest, dict) and not _has_record(os.path.join(folder, str(latest.get("dir")))):
         problems.append(f"`latest` names {latest.get('dir')}, which has no commit record that reads")
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -160,7 +160,7 @@ def dcp(folder: str, marks: list[str]) -> list[str]:
 
     from fastckpt.dcp import FastStorageReader, newest_committed
     from fastckpt.dcp.check import check_file
-    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False, verify=check_file)
+    told, problems = _told(marks), records_hold(folder, every_rank=False, verify=check_file)
     try:
         newest = newest_committed(folder)
     except Exception as e:  # noqa: BLE001
@@ -182,7 +182,7 @@ def dcp(folder: str, marks: list[str]) -> list[str]:
     return problems
 
 
-def newest_recorded(folder: str, record_name: str, every_rank: bool = True):
+def newest_recorded(folder: str, every_rank: bool = True):
     """The step of the record with the highest counter among folder's folders whose record reads
     (what a reader that goes by records alone picks); None when there is none."""
     from fastckpt.commit import record
@@ -190,7 +190,7 @@ def newest_recorded(folder: str, record_name: str, every_rank: bool = True):
     newest = None
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         try:
-            info = record.read(os.path.join(folder, name), record_name, size_of=None, every_rank=every_rank)
+            info = record.read(os.path.join(folder, name), record.COMMIT_NAME, size_of=None, every_rank=every_rank)
         except (CorruptCheckpointError, OSError):
             continue
         if newest is None or info.counter > newest.counter:
@@ -200,8 +200,8 @@ def newest_recorded(folder: str, record_name: str, every_rank: bool = True):
 
 def file_set(folder: str, marks: list[str]) -> list[str]:
     """The newest set by its record is not older than told, and its two files load bit-exact."""
-    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False)
-    step = newest_recorded(folder, SET_RECORD, every_rank=False)
+    told, problems = _told(marks), records_hold(folder, every_rank=False)
+    step = newest_recorded(folder, every_rank=False)
     if told is not None and (step is None or step < told):
         return problems + [f"told set {told} was committed, the newest committed is {step}"]
     if step is None:
@@ -224,13 +224,13 @@ def deepspeed(folder: str, marks: list[str], expected: str) -> list[str]:
     from deepspeed_fastckpt.load_tag import choose
     from deepspeed_fastckpt.tag_records import LATEST, read_record
     from fastckpt.commit.record import file_size
-    told, problems = _told(marks), records_hold(folder, SET_RECORD, every_rank=False)
+    told, problems = _told(marks), records_hold(folder, every_rank=False)
     try:
         with open(os.path.join(folder, LATEST), "rb") as f:
             named = f.read().decode(errors="replace")
     except OSError:
         named = None
-    if named and not _has_record(os.path.join(folder, named), SET_RECORD, every_rank=False):
+    if named and not _has_record(os.path.join(folder, named), every_rank=False):
         problems.append(f"{LATEST} names {named!r}, which has no commit record that reads")
     try:
         choice = choose(folder, None, file_size)

@@ -88,7 +88,6 @@ def dcp(root: str) -> None:
         writer.close()
 
 
-SET_RECORD = "COMMIT"  # every set's record (fastckpt.commit.record.COMMIT_NAME)
 SET_FILES = ("model.pt", "opt.pt")  # a set's files: state_of(step)'s two parts
 
 

@@ -26,15 +26,14 @@ import pytest
 
 from crashsim import checks
 from crashsim.harness import SAVES, judge, record
-from crashsim.saves import SET_RECORD
 from fastckpt.commit.protocol import CALLS
 from support import warm
 
-# implementation -> (the program of saves.py, its check, its record's name, every rank writes a file)
+# implementation -> (the program of saves.py, its check, every rank writes a file)
 KINDS = {
-    "CheckpointCommit": ("root", checks.root_store, "COMMIT", True),
-    "FileSetCommit": ("file_set", checks.file_set, SET_RECORD, False),
-    "GatheredCommit": ("dcp", checks.dcp, "COMMIT", False),
+    "CheckpointCommit": ("root", checks.root_store, True),
+    "FileSetCommit": ("file_set", checks.file_set, False),
+    "GatheredCommit": ("dcp", checks.dcp, False),
 }
 
 
@@ -50,7 +49,7 @@ def marks_of(output: str) -> list[str]:
 @pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("unit", list(KINDS))
 def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint(tmp_path, unit, call):
-    kind, check, record_name, every_rank = KINDS[unit]
+    kind, check, every_rank = KINDS[unit]
     root = str(tmp_path / "root")
     os.makedirs(root)
     proc = run(kind, root, {"FASTCKPT_TEST_CRASH_BEFORE": f"{call}:2:{unit}"})
@@ -58,7 +57,7 @@ def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint
     assert proc.returncode == 137 and f"crash before {call} of unit 2 ({unit}:" in out, out[-3000:]
     marks = marks_of(proc.stdout)
     assert check(root, marks) == []
-    newest = checks.newest_recorded(root, record_name, every_rank)
+    newest = checks.newest_recorded(root, every_rank)
     if CALLS.index(call) <= CALLS.index("record"):
         assert newest == 1, f"killed before {call}: the newest committed is {newest}, not the one before (1)"
     else:
@@ -67,7 +66,7 @@ def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint
 
 @pytest.mark.parametrize("unit", list(KINDS))
 def test_every_disk_a_power_loss_can_leave_gives_the_newest_committed_checkpoint(tmp_path, shim, work, unit):
-    kind, check, _, _ = KINDS[unit]
+    kind, check, _ = KINDS[unit]
     root = tmp_path / "root"
     rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)])
     assert any(op.kind == "fsync" for op in rec.ops) and any(op.kind == "mark" for op in rec.ops), rec.output[-2000:]
@@ -79,7 +78,7 @@ def test_every_disk_a_power_loss_can_leave_gives_the_newest_committed_checkpoint
 
 
 def test_a_commit_whose_record_lands_before_its_data_is_durable_fails_the_suite(tmp_path, shim, work):
-    kind, check, _, _ = KINDS["GatheredCommit"]
+    kind, check, _ = KINDS["GatheredCommit"]
     root = tmp_path / "root"
     rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)],
                  env={"FASTCKPT_TEST_PLANT": "nondurable_metadata"})
