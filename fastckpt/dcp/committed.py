@@ -39,6 +39,8 @@ from .names import SUFFIX, step_of_name
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
 IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being written (fastckpt.store.path_store)
+# .metadata or a record being written (fastckpt.fsutil.write_atomic's NAME.tmp.PID)
+ATOMIC_IN_FLIGHT = tuple(f"{n}.tmp" for n in (md_file.NAME,) + record.NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +78,7 @@ def is_committed(directory) -> bool:
 def only_save_files(names: list[str]) -> bool:
     """Whether a folder holds nothing but what a DCP save writes (its data files, .metadata and
     their files in flight): one that holds anything else is never removed as a save cut short."""
-    in_flight = tuple(f"{n}.tmp" for n in (md_file.NAME,) + record.NAMES)  # fastckpt.fsutil.write_atomic's
-    return all(n.endswith(SUFFIX) or n == md_file.NAME or n.startswith(in_flight) or IN_FLIGHT.match(n)
+    return all(n.endswith(SUFFIX) or n == md_file.NAME or n.startswith(ATOMIC_IN_FLIGHT) or IN_FLIGHT.match(n)
                for n in names)
 
 
@@ -110,9 +111,10 @@ def _examine(directory: str):
         names = os.listdir(directory)
     except OSError:
         return None
-    if record.name_in(names) is not None:
+    record_name = record.name_in(names)
+    if record_name is not None:
         try:
-            info = record.read(directory, record.name_in(names), every_rank=False)
+            info = record.read(directory, record_name, every_rank=False)
         except (OSError, CorruptCheckpointError) as e:
             return f"not as its commit record says ({e})", False, False
         return Resumable(directory, info.step if info.step >= 0 else step_of_name(name), "fastckpt", info.counter)

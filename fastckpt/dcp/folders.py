@@ -41,10 +41,12 @@ class DcpFolders(FolderKind):
         directory = os.path.join(parent, name)
         entry = Entry(name, directory, "incomplete", time=os.path.getmtime(directory),
                       step=step_of_name(name) if step_of_name(name) >= 0 else None)
-        data = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
-        if record.present(directory) is not None:
+        names = os.listdir(directory)
+        data = sorted(n for n in names if n.endswith(SUFFIX))
+        record_name = record.name_in(names)
+        if record_name is not None:
             try:
-                info = record.read(directory, every_rank=False)
+                info = record.read(directory, record_name, every_rank=False)
             except (CorruptCheckpointError, OSError) as e:
                 entry.status, entry.detail = "invalid", str(e)
                 return entry

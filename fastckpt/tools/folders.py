@@ -96,7 +96,7 @@ def survey(path: str) -> Survey:
             entries = [kind.entry(path, n, latest) for n in ones]
             entries.sort(key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
             return Survey(kind.many, path, entries, loading=kind.loading, check=kind.check)
-    if commit.COMMIT_NAME in names:  # one checkpoint folder with its record, of no plugin's kind (a per-rank folder)
+    if commit.COMMIT_NAME in names:  # a folder with its record, of no plugin's kind: a per-rank folder
         return Survey("checkpoint", path, [_commit_entry(path)], single=True)
     found = _store_survey(path, loose)
     if found is not None:

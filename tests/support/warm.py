@@ -79,8 +79,8 @@ def _warm_key(argv, env: dict, preload: tuple[str, ...]):
     shims = env.get("LD_PRELOAD", "").replace(":", " ").split()
     if any(os.path.basename(shim) not in FORK_SAFE_SHIMS for shim in shims):
         return None
-    settings = tuple(sorted((k, v) for k, v in env.items()
-                            if k.startswith(IMPORT_TIME) and k not in APPLIED_IN_CHILD or k == "LD_PRELOAD" and shims))
+    settings = tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in APPLIED_IN_CHILD
+                            or k == "LD_PRELOAD" and shims))
     return tuple(sorted(set(preload) | {"torch"})), settings
 
 
