@@ -1,6 +1,7 @@
 """Training overhead of checkpointing on one GPU: fastckpt against DCP, Lightning and DeepSpeed, one run.
 
-Every contender (contenders.py) trains the same model in a fresh process — the plain loop
+Every contender (contenders.py) trains the same model in a process of its own (a fresh
+interpreter on a GPU; without one, forked from this driver after its imports: helpers/fresh.py) — the plain loop
 (no checkpoint, torch.save + fsync, DCP async_save with its default staging and with a
 pinned asynchronous DefaultStager, fastckpt c / g / d), Lightning (TorchCheckpointIO,
 AsyncCheckpointIO, FastCheckpointIO, FastCheckpointIO + LayerwiseCheckpointing) and
@@ -44,24 +45,30 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from helpers import contenders  # noqa: E402
+from helpers import contenders, fresh  # noqa: E402
 from helpers.results import keep  # noqa: E402
 
 TARGETS = "steady ≤ 3 %, whole run ≤ 5 %, stall ≤ 0.5 × copy bound, save call ≤ 20 ms"
 
 
 def child(args, name: str, k: int) -> dict:
-    """One run of one contender in a fresh process; {'error': ...} when it failed or hung."""
-    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--one", name, str(k)]
+    """One run of one contender in a process of its own (helpers/fresh.py); {'error': ...} when it
+    failed or hung."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout,
-                             env=dict(os.environ, MASTER_PORT=str(free_port())))
+        out = fresh.run(os.path.abspath(__file__), [*sys.argv[1:], "--one", name, str(k)], main, args.child_timeout,
+                        env={"MASTER_PORT": str(free_port())}, preload=preload(args))
     except subprocess.TimeoutExpired:
         return {"error": f"HANG (no end within {args.child_timeout} s)"}
     if out.returncode != 0:
         tail = (out.stdout + out.stderr).strip().splitlines()[-12:]
         return {"error": f"exit {out.returncode}: " + " | ".join(tail)[-1500:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def preload(args) -> list[str]:
+    """What a forked child finds imported (helpers/fresh.py): the frameworks its contenders train with."""
+    return [m for m, prefix in (("lightning.pytorch", "l_"), ("deepspeed", "ds_"))
+            if any(c.startswith(prefix) for c in args.contenders)]
 
 
 def free_port() -> int:
@@ -159,8 +166,9 @@ def main() -> None:
 def measure(args) -> dict:
     from helpers import bounds
     import torch
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--bound"],
-                         capture_output=True, text=True, check=True)
+    out = fresh.run(os.path.abspath(__file__), [*sys.argv[1:], "--bound"], main, args.child_timeout)
+    if out.returncode != 0:
+        raise SystemExit(f"the copy bound's run failed (exit {out.returncode}): {out.stderr[-2000:]}")
     copy = json.loads(out.stdout.strip().splitlines()[-1])
     scratch = os.path.join(args.scratch, "bound.bin")
     write_s = bounds.direct_write_seconds(scratch, copy["bytes"])

@@ -1,7 +1,7 @@
 """Where a plain-loop fastckpt save's time goes on the device: torch.profiler over training steps
 that each end with a save, per strategy (`make gpu-check GPU_CHECK=long` runs it on a GPU).
 
-For each strategy (c and g by default) a fresh process trains gpu_overhead.py's model: warm-up
+For each strategy (c and g by default) a process of its own (helpers/fresh.py) trains gpu_overhead.py's model: warm-up
 steps with a save every step (staging grown, threads started), then --saves steps each ending
 with a save, under torch.profiler (CPU and, on a GPU, CUDA activities). Written under --out:
 
@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from helpers import contenders  # noqa: E402
+from helpers import contenders, fresh  # noqa: E402
 
 PHASES = ("save", "plan", "staging", "begin", "start", "gate", "copied_at", "enqueue", "stream_wait", "copy",
           "chunk_wait", "crc", "put", "finish", "commit", "durable_at")
@@ -123,10 +123,9 @@ def main() -> None:
         print(json.dumps(profile_one(a, a.one)), flush=True)
         return
     results = []
-    for strategy in a.strategies:  # each in a fresh process: one's staging and threads never meet the other's
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--one", strategy]
+    for strategy in a.strategies:  # each in a process of its own (helpers/fresh.py): no staging or thread shared
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.child_timeout)
+            out = fresh.run(os.path.abspath(__file__), [*sys.argv[1:], "--one", strategy], main, a.child_timeout)
             if out.returncode != 0:
                 tail = " | ".join((out.stdout + out.stderr).strip().splitlines()[-8:])
                 results.append({"strategy": strategy, "error": f"exit {out.returncode}: {tail[-1200:]}"})

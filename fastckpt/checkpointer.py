@@ -34,6 +34,7 @@ from .restore.newest import Loaded, newest_loadable, newest_record
 from .store import open_store
 from .timings import Timings, summed
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
+from .write.concurrency import ConcurrencySlots
 from .write.native_engine import new_engine
 from .write.staging import Staging
 
@@ -91,7 +92,7 @@ class Checkpointer:
         self.store_kind = self.store.kind
         self.root = self.store.root
         self._named_paths = self.store.names_by_path
-        self._slots = threading.Semaphore(c.concurrency)
+        self._slots = ConcurrencySlots(c.concurrency)
         self._lock = threading.Lock()
         self._inflight = InFlight(self._deadline, c.commit_timeout_s)
         self._commits = OrderedCommits(self._agree, self._deadline, c.commit_timeout_s)
@@ -149,9 +150,10 @@ class Checkpointer:
                 return failed
             self._started = True
         with clock.phase("slot"):
-            got = self._acquire_slot()
+            slot = self._take_slot()
         self._slot_waited(step, clock.as_dict()["slot"])
         strategy = self.strategy
+        got = slot is not None
         try:
             if isinstance(state, FilePlan) and self.store.layout_format not in (None, state.format):
                 raise ValueError(f"store={self.store_kind!r} keeps {self.store.layout_format} files; "
@@ -167,12 +169,12 @@ class Checkpointer:
                     got = self._staging.ensure(need)
                 self.stats["pinned"] = self._staging.pinned
         except BaseException:
-            if got:
-                self._slots.release()
+            if slot is not None:
+                self._slots.give_back(slot)
             raise
         if self.policy == "skip" and not self._agree.all_ok(got):
-            if got:
-                self._slots.release()
+            if slot is not None:  # taken, but staging was full here or a slot missing on another rank
+                self._slots.give_back(slot)
             self.stats["skipped"] += 1
             warnings.warn(f"fastckpt: skipped the checkpoint of step {step}: {self.concurrency} "
                           "checkpoints are in flight or staging memory is full (policy='skip')",
@@ -201,7 +203,7 @@ class Checkpointer:
             with self._lock:
                 self.stats["modes"][write.mode] = self.stats["modes"].get(write.mode, 0) + 1
         unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
-                                self.world_size, landed=self._landed, retain=self._retain, written=self._written)
+                                self.world_size, landed=lambda p, slot=slot: self._landed(p, slot), retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
         clock.add("save", time.monotonic() - t0)
@@ -239,14 +241,14 @@ class Checkpointer:
                 self._staging = Staging(self._engine, self.concurrency, self.staging_mb, self.policy)
             return self._engine
 
-    def _acquire_slot(self) -> bool:
-        """One of `concurrency` slots: waits for the oldest checkpoint in flight (policy='wait'),
-        under the deadline; False at once when none is free and policy='skip'."""
+    def _take_slot(self):
+        """One of `concurrency` slots (write.concurrency): waits for the oldest checkpoint in
+        flight (policy='wait'), under the deadline; None at once when none is free and policy='skip'."""
         if self.policy == "skip":
-            return self._slots.acquire(blocking=False)
-        return self._deadline.wait(lambda: f"a free slot ({self.concurrency} checkpoints in flight: "
-                                           f"{self.in_flight()})", lambda s: self._slots.acquire(timeout=s),
-                                   slack=self.commit_timeout_s)
+            return self._slots.take()
+        return self._slots.take(lambda attempt: self._deadline.wait(
+            lambda: f"a free slot ({self.concurrency} checkpoints in flight: {self.in_flight()})", attempt,
+            slack=self.commit_timeout_s))
 
     @property
     def stall_timeout_s(self) -> float:
@@ -283,7 +285,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - bookkeeping never fails a durable checkpoint
             log.warning("fastckpt: could not count how the checkpoint at %s was written: %s", result.path, e)
 
-    def _landed(self, pending: Pending) -> None:
+    def _landed(self, pending: Pending, slot) -> None:
         """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""
         if pending.error is not None:
             self.stats["failed"] += 1
@@ -294,7 +296,7 @@ class Checkpointer:
             if self.stats["timings_first"] is None:
                 self.stats["timings_first"] = timings
         self._inflight.landed(pending)
-        self._slots.release()  # before retention: deleting old files must not delay the next save
+        self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
 
     def _retain(self) -> None:
         """Retention after the commit is reported: deleting old files is not part of durability."""

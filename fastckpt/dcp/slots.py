@@ -7,8 +7,10 @@ is released (or refused before its snapshot began):
   STAGING    stage() took it; copies of the caller's tensors may still run
   COPIED     no copy reads the caller's tensors any more (what the step gate waits for)
   DELIVERED  its future is resolved: the snapshot is DCP's save's, or the save failed
-What moves it is FastStager's (fastckpt.dcp.stager), through `to()`, which refuses any other
-move; a Slot itself only answers whether its save is done with it.
+The slots themselves are drawn from write.concurrency's ConcurrencySlots, the bound a
+Checkpointer's checkpoints are drawn from too: a Slot is one of its slots, TAKEN there while
+its state here is not FREE. What moves the state is FastStager's (fastckpt.dcp.stager), through
+`to()`, which refuses any other move; a Slot itself only answers whether its save is done with it.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ bounded staging reused from save to save, kept whole by the gate before the opti
 it and writes what it holds. What happens between:
 
 - Slots. At most `concurrency` snapshots are staged or being written at a time, each in a slot
-  of its own buffers (fastckpt.write.snapshot_buffers), reused by the slot's next snapshot. A stage() that finds every
+  (drawn from fastckpt.write.concurrency, as a Checkpointer's checkpoints are) of its own
+  buffers (fastckpt.write.snapshot_buffers), reused by the slot's next snapshot. A stage() that finds every
   slot taken waits for one (policy='wait', up to commit_timeout_s), or raises SaveSkipped
   (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or refused after
   that wait, is so on every rank. `staging_mb` bounds the slots' memory as well.
@@ -54,7 +55,7 @@ from ..commit.agreement import Agreement, make_agreement
 from ..settings import CheckpointerConfig
 from ..errors import CheckpointWriteError, ConfigError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
-from ..write.native_engine import MiB
+from ..write.concurrency import ConcurrencySlots, limit_for, wait_for
 from ..write.snapshot_buffers import SnapshotBuffers
 from . import staged as st
 from .groups import refuse_default_group
@@ -95,8 +96,12 @@ class FastStager(AsyncStager):
         self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
         # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
         self._agree: Agreement = make_agreement(2 * self.timeout_s)
-        self._slots: list[Slot] = []
-        self._cond = threading.Condition()  # slots' states; waiters poll it (a save thread's end notifies nobody)
+        # at most `concurrency` snapshots at once, as the Checkpointer's checkpoints (write.concurrency);
+        # a slot is given back once its save is done with it, which is polled: a save thread's end
+        # and the last reference to a snapshot going notify nobody
+        self._slots: ConcurrencySlots[Slot] = ConcurrencySlots(config.concurrency, lambda i: Slot(self, i),
+                                                                reclaim=self._reclaim)
+        self._cond = self._slots.changed  # also guards the slots' states
         self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
         self._seq = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastckpt-dcp-stage")
@@ -110,7 +115,7 @@ class FastStager(AsyncStager):
 
     def __repr__(self) -> str:
         return (f"FastStager(strategy={self.strategy!r}, concurrency={self.concurrency}, "
-                f"policy={self.policy!r}, {sum(s.busy for s in self._slots)} in flight)")
+                f"policy={self.policy!r}, {sum(s.busy for s in self._slots.every())} in flight)")
 
     # -- DCP's calls ----------------------------------------------------------
     def stage(self, state_dict, **kwargs) -> StagedFuture:
@@ -170,7 +175,7 @@ class FastStager(AsyncStager):
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return None
         address = st.local_tensor(t).untyped_storage().data_ptr()
-        return next((s for s in list(self._slots) if s.holds(address)), None)
+        return next((s for s in self._slots.every() if s.holds(address)), None)
 
     def synchronize_staging(self) -> None:
         """Waits until no copy reads the caller's tensors (what the gate waits for)."""
@@ -186,16 +191,16 @@ class FastStager(AsyncStager):
         self._worker.shutdown(wait=True)
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
-            while not all(s.finished() for s in self._slots) and time.monotonic() < deadline:
+            while not all(s.finished() for s in self._slots.every()) and time.monotonic() < deadline:
                 self._cond.wait(0.05)  # a save thread's end is polled: it notifies nobody
-            for s in self._slots:
+            for s in self._slots.every():
                 if s.finished():
                     self._release(s)
                     s.buffers.free()
                 else:  # still written after the deadline: its buffers stay with that save
                     log.warning("fastckpt: FastStager closed while a save still holds its snapshot")
                     s.buffers.forget()
-            self._slots = []
+            self._slots.forget_all()
         self._agree.close()
 
     # -- the copy -------------------------------------------------------------
@@ -314,22 +319,16 @@ class FastStager(AsyncStager):
         return sum(st.local_tensor(t).numel() * st.local_tensor(t).element_size()
                    for t in leaves if isinstance(t, torch.Tensor))
 
-    def _limit(self, nbytes: int) -> int:
-        if self.config.staging_mb is None or nbytes == 0:
-            return self.concurrency
-        return max(1, min(self.concurrency, self.config.staging_mb * MiB // nbytes))
-
-    def _free_slot(self, nbytes: int) -> Optional[Slot]:
-        for s in self._slots:
+    def _reclaim(self) -> None:
+        """Gives back the slots whose saves are done with their snapshots (the slots' condition held)."""
+        for s in self._slots.taken():
             if s.busy and s.finished():
                 self._release(s)
-        free = next((s for s in self._slots if not s.busy), None)
-        if free is None and len(self._slots) < self._limit(nbytes):
-            free = Slot(self, len(self._slots))
-            self._slots.append(free)
-        return free
 
     def _release(self, s: Slot) -> None:
+        """A slot whose save is done with it: FREE, and given back (the slots' condition held)."""
+        if not s.busy:
+            return
         if s.alive > 0:  # still referenced (a failed save's traceback): left to the garbage collector
             s.buffers.forget()
             s.buffers = SnapshotBuffers(device_copy=self.strategy == "g")
@@ -340,19 +339,16 @@ class FastStager(AsyncStager):
                           "unless FastStorageWriter refused that save, it may mix two states", torn)
         s.to(SlotState.FREE)
         s.taken_by, s.staged_by, s.watch, s.live, s.refs = None, None, None, [], []
+        self._slots.give_back(s)
 
     def _take_slot(self, nbytes: int) -> Slot:
         """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
         after waiting up to commit_timeout_s for one), so a rank that found none never leaves the
         others to start the save's collectives without it."""
-        with self._cond:
-            slot = self._free_slot(nbytes)
-            if slot is None and self.policy == "wait":
-                deadline = time.monotonic() + self.timeout_s
-                while slot is None and time.monotonic() < deadline:
-                    self._cond.wait(min(max(deadline - time.monotonic(), 0.0), 0.05))
-                    slot = self._free_slot(nbytes)
-            if slot is not None:
+        slot = self._slots.take(wait_for(self.timeout_s) if self.policy == "wait" else None,
+                                limit=limit_for(self.concurrency, self.config.staging_mb, nbytes))
+        if slot is not None:
+            with self._cond:
                 slot.to(SlotState.STAGING)
         everyone = False
         try:
@@ -361,6 +357,7 @@ class FastStager(AsyncStager):
             if slot is not None and not everyone:
                 with self._cond:
                     slot.to(SlotState.FREE)
+                    self._slots.give_back(slot)
         if not everyone:
             if self.policy == "skip":
                 self.stats["skipped"] += 1
@@ -387,7 +384,7 @@ class FastStager(AsyncStager):
                 return False
             slot.taken_by = me
             deadline = time.monotonic() + self.timeout_s
-            while any(s.busy and s.seq < seq and not s.finished() for s in self._slots):
+            while any(s.busy and s.seq < seq and not s.finished() for s in self._slots.every()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CheckpointWriteError(f"an earlier async_save did not finish in {self.timeout_s:.0f} s")
@@ -399,7 +396,7 @@ class FastStager(AsyncStager):
         """Before every optimizer step: the copies are done (with 'd': the snapshots are written)."""
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
-            for s in list(self._slots):
+            for s in self._slots.every():
                 while s.busy and not (s.copied and (not s.live or s.finished())):
                     left = deadline - time.monotonic()
                     if left <= 0:

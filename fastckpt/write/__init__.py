@@ -7,6 +7,7 @@
   device_file.py   CUDA tensors -> file          (side stream, pinned staging, spare memory, kvikio)
   device_mapped.py CUDA tensors -> mapped pool   (side stream into the registered mapping)
   job_write.py, device_write.py, streams.py, pinning.py, gds.py   what those share
+  concurrency.py   at most `concurrency` saves at once: the slots a Checkpointer and FastStager draw
   deadline.py      every wait bounded: no progress for stall_timeout_s -> WriteStalled
   gate.py          the optimizer-step gate that waits for the copies
   layerwise.py     held snapshots released per DDP bucket (LightCheck §III-B)

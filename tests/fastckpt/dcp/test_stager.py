@@ -160,14 +160,14 @@ def test_buffers_are_reused_at_most_concurrency_snapshots_exist_and_each_checkpo
             run.step()
             want[i] = model_state(run)
             saves.append(run.save(f"s{i}"))
-            assert len(run.stager._slots) <= 2
+            assert len(run.stager._slots.every()) <= 2
         for s in saves:
             s.upload_completion.result()
-        assert all(s.alive == 0 for s in run.stager._slots)  # each save let go of its snapshot when done
+        assert all(s.alive == 0 for s in run.stager._slots.every())  # each save let go of its snapshot when done
         for i in range(6):
             assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
         leaves = [x for x in torch.utils._pytree.tree_leaves(run.state()) if isinstance(x, torch.Tensor)]
-        assert sum(s.buffers.made for s in run.stager._slots) <= 2 * len(leaves)  # 6 saves, at most 2 sets
+        assert sum(s.buffers.made for s in run.stager._slots.every()) <= 2 * len(leaves)  # 6 saves, at most 2 sets
         if strategy != "d":
             assert run.writer._direct is not None and not run.writer.named.opened  # no second copy
     finally:
