@@ -30,13 +30,13 @@ def test_skips():
 def test_every_test_gets_its_own_line_and_a_hang_is_killed(tmp_path):
     (tmp_path / "test_cases.py").write_text(CASES)
     log = tmp_path / "log.txt"
-    out = subprocess.run([sys.executable, RUNNER, "--timeout", "10", "--jobs", "2", "--log", str(log), "--",
+    out = subprocess.run([sys.executable, RUNNER, "--timeout", "5", "--jobs", "2", "--log", str(log), "--",
                           str(tmp_path / "test_cases.py")], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     lines = {line.split()[-1].split("::")[-1]: line.split()[0] for line in out.stdout.splitlines() if "::" in line}
     assert lines == {"test_passes": "PASS", "test_fails": "FAIL", "test_hangs": "HANG", "test_skips": "SKIP"}, out.stdout
     assert out.returncode == 1
-    assert "killed after 10 s" in log.read_text()
+    assert "killed after 5 s" in log.read_text()
 
 
 def test_all_skipped_is_not_a_pass(tmp_path):
