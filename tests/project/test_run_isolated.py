@@ -68,3 +68,8 @@ def test_one_per_file_runs_the_first_test_of_each_file_and_lists_the_rest(tmp_pa
     assert lines == {"test_passes": "PASS", "test_fails": "SAMPLED", "test_skips": "SAMPLED",
                      "test_a": "PASS", "test_b": "SAMPLED"}, out.stdout
     assert "PASS 2 FAIL 0" in out.stdout and out.returncode == 0
+    one = subprocess.run([sys.executable, RUNNER, "--timeout", "30", "--one-per-file", "--files", "1", "--",
+                          str(tmp_path), "-k", "not hangs"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    ran = [line for line in one.stdout.splitlines() if "::" in line and not line.startswith("SAMPLED")]
+    assert len(ran) == 1 and ran[0].split()[-1].endswith("test_cases.py::test_passes"), one.stdout
+    assert "PASS 1 FAIL 0" in one.stdout and one.returncode == 0

@@ -22,7 +22,7 @@
 #    at PROFILE_BUDGET seconds.
 #
 # Without CUDA (the suite runs it so it never rots) step 2 must end with every test it ran skipped
-# (the first of each file, the rest listed SAMPLED) and step 3 runs every contender with a tiny model. Exit 0 when every part did what it should, else 1.
+# (the first of two files, the rest listed SAMPLED) and step 3 runs every contender with a tiny model. Exit 0 when every part did what it should, else 1.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 PYGPU=${PYGPU:-python3}
@@ -63,9 +63,10 @@ EOF
 sample=()
 if [ "$cuda" != 1 ]; then
   TESTS_DEADLINE=100000  # no device time to save here: every test gets its turn
-  # every gpu test is collected; the first of each file runs in its own process (all of them would
-  # only skip, a process each: minutes of CPU that show nothing more; GPU_TESTS_ALL=1 runs all)
-  [ -z "${GPU_TESTS_ALL:-}" ] && sample=(--one-per-file)
+  # every gpu test is collected; the first of two files runs in its own process, which shows the
+  # runner's path (all of them would only skip, a process each, and the suite already runs each
+  # of them, skipping: minutes of CPU that show nothing more; GPU_TESTS_ALL=1 runs all)
+  [ -z "${GPU_TESTS_ALL:-}" ] && sample=(--one-per-file --files 2)
 fi
 if [ "$cuda" = 1 ] && [ "$GPU_CHECK" = long ] && [ -z "${RUN_TESTS:-}" ]; then
   # the first call ran them; the profile and the full-size benchmark fill this one (RUN_TESTS=1: run them too)

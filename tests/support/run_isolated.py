@@ -1,7 +1,7 @@
 """Runs each selected test in its own process under a hard timeout: one PASS / FAIL / HANG / SKIP line each.
 
     python tests/support/run_isolated.py [--timeout S] [--jobs N] [--deadline S] [--log FILE]
-                                         [--one-per-file] -- PYTEST_ARGS...
+                                         [--one-per-file [--files N]] -- PYTEST_ARGS...
 
 `make test-gpu` runs it over `tests -m gpu`. A test that outlives --timeout is killed with its
 whole process group (SIGKILL: a thread blocked in native code ignores pytest-timeout) and
@@ -13,7 +13,9 @@ when every test skipped (on a machine without CUDA nothing GPU-related ran).
 Each test's output goes to --log, under a header naming the test. --one-per-file: every test is
 collected, the first of each file runs (the CPU rehearsal of `make gpu-check`, where every gpu
 test skips: a process per file shows each module imports and skips, at a tenth of the cost);
-the others are listed as SAMPLED and count as nothing.
+the others are listed as SAMPLED and count as nothing. --files N: of the first N files only
+(the suite itself already runs every gpu test, each skipping, in its own processes: the
+rehearsal needs the runner's path shown, not every module imported once more).
 """
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", default=None, help="file for every test's output")
     ap.add_argument("--one-per-file", action="store_true",
                     help="run only the first test of each file (the rest: SAMPLED, counted as nothing)")
+    ap.add_argument("--files", type=int, default=None,
+                    help="with --one-per-file: the first test of the first N files only")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: what pytest selects")
     a = ap.parse_args(argv)
     args = a.pytest_args[1:] if a.pytest_args[:1] == ["--"] else a.pytest_args
@@ -75,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         first = {}
         for t in ids:
             first.setdefault(t.split("::")[0], t)
+        chosen = list(first.values())[:a.files] if a.files is not None else list(first.values())
         for t in ids:
-            if t not in first.values():
+            if t not in chosen:
                 print(f"SAMPLED  {t}", flush=True)
-        ids = list(first.values())
-        print(f"{len(ids)} of them run: the first of each file (--one-per-file)", flush=True)
+        print(f"{len(chosen)} of them run: the first of each of {len(chosen)} of {len(first)} files "
+              "(--one-per-file)", flush=True)
+        ids = chosen
     counts = {"PASS": 0, "FAIL": 0, "HANG": 0, "SKIP": 0, "NOTRUN": 0}
     log = open(a.log, "w") if a.log else None
     start_by = time.monotonic() + a.deadline if a.deadline is not None else float("inf")
