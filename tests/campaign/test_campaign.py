@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from support import warm
 from support.paths import ROOT
+
 PARTS = ("kills", "corruptions", "faults", "ranks", "hostile", "soak")
 
 
 @pytest.mark.parametrize("part", PARTS)
 def test_campaign_part(tmp_path, part):
     out = tmp_path / "res.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "campaign", "run.py"), "--parts", part,
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = warm.run([sys.executable, os.path.join(ROOT, "tests", "campaign", "run.py"), "--parts", part,
+                     "--json", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())["parts"][part]
     if "skipped" in r:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 import zlib
 
 import numpy as np
 import torch
+
+from support import warm
 
 import fastckpt
 from fastckpt import _native
@@ -37,6 +38,6 @@ def test_backends_read_each_others_files(tmp_path):
             "fastckpt.load(sys.argv[1]); fastckpt.save(fastckpt.load(sys.argv[1]), sys.argv[2])")
     env = dict(os.environ, FASTCKPT_CRC="zlib")
     other = str(tmp_path / "y.ckpt")
-    subprocess.run([sys.executable, "-c", code, path, other], env=env, check=True)
+    warm.run([sys.executable, "-c", code, path, other], env=env, check=True)
     back = fastckpt.load(other)  # CRCs written by zlib, checked here by the default backend
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["i"], state["i"])

@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 
+from support import warm
+
 import fastckpt
 from fastckpt.format import plan_file
 
@@ -114,7 +116,6 @@ with fastckpt.Checkpointer(root) as ck:
 
 
 def test_file_too_large_error(tmp_path):
-    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
-                       timeout=120)
+    r = warm.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert "ERROR" in r.stdout and "File too large" in r.stdout, r.stdout + r.stderr
     assert "LATEST 1" in r.stdout

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+from support import warm
+
 WORKER = os.path.join(os.path.dirname(__file__), "..", "workers", "class_walk.py")
 
 ALLOWED = {
@@ -57,7 +59,8 @@ print(names())
 
 
 def test_lightning_adds_the_watch_only_to_a_trainer_of_a_process_that_imported_fastckpt():
-    done = subprocess.run([sys.executable, "-c", WHICH_CALLBACKS], capture_output=True, text=True, timeout=300)
+    done = warm.run([sys.executable, "-c", WHICH_CALLBACKS], capture_output=True, text=True, timeout=300,
+                    preload=("lightning",))
     assert done.returncode == 0, done.stderr[-3000:]
     alone, package_only, used = [json.loads(line) for line in done.stdout.splitlines()[-3:]]
     assert "FastckptWatch" not in alone and "FastckptWatch" not in package_only  # the package imports no fastckpt

@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from support import warm
+
 from fastckpt.offload import ActivationOffload, TensorIO
 
 
@@ -125,13 +127,12 @@ def test_a_second_backward_through_the_graph_is_refused_clearly(tmp_path):
 
 
 def test_step_directories_of_a_killed_process_are_removed(tmp_path):
-    import subprocess
     import sys
     code = ("import os, torch, sys; from fastckpt.offload import ActivationOffload\n"
             f"off = ActivationOffload({str(tmp_path)!r}, threshold_mb=0.01); off.start()\n"
             "with off.hooks(): y = torch.nn.Linear(64, 64)(torch.randn(256, 64)).relu().sum()\n"
             "off._pool.shutdown(wait=True); os.kill(os.getpid(), 9)")
-    proc = subprocess.run([sys.executable, "-c", code])
+    proc = warm.run([sys.executable, "-c", code])
     assert proc.returncode == -9
     left = os.listdir(tmp_path)
     assert len(left) == 1 and os.listdir(tmp_path / left[0])  # the killed step's files are still there

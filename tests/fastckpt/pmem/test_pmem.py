@@ -21,6 +21,7 @@ from fastckpt.tools.cli import main as cli_main
 from fastckpt.errors import CheckpointWriteError, ConfigError, CorruptCheckpointError, NoCheckpointError
 from fastckpt.pmem import layout as L
 from fastckpt.pmem.pool import Pool
+from support import warm
 from support.states import assert_same, assert_sharing, state_matrix
 from support.processes import kill_at_random
 
@@ -161,7 +162,7 @@ def test_repack_reclaims_a_version_whose_writer_was_killed_and_leaves_a_live_one
     pool_path = os.path.join(shm, "p")
     with pool_ck(pool_path, model="m", concurrency=1) as ck:
         ck.save(state_for(1), step=1).wait()
-    child = subprocess.Popen([sys.executable, "-c", _CLAIMER, pool_path], stdout=subprocess.PIPE, text=True)
+    child = warm.popen([sys.executable, "-c", _CLAIMER, pool_path], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "claimed"
         pool = Pool(pool_path, create=False)
