@@ -28,6 +28,10 @@ $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/in
 	  wait $$ds || { tail -n 40 $(VENV)/deepspeed-wheel.log; exit 1; }; [ $$rest = 0 ] || exit $$rest; \
 	  $(VPY) -m pip install -q $(VENV)/deepspeed-wheel/deepspeed-0.19.8-*.whl; \
 	fi
+	# torchtitan 0.3.0 from the registry, without the training stack it requires (datasets, tensorboard,
+	# wandb, tokenizers, torchdata: a minute of install): what the suite runs of it (its CheckpointManager,
+	# optimizers and LR schedulers) imports only tyro and spmd_types, which the dev extra installs
+	$(VPY) -m pip install -q --no-deps torchtitan==0.3.0
 	touch $(STAMP)
 
 setup: $(STAMP)
