@@ -62,11 +62,21 @@ SLOW = ("tests/benchmarks/test_bench_gpu_overhead.py::test_make_gpu_check", "tes
         "tests/fastckpt/tools/test_cli_folders.py::test_a_deepspeed", "tests/fastckpt/tools/test_folder_kind_conformance.py")
 
 
+# make gpu-check (tests/support/gpu_check.sh) collects only the files that spell this, not the whole
+# tree (importing every test module costs ~15 s, of device time there): a gpu test elsewhere is refused
+GPU_MARK_TEXT = "mark.gpu"
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(slow)
+    gpu_files = {str(item.path) for item in items if item.get_closest_marker("gpu") is not None}
+    hidden = sorted(f for f in gpu_files if GPU_MARK_TEXT not in open(f, encoding="utf-8").read())
+    if hidden:
+        raise pytest.UsageError(f"gpu tests in {hidden}, which never spell {GPU_MARK_TEXT!r}: make gpu-check "
+                                "finds the gpu tests' files by that text (mark them @pytest.mark.gpu there)")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine)")
