@@ -203,7 +203,8 @@ class Checkpointer:
             with self._lock:
                 self.stats["modes"][write.mode] = self.stats["modes"].get(write.mode, 0) + 1
         unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
-                                self.world_size, landed=lambda p, slot=slot: self._landed(p, slot), retain=self._retain, written=self._written)
+                                self.world_size, landed=lambda p, slot=slot: self._landed(p, slot),
+                                retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
         clock.add("save", time.monotonic() - t0)
