@@ -96,6 +96,15 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._inflight = InFlight(self._deadline, c.commit_timeout_s)
         self._commits = OrderedCommits(self._agree, self._deadline, c.commit_timeout_s)
+        # tiers: each committed save persisted behind the memory tier, in issue order on every rank,
+        # with collectives of its own (groups apart from the commits')
+        self._persists = None
+        if c.tiers:
+            agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
+            self._persists = OrderedCommits(agree, self._deadline, c.commit_timeout_s, name="fastckpt-persist")
+            self._persist_agree = agree
+        self._persist_errors: list[BaseException] = []
+        self._fitted = False
         self._engine = None
         self._staging: Staging | None = None
         self._started = False
@@ -108,7 +117,7 @@ class Checkpointer:
         # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
-                      "slot_waits": 0}
+                      "slot_waits": 0, "persisted": 0, "persist_failed": 0}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -161,6 +170,8 @@ class Checkpointer:
             with clock.phase("plan"):
                 plan = state if isinstance(state, FilePlan) else \
                     plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
+            if not self._fitted:
+                self._fit(plan.file_size)
             if got:
                 with clock.phase("staging"):
                     chunk = self._engine.pool.chunk_bytes
@@ -213,6 +224,16 @@ class Checkpointer:
             self.report_failure(error)
         return pending
 
+    def _fit(self, nbytes: int) -> None:
+        """The first save: does the store have room for checkpoints of this size (a memory tier:
+        its keep + concurrency of them)? Where any rank says no, every rank's saves go where
+        there is room, said once."""
+        self._fitted = True
+        if not self._agree.all_ok(self.store.fits(nbytes, self.concurrency)):
+            note = self.store.shrink(nbytes, self.concurrency)
+            log.warning("fastckpt: %s", note)
+            warnings.warn(f"fastckpt: {note}", stacklevel=4)
+
     def _while_staging_grows(self, plan, need: int, held: bool) -> str:
         """The strategy of this write: 'c' on a stream-read device (CUDA) whose save finds staging
         short (the first one, unless reserve() ran long enough before) copies into spare device
@@ -232,7 +253,7 @@ class Checkpointer:
         self.store.prepare()
         if self.rank == 0:
             self.store.remove_uncommitted()
-        self._counter = self._agree.broadcast(self.store.next_counter())
+        self._counter = max(self._agree.gather(self.store.next_counter()))
         self._engine_now()
 
     def _engine_now(self):
@@ -298,10 +319,32 @@ class Checkpointer:
                 self.stats["timings_first"] = timings
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
+        if pending.error is None and self._persists is not None:
+            unit = self.store.persist_unit(pending._info, self._persisted, self._retain_behind)
+            if unit is not None:  # issued here, in commit order: the same order on every rank
+                self._persists.issue(unit)
+
+    def _persisted(self, unit, infos, error) -> None:
+        """A checkpoint's copy behind the memory tier landed (its commit thread)."""
+        with self._lock:
+            if error is None:
+                self.stats["persisted"] += 1
+            else:
+                self.stats["persist_failed"] += 1
+                self._persist_errors.append(CheckpointWriteError(
+                    f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
+                    "copy there stays the latest on disk"))
+
+    def _retain_behind(self) -> None:
+        """Retention once a copy behind the memory tier landed, on every tier."""
+        try:
+            self.store.retain_behind(self._inflight.directories())
+        except OSError as e:  # a failed cleanup never fails a committed checkpoint
+            log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
     def _retain(self) -> None:
         """Retention after the commit is reported: deleting old files is not part of durability."""
-        if self.rank != 0:
+        if self.rank != 0 and not self.store.every_rank_retains:
             return
         try:
             self.store.retain(self.keep, self._inflight.directories())
@@ -342,6 +385,8 @@ class Checkpointer:
     def wait(self) -> None:
         """Blocks until every checkpoint in flight is committed; raises the first error."""
         self._inflight.wait()
+        if self._persists is not None:
+            self._persists.join()
         self._raise_background_errors()
 
     def in_flight(self) -> list[Pending]:
@@ -353,6 +398,10 @@ class Checkpointer:
         if where is not None:
             warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=3)
         for error in self._inflight.unseen_errors():
+            self.report_failure(error)
+        with self._lock:
+            errors, self._persist_errors = self._persist_errors, []
+        for error in errors:
             self.report_failure(error)
 
     def report_failure(self, error: BaseException) -> None:
@@ -416,6 +465,8 @@ class Checkpointer:
                 self._staging.close()
                 self._staging, self._engine = None, None
             self._agree.close()
+            if self._persists is not None:
+                self._persist_agree.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

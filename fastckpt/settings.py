@@ -15,6 +15,7 @@ house (it imports only errors and write.deadline) so that every layer can read t
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from .write.deadline import DEFAULT_STALL_S
 
 
 POLICIES = ("wait", "skip")
+DEFAULT_ROOT = "checkpoints"  # the root's default; with tiers, the last tier is the root
 ON_ERROR = ("raise", "warn")
 _PLACED = {"placement": True}  # decided by the front end that names the checkpoints, not a user setting there
 
@@ -33,7 +35,7 @@ class CheckpointerConfig:
     FastCheckpointIO, the DeepSpeed entry, DCP's writer and stager take theirs from here; tests
     check the YAML's). Checked when made (a ConfigError of one line names the first bad value)."""
 
-    root: str | None = field(default="checkpoints", metadata=_PLACED)
+    root: str | None = field(default=DEFAULT_ROOT, metadata=_PLACED)
     """Where the checkpoints live: a directory, or a pool (store='pmem')."""
     strategy: str = "c"
     """How a snapshot is taken: 'c' copy through staging, 'g' a full copy in spare memory first, 'd' direct."""
@@ -71,9 +73,28 @@ class CheckpointerConfig:
     """'raise' a failed checkpoint at the next call, or 'warn' and keep training on the previous one."""
     stall_timeout_s: float = DEFAULT_STALL_S
     """A wait of the write path that sees no progress for this long fails its checkpoint."""
+    tiers: tuple[str, ...] | None = field(default=None, metadata=_PLACED)
+    """Places fastest first, e.g. ('/dev/shm/run7', '/ssd/run7'): a save commits to the first at memory
+    speed and is persisted behind it to each later one from that committed copy; the last is the root.
+    None: the root alone (store='root' only)."""
+    tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
+    """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
 
     def __post_init__(self) -> None:
+        if self.tiers is not None:  # a Hydra list or any sequence: one frozen spelling
+            tiers = tuple(self.tiers) if isinstance(self.tiers, (list, tuple)) else self.tiers
+            object.__setattr__(self, "tiers", tiers)
+            if isinstance(tiers, tuple) and self.root in (None, DEFAULT_ROOT) and tiers:
+                object.__setattr__(self, "root", tiers[-1])
+        if isinstance(self.tier_keep, list):
+            object.__setattr__(self, "tier_keep", tuple(self.tier_keep))
         self._check()
+
+    def keep_on_tiers(self) -> tuple[int, ...]:
+        """How many committed checkpoints each tier keeps (tiers set)."""
+        if self.tier_keep is not None:
+            return self.tier_keep
+        return (1,) * (len(self.tiers) - 1) + (self.keep,)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CheckpointerConfig":
@@ -117,6 +138,31 @@ class CheckpointerConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
+        if self.tiers is not None:
+            self._check_tiers()
+        elif self.tier_keep is not None:
+            raise ConfigError("tier_keep needs tiers (the places, fastest first)")
+
+    def _check_tiers(self) -> None:
+        tiers = self.tiers
+        if not isinstance(tiers, tuple) or len(tiers) < 2 or not all(isinstance(t, str) and t for t in tiers):
+            raise ConfigError(f"tiers must be two or more paths, fastest first (e.g. ['/dev/shm/run7', "
+                              f"'/ssd/run7']), got {tiers!r}")
+        places = [os.path.abspath(t) for t in tiers]
+        if len(set(places)) != len(places) or any(
+                a != b and b.startswith(a + os.sep) for a in places for b in places):
+            raise ConfigError(f"tiers must be separate places (none inside another), got {list(tiers)}")
+        if self.store != "root":
+            raise ConfigError(f"tiers need store='root' (checkpoints named by fastckpt), not store={self.store!r}")
+        if self.root is None or os.path.abspath(self.root) != places[-1]:
+            raise ConfigError(f"root is the last tier ({tiers[-1]!r}), got root={self.root!r}: "
+                              "leave root out or pass the last tier")
+        keep = self.tier_keep
+        if keep is not None and (not isinstance(keep, tuple) or len(keep) != len(tiers) or any(
+                not isinstance(k, int) or isinstance(k, bool) or k < (0 if i == len(tiers) - 1 else 1)
+                for i, k in enumerate(keep))):
+            raise ConfigError(f"tier_keep must give each of the {len(tiers)} tiers a count (>= 1; the last "
+                              f"may be 0: all kept), got {keep!r}")
 
 
 PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))

@@ -1,8 +1,8 @@
 """Reading a Checkpointer's checkpoints back: the newest that loads on every rank alike.
 
-Owns the walk over committed checkpoints, newest first: a checkpoint that fails its checks
-on any rank is passed over on all of them (with the reason), and when none is left the error
-names what exists.
+Owns the walk over committed checkpoints, newest first: only those every rank holds (a
+memory tier is its own node's), and a checkpoint that fails its checks on any rank is passed
+over on all of them (with the reason); when none is left the error names what exists.
 """
 from __future__ import annotations
 
@@ -42,9 +42,15 @@ def _verifies(store, info: CommitInfo) -> bool:
 
 def newest_loadable(store, agree: Agreement, step: Optional[int], rank: int, map_location, verify: bool,
                     weights_only: bool, mmap: Optional[bool]) -> Loaded:
-    """The newest committed checkpoint (or the one of `step`) that loads on every rank."""
+    """The newest committed checkpoint (or the one of `step`) that every rank can get (each
+    rank's view may differ: a memory tier is its node's) and that loads on every rank."""
     errors: list[str] = []
     candidates = [c for c in store.committed(errors if step is None else None) if step is None or c.step == step]
+    if agree.world_size > 1:
+        everywhere = set.intersection(*(set(c) for c in agree.gather([c.counter for c in candidates])))
+        missing = [c for c in candidates if c.counter not in everywhere]
+        errors.extend(f"checkpoint step {c.step} in {c.path} is not held by every rank" for c in missing[:1])
+        candidates = [c for c in candidates if c.counter in everywhere]
     for info in candidates:
         state, err = None, None
         try:

@@ -7,6 +7,8 @@
                  fsspec URL), as Lightning does
   pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,
                  or a file on /dev/shm); with model=None, models named by path
+  tiered_store.py  `tiers`: a memory tier (node_tier.py: each rank's folder) in front of the root,
+                 each save persisted behind it (tier_copy.py) and read back from the fastest tier
 """
 from __future__ import annotations
 
@@ -15,16 +17,20 @@ from .path_store import PathStore
 from .pmem_store import PmemStore
 from .protocol import ByPath, Store
 from .root_store import RootStore
+from .tiered_store import TieredStore
 
 STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PmemStore)}
 
 
 def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
-    """The store a validated CheckpointerConfig names, for this rank of world_size."""
+    """The store a validated CheckpointerConfig names, for this rank of world_size (its tiers,
+    when it names them: store 'root' with a memory tier in front)."""
+    if getattr(config, "tiers", None):
+        return TieredStore.open(config, rank, world_size)
     cls = STORES.get(config.store)
     if cls is None:
         raise ConfigError(f"unknown store {config.store!r}; available here: {', '.join(STORES)}")
     return cls.open(config, rank, world_size)
 
 
-__all__ = ["STORES", "ByPath", "PathStore", "PmemStore", "RootStore", "Store", "open_store"]
+__all__ = ["STORES", "ByPath", "PathStore", "PmemStore", "RootStore", "Store", "TieredStore", "open_store"]

@@ -8,7 +8,9 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
 
   0. `prepare()` before the first save: the place exists and can be written (raises
      CheckpointWriteError naming it otherwise); then on rank 0 `remove_uncommitted()` drops
-     what a dead writer left, and `next_counter()` says where counters go on;
+     what a dead writer left, and `next_counter()` says where counters go on (the highest of
+     every rank's); at the first save, `fits(nbytes, concurrency)` on every rank, and where any
+     says False, `shrink(...)` on every rank (the warning it returns is given once);
   1. `begin(step, counter, rank, fmt, target, plan, meta)` -> (ckpt_id, part): a new
      checkpoint (target: the caller's path when `names_by_path`), and where this rank's part goes;
   2. `sink(part, direct_io)`: what the write puts the part's bytes into; then, on the commit
@@ -19,11 +21,14 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
      `commit(info)` on rank 0: the one record whose durable presence makes it real
      (fastckpt.commit.record.write); instead of 3-4 for a checkpoint that failed:
      `abort(ckpt_id, part, rank, stuck)` (nothing of it is ever listed as committed);
+     once a checkpoint landed committed, `persist_unit(info, landed, retain)`: a unit of the
+     owner's second ordered commit that makes it durable on the places behind (None: none);
   5. `committed(problems)`: committed checkpoints, newest first (record intact, sizes as
      recorded; why others were passed over is appended to problems);
   6. `load(info, rank, ...)`, `verify(info)`: a committed checkpoint read back, CRCs checked;
-  7. `retain(keep, in_flight)` (rank 0, after a commit): beyond the newest `keep` committed
-     checkpoints, and dead partial ones, removed — never one in flight;
+  7. `retain(keep, in_flight)` (rank 0 after a commit; every rank when `every_rank_retains`):
+     beyond the newest `keep` committed checkpoints, and dead partial ones, removed — never one
+     in flight;
   8. `close()`.
 
 The `fastckpt` command reads a place without writing (fastckpt.tools.folders):
@@ -67,6 +72,7 @@ class Store(abc.ABC):
     names_by_path = False  # save(..., path=...) names each checkpoint
     layout_format: Optional[str] = None  # None: the Checkpointer's own format
     sink_kind = "file"  # what sink() returns: write.select picks the write implementation by it
+    every_rank_retains = False  # retain() runs on every rank (each has a place of its own), not rank 0 alone
     allow_pickle = False  # safetensors layouts: non-JSON values are an error
 
     @classmethod
@@ -90,6 +96,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def next_counter(self) -> int:
         """(0) The counter of the next checkpoint: above every one committed here."""
+
+    def fits(self, nbytes: int, concurrency: int) -> bool:
+        """(0) At the first save: room for checkpoints of about nbytes, concurrency in flight."""
+        return True
+
+    def shrink(self, nbytes: int, concurrency: int) -> str:
+        """(0) Some rank's fits() said False: saves go where there is room; what to warn."""
+        raise NotImplementedError
 
     # -- 1-2. writing ----------------------------------------------------
     @abc.abstractmethod
@@ -121,6 +135,11 @@ class Store(abc.ABC):
     def abort(self, ckpt_id: Optional[str], part: Optional[str], rank: int, stuck: bool = False) -> None:
         """(4') A checkpoint that failed: what it wrote is removed (stuck: its write may still
         store into its part, which must then stay out of reach)."""
+
+    def persist_unit(self, info: CommitInfo, landed, retain):
+        """(4) After info committed: a fastckpt.commit.protocol.CommitUnit persisting it to the
+        places behind the one it committed on (None: there are none)."""
+        return None
 
     # -- 5-6. listing and reading ------------------------------------------
     @abc.abstractmethod

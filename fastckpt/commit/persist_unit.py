@@ -1,0 +1,70 @@
+"""PersistCommit: a checkpoint committed on the first tier, made durable on each later tier from
+that committed copy, as a unit of the ordered commit (fastckpt.commit.protocol).
+
+Each rank copies its own part from its first-tier folder (the copy is checked against the
+record before a byte is written: fastckpt.store.tier_copy); once every rank's copy is durable,
+rank 0 writes the tier's record (the same record: step, counter, every file's size and CRC) and
+moves its `latest`. A unit that fails leaves nothing of itself on the later tiers; the first
+tier's copy stays committed. The training state is never read again for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Callable, Optional
+
+from ..commit_info import CommitInfo
+from .protocol import CommitUnit
+
+log = logging.getLogger("fastckpt")
+
+
+class PersistCommit(CommitUnit):
+    """Args: the first tier's record (info: its folder is this rank's), this rank, the later
+    tiers (stores with new_dir/commit_rank/commit/remove/retain), copy(src, dst, entry): the
+    durable copy of one part; landed(unit, infos, error): its owner's bookkeeping;
+    retain(): retention once it landed (on every tier: the first may now drop what was copied)."""
+
+    def __init__(self, info: CommitInfo, rank: int, tiers: list, copy: Callable,
+                 landed: Callable[["PersistCommit", Optional[list], Optional[BaseException]], None],
+                 retain: Callable[[], None]):
+        self.info, self.rank, self.tiers, self._copy = info, rank, tiers, copy
+        self._landed, self._retain = landed, retain
+        self.label = f"the copy of step {info.step} to {', '.join(t.root for t in tiers)}"
+        self.folders: list[str] = []  # where this rank copied its part, one per later tier
+
+    def timed(self, phase: str, seconds: float) -> None:
+        pass
+
+    def finish(self):
+        entry = self.info.entry_for(self.rank)
+        source = os.path.join(self.info.path, entry.name)
+        for tier in self.tiers:
+            folder = tier.new_dir(self.info.step, self.info.counter)
+            self.folders.append(folder)
+            self._copy(source, os.path.join(folder, entry.name), entry)
+        return entry
+
+    def record(self, parts: list, rank: int) -> list[CommitInfo]:
+        infos = []
+        for tier, folder in zip(self.tiers, self.folders):
+            info = dataclasses.replace(self.info, path=folder, files=tuple(parts))
+            tier.commit_rank(folder, info)
+            if rank == 0:
+                tier.commit(info)
+            infos.append(info)
+        return infos
+
+    def landed(self, infos, error: Optional[BaseException]) -> None:
+        if error is not None:
+            for tier in self.tiers:
+                folder = os.path.join(tier.root, os.path.basename(self.info.path))
+                try:
+                    tier.abort(folder, None, self.rank)
+                except OSError as e:  # the first tier's copy stays committed: nothing is lost
+                    log.warning("fastckpt: could not remove the failed copy at %s: %s", folder, e)
+        self._landed(self, infos, error)
+
+    def afterwards(self) -> None:
+        self._retain()

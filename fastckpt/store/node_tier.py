@@ -1,0 +1,78 @@
+"""A tier in front of the last (a memory tier such as /dev/shm/run7): each rank's own folder.
+
+Layout:  TIER/rank-R/step-00000100.c000007/{rank-R.pt, COMMIT}
+A node's memory is its own: on a job of several nodes the ranks of one node cannot see another
+node's memory tier. So each rank keeps its part under its own folder, and commits it there
+itself (commit_rank, on every rank, once every rank's part is durable somewhere): the record is
+the checkpoint's whole record (every rank's file, size and CRC), checked here against this
+rank's own file only. Which step every rank can get is agreed when loading
+(fastckpt.restore.newest). Naming, listing, removal and retention are the root store's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from ..commit import record as commit
+from ..commit.committed_under import CommittedUnder
+from ..commit_info import CommitInfo
+from ..errors import CorruptCheckpointError
+from .root_store import DIR_RE, RootStore
+
+
+def rank_folder(place: str, rank: int) -> str:
+    """Where rank's parts live in the tier at place."""
+    return os.path.join(os.path.abspath(os.fspath(place)), f"rank-{rank}")
+
+
+class NodeTier(RootStore):
+    """The parts of one rank in a tier before the last; every rank commits and retains its own."""
+
+    def __init__(self, place: str, rank: int):
+        super().__init__(rank_folder(place, rank))
+        self.place, self.rank = os.path.abspath(os.fspath(place)), rank
+
+    def commit_rank(self, ckpt_id: str, info: CommitInfo) -> None:
+        """Every rank: the checkpoint's record in its own folder (its part is durable, and so
+        is every other rank's, wherever it is)."""
+        commit.write(dataclasses.replace(info, path=ckpt_id))
+
+    def commit(self, info: CommitInfo) -> None:
+        """Rank 0 writes nothing more: each rank committed its own folder in commit_rank."""
+
+    def abort(self, ckpt_id: Optional[str], file_path: Optional[str], rank: int, stuck: bool = False) -> None:
+        if ckpt_id is not None:
+            self.remove(ckpt_id)
+
+    def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
+        return CommittedUnder(self.root, children=lambda name: DIR_RE.match(name) is not None,
+                              read=self._read).newest_first(problems)
+
+    def _read(self, folder: str, size_of) -> CommitInfo:
+        """The record of folder, its own rank's file present with the size it says."""
+        info = commit.read(folder, None, None, every_rank=True)
+        if size_of is not None:
+            entry = info.entry_for(self.rank)
+            size = size_of(os.path.join(folder, entry.name))
+            if size is None:
+                raise CorruptCheckpointError(f"{folder}: file {entry.name} named by the commit record is missing")
+            if size != entry.bytes:
+                raise CorruptCheckpointError(f"{folder}: file {entry.name} has {size} bytes, the commit record "
+                                             f"says {entry.bytes} (truncated?)")
+        return info
+
+    def free_bytes(self) -> int:
+        """Bytes the tier's filesystem can still take (for a save's memory bound)."""
+        st = os.statvfs(self.place if os.path.isdir(self.place) else os.path.dirname(self.place) or ".")
+        return st.f_bavail * st.f_frsize
+
+    def used_bytes(self) -> int:
+        """Bytes of this rank's checkpoints there now."""
+        total = 0
+        for _, _, path in self._dirs():
+            try:
+                total += sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+            except OSError:
+                continue
+        return total
