@@ -63,9 +63,9 @@ class OrderedCommits:
                                   name=f"{self._name}-{unit.label}", daemon=True)
         if track is not None:
             track(thread)
-        with self._lock:
+        with self._lock:  # started under the lock: join() from another thread never meets it unstarted
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+            thread.start()
 
     def join(self) -> None:
         """Until every unit issued so far has run to its end (afterwards() included): what an

@@ -5,6 +5,8 @@
     python tests/crashsim/saves.py dcp ROOT    # torch.distributed.checkpoint.save through FastStorageWriter
     python tests/crashsim/saves.py file_set ROOT  # fastckpt.commit.file_sets: 3 sets of 2 files, 2 in flight
     python tests/crashsim/saves.py pool ROOT   # a Checkpointer, store="pmem": a pool file ROOT/ckpt.pool
+    python tests/crashsim/saves.py tiers ROOT  # a Checkpointer with tiers: a memory tier ROOT.memory in
+                                               # front of ROOT, 4 saves persisted behind it
     python tests/crashsim/saves.py deepspeed ROOT  # a DeepSpeed engine with a "fastckpt" entry: 3 tags,
                                                    # each copied to ROOT.expected once committed
 
@@ -22,7 +24,9 @@ test_commit_protocol.py):
       units are CheckpointCommits, so KIND says which are counted;
   FASTCKPT_TEST_PLANT=nondurable_metadata  DCP's .metadata, the coordinator's part of a gathered
       commit, is written without its fsync: a commit whose record lands before its data is
-      durable, which the suite must fail.
+      durable, which the suite must fail;
+  FASTCKPT_TEST_PLANT=nondurable_tier_copy  a memory tier's copy to the root is written without
+      its fdatasync: the root's record can land before the copy is durable (the suite must fail).
 """
 from __future__ import annotations
 
@@ -59,6 +63,25 @@ def root_store(root: str) -> None:
         ck.wait()
         mark(root, "committed:3")
         ck.save(state_of(4), step=4)  # retention removes step 2 once it lands
+        ck.wait()
+        mark(root, "committed:4")
+
+
+def tiers(root: str) -> None:
+    """root_store's saves through a memory tier beside the root (what a power loss takes with it):
+    each committed there, then persisted to the root; "committed:K" once wait() says every save
+    up to K is durable on the root."""
+    import fastckpt
+    with fastckpt.Checkpointer(tiers=[root + ".memory", root], concurrency=2, keep=2, chunk_mb=1,
+                               writers=2) as ck:
+        ck.save(state_of(1), step=1)
+        ck.wait()
+        mark(root, "committed:1")
+        ck.save(state_of(2), step=2)
+        ck.save(state_of(3), step=3)  # in flight beside step 2
+        ck.wait()
+        mark(root, "committed:3")
+        ck.save(state_of(4), step=4)
         ck.wait()
         mark(root, "committed:4")
 
@@ -161,7 +184,20 @@ def crash_before(call: str, nth: int, kind: str) -> None:
 
 def plant(bug: str) -> None:
     """A deliberately broken commit (see the module's doc)."""
-    assert bug == "nondurable_metadata", bug
+    assert bug in ("nondurable_metadata", "nondurable_tier_copy"), bug
+    if bug == "nondurable_tier_copy":
+        import fastckpt.store.tier_copy as tier_copy
+        from fastckpt import _native
+
+        def copy_part(src, dst, entry, direct_io=True):  # written through the cache, never fdatasync'ed
+            with open(src, "rb") as f:
+                data = f.read()
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            _native.write_buffered(dst, 0, buf.data_ptr(), len(data), False)
+        tier_copy.copy_part = copy_part
+        import fastckpt.store.tiered_store as tiered_store
+        tiered_store.copy_part = copy_part
+        return
     import fastckpt.dcp.metadata as md_file
 
     encode = md_file.encode
@@ -238,4 +274,4 @@ if __name__ == "__main__":
     if os.environ.get("FASTCKPT_TEST_PLANT"):
         plant(os.environ["FASTCKPT_TEST_PLANT"])
     {"root": root_store, "path": path_store, "dcp": dcp, "pool": pool, "deepspeed": deepspeed,
-     "file_set": file_set}[kind](where)
+     "file_set": file_set, "tiers": tiers}[kind](where)

@@ -4,7 +4,10 @@ CommitUnit, through the same cases.
 The implementations, each driven by a real program of tests/crashsim/saves.py (real saves,
 real files, real fsync): the Checkpointer's unit (CheckpointCommit: a Checkpointer, two saves in
 flight), a set of files (FileSetCommit: sets of two fastckpt saves, two sets in flight) and a
-set gathered on a coordinator (GatheredCommit: DCP's save through FastStorageWriter).
+set gathered on a coordinator (GatheredCommit: DCP's save through FastStorageWriter), and a
+checkpoint committed on a memory tier persisted to the root behind it (PersistCommit: a
+Checkpointer with tiers; the root is what is checked, the memory tier being what a power loss
+takes).
 
 The cases:
 - a process killed (os._exit, as kill -9) just before each numbered call of the second unit
@@ -14,7 +17,8 @@ The cases:
 - every disk a power loss could leave at every moment (tests/crashsim: the page cache lost too):
   a record is never there without every byte it names;
 - a deliberately broken commit — DCP's .metadata, the coordinator's part, written without its
-  fsync, so its record can land before its data is durable — fails the power-loss case.
+  fsync, or a memory tier's copy to the root written without its fdatasync, so a record can
+  land before its data is durable — fails the power-loss case.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ KINDS = {
     "CheckpointCommit": ("root", checks.root_store, True),
     "FileSetCommit": ("file_set", checks.file_set, False),
     "GatheredCommit": ("dcp", checks.dcp, False),
+    "PersistCommit": ("tiers", checks.root_store, True),
 }
 
 
@@ -77,11 +82,12 @@ def test_every_disk_a_power_loss_can_leave_gives_the_newest_committed_checkpoint
     assert verdict.states >= 20
 
 
-def test_a_commit_whose_record_lands_before_its_data_is_durable_fails_the_suite(tmp_path, shim, work):
-    kind, check, _ = KINDS["GatheredCommit"]
+@pytest.mark.parametrize("unit, bug", [("GatheredCommit", "nondurable_metadata"),
+                                       ("PersistCommit", "nondurable_tier_copy")])
+def test_a_commit_whose_record_lands_before_its_data_is_durable_fails_the_suite(tmp_path, shim, work, unit, bug):
+    kind, check, _ = KINDS[unit]
     root = tmp_path / "root"
-    rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)],
-                 env={"FASTCKPT_TEST_PLANT": "nondurable_metadata"})
+    rec = record(shim, str(root), [sys.executable, SAVES, kind, str(root)], env={"FASTCKPT_TEST_PLANT": bug})
     verdict = judge(rec, check, work)
-    assert verdict.problems, f"no disk of {verdict.states} showed a record naming a .metadata that is not there"
+    assert verdict.problems, f"no disk of {verdict.states} showed a record naming data that is not durable ({bug})"
     print("\n" + "\n".join(verdict.problems[:3]))

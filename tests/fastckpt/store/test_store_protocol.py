@@ -1,6 +1,6 @@
 """The store protocol's conformance suite (fastckpt/store/protocol.py): the same cases over every
-store — root; path with a local path and with an fsspec memory:// URL; pmem (a pool on /dev/shm) —
-each driven by a real Checkpointer:
+store — root; path with a local path and with an fsspec memory:// URL; pmem (a pool on /dev/shm);
+tiers (a memory tier on /dev/shm in front of a root) — each driven by a real Checkpointer:
 
   commit order   a checkpoint is in no crash image before its data is durable: an image of the
                  place taken while its write is held just before it is known durable holds the
@@ -177,6 +177,36 @@ class Pool(Place):
         pool.view[current.desc.data_off + 100] ^= 0xFF
 
 
+class Tiers(Place):
+    """A memory tier on /dev/shm in front of a root on disk (settings `tiers`)."""
+
+    def __init__(self, where: str, memory: str):
+        super().__init__(where)
+        self.memory = memory
+
+    def checkpointer(self, **kw):
+        return Checkpointer(tiers=[self.memory, self.where], **kw)
+
+    def image(self):
+        tag = uuid.uuid4().hex[:6]
+        copy = type(self)(f"{self.where}-image-{tag}", f"{self.memory}-image-{tag}")
+        for src, dst in ((self.where, copy.where), (self.memory, copy.memory)):
+            if os.path.exists(src):
+                shutil.copytree(src, dst)
+        return copy
+
+    def damage(self, ck, name="last"):
+        ck.wait()  # persisted behind the memory tier too: every copy is damaged
+        step = ck.store.committed()[0].counter
+        for tier in ck.store.tiers:
+            for info in tier.committed():
+                if info.counter == step:
+                    _flip(info.file_for(0))
+
+    def cleanup(self):
+        shutil.rmtree(self.memory, ignore_errors=True)
+
+
 def _flip(path: str) -> None:
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -185,9 +215,10 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.fixture(params=["root", "path", "url", "pmem"])
+@pytest.fixture(params=["root", "path", "url", "pmem", "tiers"])
 def place(request, tmp_path, shm):
     made = {"root": lambda: Root(str(tmp_path / "root")), "path": lambda: LocalPath(str(tmp_path / "ckpts")),
+            "tiers": lambda: Tiers(str(tmp_path / "disk"), os.path.join(shm, "memory-tier")),
             "url": lambda: MemoryUrl(f"memory://store-suite-{uuid.uuid4().hex[:8]}"),
             "pmem": lambda: Pool(os.path.join(shm, "suite.pool"))}[request.param]()
     yield made
