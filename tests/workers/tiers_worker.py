@@ -1,0 +1,65 @@
+"""One rank of the tiers campaign (2 gloo ranks). Usage: tiers_worker.py MEMORY DISK [IDLE]
+(env: RANK, WORLD_SIZE, MASTER_*).
+
+Resumes from the newest step every rank can get (a Checkpointer with tiers=[MEMORY, DISK]),
+prints "resumed STEP TIERS EXACT WARNED" (TIERS: the places its part was read from, comma-joined;
+EXACT: 1 when the state equals what that step saved, bit for bit; WARNED: warnings the load gave),
+or "resumed 0 - 1 0" when there is nothing; then "ready", then saves a step at a time forever,
+printing "committed STEP" once a save is committed (on the memory tier). IDLE=N: after N saves,
+waits until every one is durable on the disk too (wait()), prints "idle" and sleeps."""
+import time
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import fastckpt
+
+
+def state_for(rank: int, step: int) -> dict:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return {"w": torch.randn(256, 1024, generator=g), "rank": rank, "step": step}
+
+
+def main() -> None:
+    memory, disk = sys.argv[1], sys.argv[2]
+    idle = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=1, tier_keep=[2, 2],
+                               commit_timeout_s=30)
+    step = 0
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            loaded = ck.load_with_record()
+        except fastckpt.NoCheckpointError:
+            loaded = None
+    if loaded is None:
+        print("resumed 0 - 1 0", flush=True)
+    else:
+        step = loaded.info.step
+        want = state_for(rank, step)
+        exact = torch.equal(loaded.state["w"], want["w"]) and loaded.state["step"] == step
+        tiers = ",".join(sorted({r.tier for r in ck.store.reads}))
+        print(f"resumed {step} {tiers} {int(exact)} {len(said)}", flush=True)
+        for w in said:
+            print(f"warned {w.message}", flush=True)
+    print("ready", flush=True)
+    pending, saves = [], 0
+    while True:
+        if idle and saves == idle:
+            ck.wait()
+            print(f"committed {step}", flush=True)
+            print("idle", flush=True)
+            time.sleep(3600)
+        step, saves = step + 1, saves + 1
+        pending.append(ck.save(state_for(rank, step), step=step))
+        ck.gate()
+        while pending and (len(pending) >= 2 or pending[0].done()):
+            print(f"committed {pending.pop(0).wait().step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
