@@ -30,6 +30,7 @@ from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.plan import FilePlan
 from .pending import Pending
+from .preempt import PreemptSignal
 from .restore.newest import Loaded, newest_loadable, newest_record
 from .store import open_store
 from .timings import Timings, summed
@@ -105,6 +106,8 @@ class Checkpointer:
             self._persist_agree = agree
         self._persist_errors: list[BaseException] = []
         self._fitted = False
+        self._saved_step = None  # the step of the newest save issued (at_step_end promotes it)
+        self._preempt = PreemptSignal(c.preempt_signal, c.preempt_grace_s) if c.preempt_signal is not None else None
         self._engine = None
         self._staging: Staging | None = None
         self._started = False
@@ -193,6 +196,7 @@ class Checkpointer:
             return Pending(step, -1, skipped=True)
         counter = self._counter
         self._counter += 1
+        self._saved_step = step
         pending = Pending(step, counter, clock=clock, t0=t0)
         write, error = None, None
         ckpt_id, file_path = None, None
@@ -351,6 +355,35 @@ class Checkpointer:
         except OSError as e:  # a failed cleanup never fails a committed checkpoint
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
+    # -- preemption --------------------------------------------------------
+    def at_step_end(self, step: int, state) -> None:
+        """With preempt_signal set, called on every rank once per training step (after the
+        optimizer step: `state` is the state of `step`). When the signal reached any rank, every
+        rank agrees — in one collective — on this step, checkpoints it (promoting its save in
+        flight, when it has one), waits until it is durable on the last tier, and ends the
+        process with the signal's status; if preempt_grace_s (from the signal) runs out first, or
+        a second signal comes, the process ends at once and the previous checkpoint stays the
+        latest. Without a signal it returns at once (after the collective). Nothing when
+        preempt_signal is None."""
+        p = self._preempt
+        if p is None:
+            return
+        if self._agree.all_ok(p.arrived is None):
+            return
+        if p.arrived is None:  # another rank got it: this rank's grace period starts now
+            p.arrived = time.monotonic()
+        p.watch()
+        log.warning("fastckpt: preempted (signal %d): checkpointing step %s, then exiting (%.1f s of grace left)",
+                    p.signum, step, p.left_s())
+        try:
+            if self._saved_step != step:
+                self.save(state, step)
+            self.close()  # every save durable on the last tier
+        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
+            log.error("fastckpt: the checkpoint of step %s on preemption failed: %s; the previous one stays "
+                      "the latest", step, e)
+        p.exit()
+
     # -- waiting ---------------------------------------------------------
     def gate(self, timeout: float | None = None) -> None:
         """Blocks until every snapshot in flight has finished *copying* the caller's tensors.
@@ -467,6 +500,8 @@ class Checkpointer:
             self._agree.close()
             if self._persists is not None:
                 self._persist_agree.close()
+            if self._preempt is not None and self._preempt.arrived is None:
+                self._preempt.uninstall()
 
     def __enter__(self) -> "Checkpointer":
         return self

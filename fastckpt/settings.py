@@ -79,6 +79,11 @@ class CheckpointerConfig:
     None: the root alone (store='root' only)."""
     tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
     """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
+    preempt_signal: int | str | None = field(default=None, metadata=_PLACED)
+    """A signal (signal.SIGTERM, 'SIGTERM') on which every rank agrees on one step, checkpoints it and exits
+    (Checkpointer.at_step_end); None: off."""
+    preempt_grace_s: float = field(default=30.0, metadata=_PLACED)
+    """From the signal: the time the checkpoint has to become durable on the last tier before the process ends."""
 
     def __post_init__(self) -> None:
         if self.tiers is not None:  # a Hydra list or any sequence: one frozen spelling
@@ -88,6 +93,13 @@ class CheckpointerConfig:
                 object.__setattr__(self, "root", tiers[-1])
         if isinstance(self.tier_keep, list):
             object.__setattr__(self, "tier_keep", tuple(self.tier_keep))
+        if self.preempt_signal is not None:
+            from .preempt import signal_number
+            try:
+                object.__setattr__(self, "preempt_signal", signal_number(self.preempt_signal))
+            except (AttributeError, TypeError, ValueError):
+                raise ConfigError(f"preempt_signal must be a signal (signal.SIGTERM, 'SIGTERM', 15) or None, "
+                                  f"got {self.preempt_signal!r}") from None
         self._check()
 
     def keep_on_tiers(self) -> tuple[int, ...]:
@@ -138,6 +150,11 @@ class CheckpointerConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
+        check_seconds("preempt_grace_s", self.preempt_grace_s)
+        if self.preempt_signal is not None:
+            import signal
+            if self.preempt_signal not in set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}:
+                raise ConfigError(f"preempt_signal {self.preempt_signal!r} is not a signal a handler can catch")
         if self.tiers is not None:
             self._check_tiers()
         elif self.tier_keep is not None:

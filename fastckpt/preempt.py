@@ -1,0 +1,82 @@
+"""A checkpoint on a signal (settings `preempt_signal`, `preempt_grace_s`): spot and preemptible
+capacity sends SIGTERM and kills the job a grace period later.
+
+Owns the signal's handler and the clock of the grace period. The handler only notes that the
+signal came and when (no I/O, no lock, no collective: it runs between two bytecodes of whatever
+the main thread was doing, a save included). A second signal, or the grace period running out,
+ends the process at once (its status: killed by that signal): whatever was in flight is
+abandoned, and since a checkpoint's record is written last, the previous one stays the latest —
+never a torn one. Agreeing on the step and saving it are the Checkpointer's
+(Checkpointer.at_step_end).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+
+def signal_number(value) -> Optional[int]:
+    """A signal as the settings may give it (15, "SIGTERM", "TERM", signal.SIGTERM, None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        name = value.upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        return int(getattr(signal, name))
+    return int(value)
+
+
+def _die(signum: int) -> None:
+    """The process ends now, as the signal's default action would end it."""
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)  # delivered to this thread before the sleep ends; a signal that does not kill:
+    finally:
+        os._exit(128 + signum)
+
+
+class PreemptSignal:
+    """The handler of one signal, installed on the main thread; `arrived` once it came."""
+
+    def __init__(self, signum: int, grace_s: float):
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("preempt_signal needs the Checkpointer made on the main thread (Python runs "
+                             "signal handlers there)")
+        self.signum, self.grace_s = signum, grace_s
+        self.arrived: Optional[float] = None  # time.monotonic() of the first signal
+        self._previous = signal.signal(signum, self._handle)
+        self._watch: Optional[threading.Thread] = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.arrived is not None:
+            _die(signum)  # a second signal: out now
+        self.arrived = time.monotonic()
+
+    def left_s(self) -> float:
+        """Seconds of the grace period left (all of it when no signal came)."""
+        if self.arrived is None:
+            return self.grace_s
+        return self.grace_s - (time.monotonic() - self.arrived)
+
+    def watch(self) -> None:
+        """From now on the grace period is enforced: when it runs out, the process ends."""
+        if self._watch is not None:
+            return
+
+        def run():
+            time.sleep(max(0.0, self.left_s()))
+            _die(self.signum)
+        self._watch = threading.Thread(target=run, name="fastckpt-preempt-grace", daemon=True)
+        self._watch.start()
+
+    def exit(self) -> None:
+        """The checkpoint is durable: the process ends with the signal's status."""
+        _die(self.signum)
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(self.signum, self._previous)

@@ -1,0 +1,159 @@
+"""A real SIGTERM to a 2-rank gloo job checkpointing through tiers (tests/workers/preempt_worker.py,
+preempt_signal=SIGTERM, preempt_grace_s=20).
+
+- one rank gets SIGTERM between saves: both ranks agree on one step, make it durable on the disk
+  tier, and exit with SIGTERM's status well within the grace period; that step is the disk's
+  newest, the same record for both ranks, the first step to end after the signal, bit-exact;
+- SIGTERM to both while a save is being written: the same;
+- a second SIGTERM right after the first: both end at once; whatever is the disk's newest then is
+  whole and bit-exact (the previous checkpoint, or the new one if it landed), never torn.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import fastckpt
+from support import warm
+from support.paths import ROOT, WORKERS, python_path
+from support.processes import free_port, kill_ranks
+
+sys.path.insert(0, WORKERS)
+from preempt_worker import state_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+GRACE_S = 20
+
+
+class Job:
+    """Both ranks of preempt_worker.py, their output read as it comes."""
+
+    def __init__(self, memory: str, disk: str, every: int, mb: int):
+        port = free_port()
+        self.procs, self.lines, self.mb = [], [[], []], mb
+        self.changed = threading.Condition()
+        for rank in (0, 1):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       PYTHONPATH=python_path(ROOT, WORKERS))
+            self.procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "preempt_worker.py"), memory, disk,
+                                          str(every), str(mb)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, env=env, start_new_session=True))
+        self.readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in (0, 1)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, rank: int) -> None:
+        for line in self.procs[rank].stdout:
+            with self.changed:
+                self.lines[rank].append(line)
+                self.changed.notify_all()
+
+    def wait_for(self, rank: int, prefix: str, timeout: float = 90.0) -> int:
+        """Until rank printed a line starting with prefix; its number."""
+        end = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines[rank]:
+                    if line.startswith(prefix):
+                        return int(line.split()[1])
+                left = end - time.monotonic()
+                assert left > 0, f"rank {rank} never printed {prefix!r}:\n{self.output(rank)}"
+                self.changed.wait(left)
+
+    def last_step(self, rank: int) -> int:
+        with self.changed:
+            steps = [int(x.split()[1]) for x in self.lines[rank] if x.startswith("step ")]
+        return max(steps, default=0)
+
+    def output(self, rank: int) -> str:
+        with self.changed:
+            return "".join(self.lines[rank])[-4000:]
+
+    def ended(self, timeout: float) -> list:
+        """Each rank's exit status, once both ended (killed when they do not within timeout)."""
+        end = time.monotonic() + timeout
+        try:
+            for p in self.procs:
+                p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_ranks(self.procs, self.procs)
+            pytest.fail("a rank did not end within the grace period:\n" + "\n".join(self.output(r) for r in (0, 1)))
+        for t in self.readers:
+            t.join(10)
+        return [p.returncode for p in self.procs]
+
+
+def newest_on_disk(disk: str):
+    with fastckpt.Checkpointer(disk) as ck:
+        info = ck.latest()
+        states = [ck.load(rank=r) for r in (0, 1)] if info is not None else None
+    return info, states
+
+
+def exact(info, states, mb: int) -> bool:
+    import torch
+    return all(torch.equal(states[r]["w"], state_for(r, info.step, mb)["w"]) and states[r]["step"] == info.step
+               for r in (0, 1))
+
+
+@pytest.fixture
+def places(tmp_path, shm):
+    return os.path.join(shm, "memory-tier"), str(tmp_path / "disk")
+
+
+def test_sigterm_to_one_rank_checkpoints_one_agreed_step_on_every_rank_and_exits(places):
+    memory, disk = places
+    job = Job(memory, disk, every=5, mb=2)
+    job.wait_for(1, "saving")
+    before = job.last_step(1)
+    t = time.monotonic()
+    os.kill(job.procs[1].pid, signal.SIGTERM)
+    codes = job.ended(GRACE_S)
+    took = time.monotonic() - t
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    info, states = newest_on_disk(disk)
+    assert info is not None and info.step > before and info.world_size == 2
+    ended = [job.last_step(r) for r in (0, 1)]
+    assert info.step == ended[0] == ended[1], (info.step, ended)  # the step both ranks ended last
+    assert exact(info, states, 2)
+    print(f"\nSIGTERM to rank 1 after step {before}: step {info.step} durable on disk, both exited in {took:.2f} s")
+
+
+def test_sigterm_during_a_save_checkpoints_and_exits(places):
+    memory, disk = places
+    job = Job(memory, disk, every=4, mb=48)  # 48 MiB a rank: the signal lands while it is written
+    job.wait_for(0, "saving")
+    for p in job.procs:
+        os.kill(p.pid, signal.SIGTERM)
+    codes = job.ended(GRACE_S)
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    info, states = newest_on_disk(disk)
+    assert info is not None and info.step == job.last_step(0) == job.last_step(1)
+    assert exact(info, states, 48)
+
+
+def test_a_second_sigterm_ends_at_once_and_leaves_no_torn_checkpoint(places):
+    memory, disk = places
+    job = Job(memory, disk, every=2, mb=48)
+    job.wait_for(0, "saving")
+    for p in job.procs:
+        os.kill(p.pid, signal.SIGTERM)
+    time.sleep(0.05)
+    t = time.monotonic()
+    for p in job.procs:
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    codes = job.ended(GRACE_S)
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    assert time.monotonic() - t < 5, "the second SIGTERM did not end the job at once"
+    info, states = newest_on_disk(disk)
+    if info is not None:  # the previous checkpoint, or the new one if it landed first: whole either way
+        assert exact(info, states, 48)

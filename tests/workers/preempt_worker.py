@@ -1,0 +1,44 @@
+"""One rank of the preemption tests (2 gloo ranks). Usage: preempt_worker.py MEMORY DISK EVERY MB
+(env: RANK, WORLD_SIZE, MASTER_*).
+
+A training loop with a Checkpointer (tiers=[MEMORY, DISK], preempt_signal=SIGTERM,
+preempt_grace_s=20): each step's state is derived from the step (tests/workers: state_for), saved
+every EVERY steps (about MB MiB per rank), and Checkpointer.at_step_end(step, state) is called
+after every step. Prints "saving STEP" as a save is issued and "step STEP" once a step ended.
+It never stops by itself: SIGTERM ends it."""
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import fastckpt
+
+
+def state_for(rank: int, step: int, mb: int) -> dict:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return {"w": torch.randn(mb, 256 * 1024, generator=g), "rank": rank, "step": step}
+
+
+def main() -> None:
+    memory, disk, every, mb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=4, tier_keep=[2, 3],
+                               preempt_signal=signal.SIGTERM, preempt_grace_s=20, commit_timeout_s=30)
+    step = 0
+    while True:
+        step += 1
+        state = state_for(rank, step, mb)
+        if step % every == 0:
+            ck.save(state, step)
+            print(f"saving {step}", flush=True)
+            ck.gate()
+        time.sleep(0.01)
+        print(f"step {step}", flush=True)
+        ck.at_step_end(step, state)
+
+
+if __name__ == "__main__":
+    main()
