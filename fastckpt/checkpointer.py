@@ -87,6 +87,7 @@ class Checkpointer:
         self._agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
         self.store = open_store(config, self.rank, self.world_size)
+        self.store.join(self._agree)
         note = self.store.strategy_note(c.strategy)
         if note is not None:
             warnings.warn(note, stacklevel=3)

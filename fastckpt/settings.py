@@ -79,6 +79,9 @@ class CheckpointerConfig:
     None: the root alone (store='root' only)."""
     tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
     """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
+    replicas: int = field(default=0, metadata=_PLACED)
+    """1: each rank's memory-tier part is also kept in a partner rank's memory tier, on another node when
+    there is one (sent over the job's process group, CRC-checked on arrival); 0: none. Needs tiers."""
     preempt_signal: int | str | None = field(default=None, metadata=_PLACED)
     """A signal (signal.SIGTERM, 'SIGTERM') on which every rank agrees on one step, checkpoints it and exits
     (Checkpointer.at_step_end); None: off."""
@@ -155,10 +158,13 @@ class CheckpointerConfig:
             import signal
             if self.preempt_signal not in set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}:
                 raise ConfigError(f"preempt_signal {self.preempt_signal!r} is not a signal a handler can catch")
+        if self.replicas not in (0, 1) or isinstance(self.replicas, bool):
+            raise ConfigError(f"replicas must be 0 or 1, got {self.replicas!r}")
         if self.tiers is not None:
             self._check_tiers()
-        elif self.tier_keep is not None:
-            raise ConfigError("tier_keep needs tiers (the places, fastest first)")
+        elif self.tier_keep is not None or self.replicas:
+            raise ConfigError(f"{'tier_keep' if self.tier_keep is not None else 'replicas'} needs tiers "
+                              "(the places, fastest first)")
 
     def _check_tiers(self) -> None:
         tiers = self.tiers

@@ -2,9 +2,10 @@
 
 Owns two gloo groups made from the default group at construction (collective,
 main thread): one for decisions taken in the caller's thread (skip or not, the
-starting counter, which checkpoint to load) and one used only by the commit
-thread, which processes checkpoints in counter order on every rank, so the
-collectives of the two threads never interleave on one group.
+starting counter, which checkpoint to load, a part sent by its partner when loading)
+and one used only by the commit thread, which processes checkpoints in counter order
+on every rank (a replica sent to its partner), so the collectives of the two threads
+never interleave on one group.
 """
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ class Agreement:
 
     def broadcast(self, obj):
         return obj
+
+    def exchange(self, sends: list, recvs: list, background: bool = False) -> None:
+        """Point to point: each (tensor, rank) of sends sent to that rank, each (tensor, rank) of
+        recvs filled from it, all at once (a rank may both send and receive); every rank the
+        pairs name calls it with the matching pairs. Alone, there is nobody to exchange with."""
+        if sends or recvs:
+            raise ValueError("a process alone has no rank to exchange with")
 
     def close(self) -> None:
         pass
@@ -56,6 +64,13 @@ class DistAgreement(Agreement):
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self._main)
         return box[0]
+
+    def exchange(self, sends: list, recvs: list, background: bool = False) -> None:
+        group = self._group(background)
+        works = [dist.isend(t, dst=r, group=group) for t, r in sends]
+        works += [dist.irecv(t, src=r, group=group) for t, r in recvs]
+        for w in works:
+            w.wait()
 
     def close(self) -> None:
         for g in (self._main, self._bg):

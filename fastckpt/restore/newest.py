@@ -42,19 +42,28 @@ def _verifies(store, info: CommitInfo) -> bool:
 
 def newest_loadable(store, agree: Agreement, step: Optional[int], rank: int, map_location, verify: bool,
                     weights_only: bool, mmap: Optional[bool]) -> Loaded:
-    """The newest committed checkpoint (or the one of `step`) that every rank can get (each
-    rank's view may differ: a memory tier is its node's) and that loads on every rank."""
+    """The newest committed checkpoint (or the one of `step`) that every rank can get and that
+    loads on every rank. What each rank holds (store.offers) is gathered, so that every rank
+    walks the same checkpoints in the same order, each routed the same way (store.route: where
+    each rank's part comes from; a memory tier is its own node's) and loaded (store.load_routed,
+    which may exchange parts between ranks: every rank calls it for the same checkpoint)."""
     errors: list[str] = []
-    candidates = [c for c in store.committed(errors if step is None else None) if step is None or c.step == step]
-    if agree.world_size > 1:
-        everywhere = set.intersection(*(set(c) for c in agree.gather([c.counter for c in candidates])))
-        missing = [c for c in candidates if c.counter not in everywhere]
-        errors.extend(f"checkpoint step {c.step} in {c.path} is not held by every rank" for c in missing[:1])
-        candidates = [c for c in candidates if c.counter in everywhere]
-    for info in candidates:
+    views = agree.gather(store.offers(errors if step is None else None))
+    missing = 0
+    for counter in sorted(set().union(*views), reverse=True):
+        routed = store.route(counter, views, agree.rank)
+        if routed is None:
+            missing += 1
+            continue
+        info, how = routed
+        if step is not None and info.step != step:
+            continue
+        if missing:
+            errors.append(f"{missing} newer checkpoint(s) not held by every rank")
+            missing = 0
         state, err = None, None
         try:
-            state = store.load(info, rank, map_location, verify, weights_only, mmap)
+            state = store.load_routed(info, how, views, agree, rank, map_location, verify, weights_only, mmap)
         except (CorruptCheckpointError, OSError) as e:
             err = e
         if agree.all_ok(err is None):

@@ -6,7 +6,8 @@ conformance suite, tests/fastckpt/store/, runs the same cases over every store).
 A store is made from the validated settings (`open(config, rank, world_size)`). The calls, in
 the order of a checkpoint's life (write side: the Checkpointer and its commit thread):
 
-  0. `prepare()` before the first save: the place exists and can be written (raises
+  0. `join(agreement)` once, as it is opened with the ranks' agreement (collective: every rank);
+     `prepare()` before the first save: the place exists and can be written (raises
      CheckpointWriteError naming it otherwise); then on rank 0 `remove_uncommitted()` drops
      what a dead writer left, and `next_counter()` says where counters go on (the highest of
      every rank's); at the first save, `fits(nbytes, concurrency)` on every rank, and where any
@@ -26,6 +27,10 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
   5. `committed(problems)`: committed checkpoints, newest first (record intact, sizes as
      recorded; why others were passed over is appended to problems);
   6. `load(info, rank, ...)`, `verify(info)`: a committed checkpoint read back, CRCs checked;
+     a load on every rank (fastckpt.restore.newest) walks what `offers()` says each rank holds,
+     gathered, newest first: `route(counter, views, me)` says where each rank's part comes from
+     (None: some rank cannot get it), and `load_routed(...)` reads this rank's part so (a
+     store whose ranks hold each other's parts exchanges them there);
   7. `retain(keep, in_flight)` (rank 0 after a commit; every rank when `every_rank_retains`):
      beyond the newest `keep` committed checkpoints, and dead partial ones, removed — never one
      in flight;
@@ -79,6 +84,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def open(cls, config, rank: int, world_size: int) -> "Store":
         """The store the validated settings (a CheckpointerConfig) ask for; touches no disk."""
+
+    def join(self, agreement) -> None:
+        """(0) Every rank, once: the ranks' agreement (fastckpt.commit.agreement), for a store whose
+        ranks exchange bytes (on its background group, from commit threads only)."""
 
     def strategy_note(self, strategy: str) -> Optional[str]:
         """A warning when this store makes the copy strategy change nothing (None: it applies)."""
@@ -157,6 +166,23 @@ class Store(abc.ABC):
         """(6) This rank's part of a committed checkpoint, read back."""
         return load_file(info.file_for(rank), map_location, verify, weights_only,
                          expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+
+    def offers(self, problems: Optional[list] = None) -> dict:
+        """(6) What this rank holds, by counter, as every rank is told (picklable): its committed
+        checkpoints' records."""
+        return {info.counter: info for info in self.committed(problems)}
+
+    def route(self, counter: int, views: list, me: int):
+        """(6) (record, how) for the rank at index `me` of views (every rank's offers()), or None
+        when some rank cannot get the checkpoint of counter. The same verdict on every rank."""
+        if not all(counter in view for view in views):
+            return None
+        return views[me][counter], None
+
+    def load_routed(self, info: CommitInfo, how, views: list, agree, rank: int, map_location=None,
+                    verify: bool = True, weights_only: bool = True, mmap=None):
+        """(6) This rank's part of info, read the way route() said; every rank calls it."""
+        return self.load(info, rank, map_location, verify, weights_only, mmap)
 
     # -- 7-8. removing, closing ----------------------------------------------
     @abc.abstractmethod

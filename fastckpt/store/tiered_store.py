@@ -6,10 +6,18 @@
   the owner's second ordered commit), never from the training state. The last tier is the root
   (store 'root''s layout, with its `latest`).
 
-Reading: `committed()` is every step this rank can get from any tier, newest first; `load()`
-reads this rank's part from the fastest tier that holds it and verifies, and a part that fails
-its CRC there is named in a warning (tier and file) and the next tier is tried — once each,
-so falling back never loops. `reads` says which tier each part came from.
+Replicas (`replicas=1`): once every rank's part is durable, each rank sends its part to its
+partner (fastckpt.store.partners: on another node when there is one) over the job's process
+group, on the commit thread, and keeps its wards' parts beside its own in its memory-tier
+folder, each CRC-checked on arrival (one that fails is dropped, with a warning: the checkpoint
+commits without it); the record is written after (fastckpt.store.replicas).
+
+Reading: every rank says what it holds (`offers`: its own memory-tier parts, the replicas it
+keeps, the last tier); a step is taken only when every rank can get its part (`route`), each
+from the fastest: its own memory tier, then its partner's replica (sent to it over the process
+group, and kept in its memory tier again), then the last tier. A copy that fails its CRC is
+named in a warning (tier and file) and the next is tried — each once, so falling back never
+loops. `reads` says where each part came from.
 
 Retention: each tier keeps its own count (`tier_keep`), never removing a step before a newer
 one is committed there, and the first tier never removes a step still being copied behind it.
@@ -31,11 +39,17 @@ from ..errors import CorruptCheckpointError
 from ..format import load_file
 from ..verify import verify_file
 from .node_tier import NodeTier
+from .partners import node_name, partners, wards
 from .protocol import Store
+from .replicas import Replicas
 from .root_store import RootStore
 from .tier_copy import copy_part
 
 log = logging.getLogger("fastckpt")
+
+
+class _Alone:
+    rank = 0
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,8 @@ class TieredStore(Store):
     survey_kind = "root"
     every_rank_retains = True  # each rank's memory-tier folder is its own to prune
 
-    def __init__(self, places: tuple[str, ...], keeps: tuple[int, ...], rank: int, direct_io: bool = True):
+    def __init__(self, places: tuple[str, ...], keeps: tuple[int, ...], rank: int, direct_io: bool = True,
+                 replicas: int = 0):
         self.tiers: list[RootStore] = [NodeTier(p, rank) for p in places[:-1]] + [RootStore(places[-1])]
         self.places = tuple(os.path.abspath(p) for p in places)
         self.keeps, self.rank, self.direct_io = keeps, rank, direct_io
@@ -63,10 +78,20 @@ class TieredStore(Store):
         self._lock = threading.Lock()
         self._copying: set[str] = set()  # first-tier folders being persisted behind it
         self._holders: dict[int, list[tuple[int, CommitInfo]]] = {}
+        self.replicas = replicas
+        self.partner_of: list = []  # rank -> the rank keeping its replica (join)
+        self._replicas: Optional[Replicas] = None
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "TieredStore":
-        return cls(config.tiers, config.keep_on_tiers(), rank, config.direct_io)
+        return cls(config.tiers, config.keep_on_tiers(), rank, config.direct_io, config.replicas)
+
+    def join(self, agreement) -> None:
+        """Each rank's node gathered once; with replicas, who keeps whose (fastckpt.store.partners)."""
+        if not self.replicas or agreement.world_size < 2:
+            return
+        self.partner_of = partners(agreement.gather(node_name()))
+        self._replicas = Replicas(self.tiers[0], agreement, self.partner_of, wards(self.partner_of, self.rank))
 
     @property
     def writes_to(self) -> RootStore:
@@ -94,13 +119,15 @@ class TieredStore(Store):
         if self.first == len(self.tiers) - 1:
             return True
         tier = self.tiers[self.first]
-        need = (self.keeps[self.first] + concurrency) * nbytes
+        kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
+        need = (self.keeps[self.first] + concurrency) * nbytes * kept
         return tier.free_bytes() + tier.used_bytes() >= need
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
         """Saves go to the last tier alone; the warning that says so."""
         tier = self.tiers[self.first]
         self.first = len(self.tiers) - 1
+        self._replicas = None
         return (f"the memory tier {tier.place} has no room for {self.keeps[0]} + {concurrency} checkpoints of "
                 f"{nbytes / 2**20:.0f} MiB on some rank; checkpoints go to {self.root} alone")
 
@@ -116,6 +143,9 @@ class TieredStore(Store):
         return self.writes_to.commit_file(ckpt_id, part, result)
 
     def commit_rank(self, ckpt_id, info):
+        """Every rank, every part durable: the replicas exchanged (checked on arrival), then the record."""
+        if self._replicas is not None and self.first == 0:
+            self._replicas.exchange(ckpt_id, info)
         self.writes_to.commit_rank(ckpt_id, info)
 
     def commit(self, info):
@@ -152,7 +182,7 @@ class TieredStore(Store):
         return [copies[0][1] for _, copies in sorted(holders.items(), reverse=True)]
 
     def holding(self) -> dict[int, list[str]]:
-        """Each committed step's tiers (places), fastest first."""
+        """Each committed step's tiers (places) on this rank, fastest first."""
         out: dict[int, list[str]] = {}
         self.committed()
         for _, copies in sorted(self._holders.items(), reverse=True):
@@ -166,11 +196,11 @@ class TieredStore(Store):
             self.committed()
             with self._lock:
                 copies = self._holders.get(info.counter, [])
-        return copies or [(0, info)]
+        return copies
 
     def verify(self, info: CommitInfo) -> None:
         last = None
-        for i, copy in self._copies(info):
+        for i, copy in self._copies(info) or [(len(self.tiers) - 1, info)]:
             try:
                 for f in copy.files if i == len(self.tiers) - 1 else (copy.entry_for(self.rank),):
                     verify_file(os.path.join(copy.path, f.name), f)
@@ -179,30 +209,100 @@ class TieredStore(Store):
                 last = e
         raise last
 
+    def offers(self, problems: Optional[list] = None) -> dict:
+        """counter -> (its record, the tiers holding this rank's part, the wards whose replicas
+        this rank keeps of it)."""
+        self.committed(problems)
+        kept = self._replicas.kept() if self._replicas is not None else {}
+        with self._lock:
+            holders = dict(self._holders)
+        out = {c: (copies[0][1], tuple(i for i, _ in copies), ()) for c, copies in holders.items()}
+        for c, (info, ward_ranks) in kept.items():
+            record, tiers, _ = out.get(c, (info, (), ()))
+            out[c] = (record, tiers, ward_ranks)
+        return out
+
+    def route(self, counter: int, views: list, me: int):
+        """Where each rank can get its part: (the tiers holding it, the partner keeping its replica
+        or None); None when some rank can get it nowhere. The same on every rank."""
+        routes = []
+        for r, view in enumerate(views):
+            tiers = view[counter][1] if counter in view else ()
+            partner = self.partner_of[r] if self.partner_of else None
+            if partner is None or r not in views[partner].get(counter, (None, (), ()))[2]:
+                partner = None
+            if not tiers and partner is None:
+                return None
+            routes.append((tiers, partner))
+        info = next(view[counter][0] for view in views if counter in view)
+        return info, routes
+
+    def load_routed(self, info, how, views, agree, rank, map_location=None, verify=True, weights_only=True,
+                    mmap=None):
+        """This rank's part from its fastest valid copy: its own memory tier, then its partner's
+        replica (every rank takes part in that exchange), then the tiers behind."""
+        tiers, partner = how[agree.rank] if how is not None else (self._tiers_holding(info), None)
+        if rank != self.rank:  # another rank's part, read by this process: the shared last tier alone
+            tiers, partner = tuple(i for i in tiers if i == len(self.tiers) - 1), None
+        ask = dict(map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
+        state, tried, order = None, [], list(tiers)
+        if order and order[0] == 0 and len(self.tiers) > 1:  # its own memory tier
+            state = self._try(info, 0, rank, tried, ask)
+            order = order[1:]
+        if how is not None and self._replicas is not None:  # every rank: who asks its partner now
+            fetched = self._replicas.fetch(info, how, state is None, tried, self._read_replica, ask)
+            state = state if state is not None else fetched
+        for i in order:
+            if state is not None:
+                break
+            state = self._try(info, i, rank, tried, ask)
+        if state is None:
+            raise CorruptCheckpointError(f"rank {rank}'s part of step {info.step}: no copy verifies "
+                                         f"({'; '.join(tried) or 'none held'})")
+        return state
+
+    def _tiers_holding(self, info: CommitInfo) -> tuple[int, ...]:
+        return tuple(i for i, _ in self._copies(info))
+
+    def _try(self, info: CommitInfo, i: int, rank: int, tried: list, ask: dict):
+        """This rank's part from tier i (None: not there, or it does not verify: said)."""
+        copy = next((c for j, c in self._copies(info) if j == i), None)
+        if copy is None:
+            return None
+        path = copy.file_for(rank)
+        try:
+            state = load_file(path, expect_crc=copy.entry_for(rank).crc32 if ask["verify"] else None, **ask)
+        except (CorruptCheckpointError, OSError) as e:
+            self._said(f"rank {rank}'s part of step {info.step} in the tier {self.places[i]} ({path}) does not "
+                       f"verify: {e}; trying the next copy", tried, f"{self.places[i]}: {e}")
+            return None
+        with self._lock:
+            self.reads.append(Read(info.step, rank, self.places[i], path))
+        return state
+
+    def _read_replica(self, info: CommitInfo, path: str, partner: int, tried: list, ask: dict):
+        """The part the partner sent, now at path in this rank's memory tier (None: it does not verify)."""
+        try:
+            state = load_file(path, expect_crc=info.entry_for(self.rank).crc32 if ask["verify"] else None, **ask)
+        except (CorruptCheckpointError, OSError) as e:
+            self._said(f"rank {self.rank}'s part of step {info.step}, the replica kept by rank {partner} in its "
+                       f"memory tier {self.places[0]}, does not verify: {e}; trying the next copy", tried,
+                       f"replica of rank {partner}: {e}")
+            return None
+        with self._lock:
+            self.reads.append(Read(info.step, self.rank, f"replica of rank {partner}", path))
+        return state
+
+    @staticmethod
+    def _said(text: str, tried: list, short: str) -> None:
+        tried.append(short)
+        log.warning("fastckpt: %s", text)
+        warnings.warn(f"fastckpt: {text}", stacklevel=4)
+
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
              mmap=None):
-        """This rank's part, from the fastest tier whose copy verifies; each copy that does not
-        is named in a warning and the next tier tried (each tier once)."""
-        copies = self._copies(info)
-        last = None
-        for n, (i, copy) in enumerate(copies):
-            path = copy.file_for(rank)
-            try:
-                state = load_file(path, map_location, verify, weights_only,
-                                  expect_crc=copy.entry_for(rank).crc32 if verify else None, mmap=mmap)
-            except (CorruptCheckpointError, OSError) as e:
-                last = e
-                then = (f"reading it from the tier {self.places[copies[n + 1][0]]}" if n + 1 < len(copies)
-                        else "no other tier holds it")
-                say = (f"fastckpt: rank {rank}'s part of step {info.step} in the tier {self.places[i]} "
-                       f"({path}) does not verify: {e}; {then}")
-                log.warning(say)
-                warnings.warn(say, stacklevel=3)
-                continue
-            with self._lock:
-                self.reads.append(Read(info.step, rank, self.places[i], path))
-            return state
-        raise last
+        """This rank's part, from the fastest tier whose copy verifies (no exchange with other ranks)."""
+        return self.load_routed(info, None, [], _Alone(), rank, map_location, verify, weights_only, mmap)
 
     # -- 7-8. removing, closing ------------------------------------------------
     def retain(self, keep: int, in_flight: set) -> None:

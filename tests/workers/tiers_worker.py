@@ -1,8 +1,9 @@
 """One rank of the tiers campaign (2 gloo ranks). Usage: tiers_worker.py MEMORY DISK [IDLE]
 (env: RANK, WORLD_SIZE, MASTER_*).
 
-Resumes from the newest step every rank can get (a Checkpointer with tiers=[MEMORY, DISK]),
-prints "resumed STEP TIERS EXACT WARNED" (TIERS: the places its part was read from, comma-joined;
+Resumes from the newest step every rank can get (a Checkpointer with tiers=[MEMORY, DISK] and
+replicas=1), prints "resumed STEP TIERS EXACT WARNED" (TIERS: where its part was read from,
+comma-joined, a partner's replica as "replica_of_rank_P";
 EXACT: 1 when the state equals what that step saved, bit for bit; WARNED: warnings the load gave),
 or "resumed 0 - 1 0" when there is nothing; then "ready", then saves a step at a time forever,
 printing "committed STEP" once a save is committed (on the memory tier). IDLE=N: after N saves,
@@ -27,7 +28,7 @@ def main() -> None:
     idle = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=1, tier_keep=[2, 2],
+    ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=1, tier_keep=[2, 2], replicas=1,
                                commit_timeout_s=30)
     step = 0
     with warnings.catch_warnings(record=True) as said:
@@ -42,7 +43,7 @@ def main() -> None:
         step = loaded.info.step
         want = state_for(rank, step)
         exact = torch.equal(loaded.state["w"], want["w"]) and loaded.state["step"] == step
-        tiers = ",".join(sorted({r.tier for r in ck.store.reads}))
+        tiers = ",".join(sorted({r.tier.replace(" ", "_") for r in ck.store.reads}))
         print(f"resumed {step} {tiers} {int(exact)} {len(said)}", flush=True)
         for w in said:
             print(f"warned {w.message}", flush=True)

@@ -1,12 +1,14 @@
-"""kill -9 over a memory tier in front of the disk, on 2 gloo ranks (tests/workers/tiers_worker.py).
+"""kill -9 over a memory tier in front of the disk with a replica of each rank's part in its
+partner's memory tier, on 2 gloo ranks named as on 2 nodes (tests/workers/tiers_worker.py).
 
 Each round starts both ranks, which resume from the newest step every rank can get and then save
 a step at a time; both are killed (SIGKILL) at a random moment. Before the next round, one of:
   kill      nothing else: the memory tier survived the process; the resume must read no disk
             byte — every disk copy is damaged (a byte flipped) while it resumes, and put back
             after, so a resume that read one would fall back or load other values;
-  wipe_one  rank 1's memory-tier folder is removed (its node lost): rank 1 reads the disk, rank 0
-            its memory tier when that still holds the step both can get (else the disk);
+  wipe_one  rank 1's memory-tier folder is removed (its node lost): rank 1 gets its part from the
+            replica rank 0 keeps, when rank 0 still keeps it for the step both can get (else the
+            disk), rank 0 from its memory tier (else the disk);
   wipe_all  the whole memory tier is removed: both read the disk.
 Every round: the resume is bit-exact on both ranks, both resume the same step, never one older
 than the newest every rank still holds (checked here from the records themselves), and never
@@ -51,7 +53,8 @@ def steps_in(folder: str, rank: int) -> set[int]:
 
 
 def newest_everyone_holds(memory: str, disk: str) -> int:
-    held = [steps_in(os.path.join(memory, f"rank-{r}"), r) | steps_in(disk, r) for r in (0, 1)]
+    held = [steps_in(os.path.join(memory, f"rank-{r}"), r) | steps_in(disk, r)
+            | steps_in(os.path.join(memory, f"rank-{1 - r}"), r) for r in (0, 1)]
     common = held[0] & held[1]
     return max(common, default=0)
 
@@ -97,7 +100,7 @@ def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int) ->
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONPATH=python_path(ROOT, WORKERS))
+                   PYTHONPATH=python_path(ROOT, WORKERS), FASTCKPT_NODE=f"node-{rank}")
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "tiers_worker.py"), memory, disk,
                                  str(idle)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -140,10 +143,11 @@ def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
     rng = random.Random(45)
     memory, disk = os.path.join(shm, "memory-tier"), str(tmp_path / "disk")
     mode, expect, told, flipped = "kill", 0, 0, []
-    seen = {m: 0 for m in MODES + ("kill, on disk too",)}
+    seen = {m: 0 for m in MODES + ("kill, on disk too", "wipe_one, from the replica")}
     for i in range(rounds):
         flipped = flip_disk_copies(disk) if mode == "kill" else []
         in_memory = [steps_in(os.path.join(memory, f"rank-{r}"), r) for r in (0, 1)]
+        in_partner = [steps_in(os.path.join(memory, f"rank-{1 - r}"), r) for r in (0, 1)]  # replicas kept
         on_disk = [steps_in(disk, r) for r in (0, 1)]
         # every third round stops once its saves are durable on both tiers, so that the next resume
         # (after a plain kill) finds its step on the disk too: reading it there would show
@@ -160,11 +164,13 @@ def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
             tiers = [set(r[2].split(",")) for r in resumed]
             # a rank reads the step from its memory tier whenever that still holds it; after a process
             # kill it always does (the memory tier keeps the newest steps, which are the newest held)
-            want = [{memory} if steps[0] in in_memory[r] else {disk} for r in (0, 1)]
+            want = [{memory} if steps[0] in in_memory[r] else {f"replica_of_rank_{1 - r}"}
+                    if steps[0] in in_partner[r] else {disk} for r in (0, 1)]
             assert mode != "kill" or want == [{memory}, {memory}], f"{where}: step {steps[0]} not in memory"
             if mode == "kill" and all(steps[0] in on_disk[r] for r in (0, 1)):
                 seen["kill, on disk too"] += 1
-            assert mode != "wipe_one" or want[1] == {disk}
+            if mode == "wipe_one" and want[1] == {"replica_of_rank_0"}:
+                seen["wipe_one, from the replica"] += 1
             assert mode != "wipe_all" or want == [{disk}, {disk}]
             assert tiers == want, f"{where}: read from {tiers}, expected {want}"
             assert all(r[4] == "0" for r in resumed), f"{where}: the resume warned"
@@ -176,4 +182,5 @@ def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
         elif mode == "wipe_all":
             shutil.rmtree(memory, ignore_errors=True)
         expect = newest_everyone_holds(memory, disk)
+    print(f"\n{rounds} rounds: {seen}")
     assert all(n >= 3 for n in seen.values()), seen

@@ -1,0 +1,143 @@
+"""Replicas of memory-tier parts in a partner's memory tier (settings `replicas=1`).
+
+Owns the bytes that move between partners (fastckpt.store.partners says who keeps whose):
+- at commit (`exchange`, on the commit thread, over the agreement's background group, in commit
+  order on every rank): each rank sends its durable part to its partner and receives its wards'
+  parts, each written beside its own part in its memory-tier folder and CRC-checked on arrival
+  against the checkpoint's record; one that fails is removed, with a warning (that checkpoint
+  then has no replica of that part), and the commit goes on;
+- at load (`fetch`, on the caller's thread, over the main group, every rank): the ranks whose own
+  memory-tier copy is gone or bad ask their partners, who send the replicas they keep; the bytes
+  are written into the asking rank's memory tier (which so holds that checkpoint again once it
+  verifies) and read back, CRC-checked.
+Parts are sent from a mapping of the file (no copy of their own) as uint8 tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+from .. import _native
+from ..commit import record as commit
+from ..commit_info import CommitInfo
+from ..errors import CorruptCheckpointError
+from ..verify import verify_file
+
+log = logging.getLogger("fastckpt")
+
+
+def mapped(path: str) -> torch.Tensor:
+    """The file's bytes as a uint8 tensor over a private mapping."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(path, False, size))
+
+
+def write_durably(path: str, data: torch.Tensor) -> None:
+    _native.write_buffered(path, 0, data.data_ptr(), data.numel(), True)
+
+
+class Replicas:
+    """This rank's side of the replicas: tier is its memory-tier folder (a NodeTier)."""
+
+    def __init__(self, tier, agreement, partner_of: list, wards: list[int]):
+        self.tier, self.agree, self.partner_of, self.wards = tier, agreement, partner_of, wards
+        self.rank = agreement.rank
+        self.partner = partner_of[self.rank]
+
+    # -- at commit -----------------------------------------------------------
+    def exchange(self, folder: str, info: CommitInfo) -> None:
+        """Every part durable (record() of the commit): this rank's part to its partner, its
+        wards' parts kept in folder, each checked."""
+        mine = mapped(os.path.join(folder, info.entry_for(self.rank).name))
+        bufs = {w: torch.empty(info.entry_for(w).bytes, dtype=torch.uint8) for w in self.wards}
+        self.agree.exchange([(mine, self.partner)], [(b, w) for w, b in bufs.items()], background=True)
+        for ward, buf in bufs.items():
+            entry = info.entry_for(ward)
+            path = os.path.join(folder, entry.name)
+            try:
+                write_durably(path, buf)
+                verify_file(path, entry)
+            except (CorruptCheckpointError, OSError) as e:
+                _drop(path)
+                say = (f"the replica of rank {ward}'s part of step {info.step} failed its check on arrival in "
+                       f"{path}: {e}; that part has no replica in this checkpoint")
+                log.warning("fastckpt: %s", say)
+                warnings.warn(f"fastckpt: {say}", stacklevel=2)
+
+    def kept(self) -> dict[int, tuple[CommitInfo, tuple[int, ...]]]:
+        """counter -> (record, the wards whose part is kept here with its recorded size)."""
+        out = {}
+        for info in self.tier.committed():
+            held = []
+            for ward in self.wards:
+                try:
+                    entry = info.entry_for(ward)
+                    if os.path.getsize(os.path.join(info.path, entry.name)) == entry.bytes:
+                        held.append(ward)
+                except (CorruptCheckpointError, OSError):
+                    continue
+            if held:
+                out[info.counter] = (info, tuple(held))
+        return out
+
+    # -- at load ------------------------------------------------------------
+    def fetch(self, info: CommitInfo, routes: list, need: bool, tried: list, read: Callable, ask: dict):
+        """Every rank: those that need their part (need, and their partner keeps it: routes)
+        receive it from their partner; returns this rank's state read from it, or None."""
+        asking = self.agree.gather(bool(need and routes[self.rank][1] is not None))
+        sends = []
+        if any(asking[w] for w in self.wards):
+            here = {i.counter: i for i in self.tier.committed()}.get(info.counter)
+            for ward in self.wards:
+                if asking[ward]:
+                    sends.append((self._kept_part(here, info, ward), ward))
+        buf = torch.empty(info.entry_for(self.rank).bytes, dtype=torch.uint8) if asking[self.rank] else None
+        self.agree.exchange(sends, [(buf, self.partner)] if buf is not None else [])
+        if buf is None:
+            return None
+        folder = self.tier.new_dir(info.step, info.counter)
+        path = os.path.join(folder, info.entry_for(self.rank).name)
+        try:
+            write_durably(path, buf)
+        except OSError as e:
+            tried.append(f"replica of rank {self.partner}: {e}")
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        state = read(info, path, self.partner, tried, ask)
+        if state is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        try:  # its memory tier holds the checkpoint again
+            commit.write(dataclasses.replace(info, path=folder))
+        except OSError as e:
+            log.warning("fastckpt: could not keep the part its partner sent in %s: %s", folder, e)
+        return state
+
+
+    @staticmethod
+    def _kept_part(here: Optional[CommitInfo], info: CommitInfo, ward: int) -> torch.Tensor:
+        """The ward's part as kept here; gone since it was offered (never, short of a hand
+        removing it): zeros of its size, which the ward's check refuses."""
+        entry = info.entry_for(ward)
+        try:
+            part = mapped(os.path.join(here.path, entry.name))
+            if part.numel() == entry.bytes:
+                return part
+        except (AttributeError, OSError):
+            pass
+        return torch.zeros(entry.bytes, dtype=torch.uint8)
+
+
+def _drop(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
