@@ -184,3 +184,39 @@ def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
         expect = newest_everyone_holds(memory, disk)
     print(f"\n{rounds} rounds: {seen}")
     assert all(n >= 3 for n in seen.values()), seen
+
+
+def _copy_of(memory: str, keeper: int, part: int, step: int) -> str:
+    """The file of rank part's part of step in rank keeper's memory-tier folder."""
+    folder = os.path.join(memory, f"rank-{keeper}")
+    name = next(n for n in os.listdir(folder) if n.startswith(f"step-{step:08d}."))
+    return os.path.join(folder, name, f"rank-{part}.pt")
+
+
+@pytest.mark.parametrize("bad", ["own copy", "replica", "own copy and replica"])
+def test_a_bad_memory_copy_or_replica_is_named_and_skipped_to_the_next_tier(tmp_path, shm, bad):
+    memory, disk = os.path.join(shm, "memory-tier"), str(tmp_path / "disk")
+    rng = random.Random(0)
+    round_of(memory, disk, rng, lambda: None, idle=3)  # steps 1-3 durable on both tiers, then killed
+    own, replica = _copy_of(memory, 1, 1, 3), _copy_of(memory, 0, 1, 3)
+    if bad in ("own copy", "own copy and replica"):
+        _flip(own)
+    else:
+        shutil.rmtree(os.path.join(memory, "rank-1"))  # rank 1's node lost: only the replica is left
+    if "replica" in bad:
+        _flip(replica)
+    resumed, _, lines = round_of(memory, disk, rng, lambda: None, idle=0)
+    out = "".join(lines[1])
+    assert [r[1] for r in resumed] == ["3", "3"] and all(r[3] == "1" for r in resumed), out
+    want = {"own copy": "replica_of_rank_0", "replica": disk, "own copy and replica": disk}[bad]
+    assert resumed[1][2] == want and resumed[0][2] == memory, (resumed, out)
+    warned = [x for x in lines[1] if x.startswith("warned")]
+    assert len(warned) == bad.count("copy") + bad.count("replica"), out
+    if "own copy" in bad:
+        assert any(memory in w and own in w and "does not verify" in w for w in warned), warned
+    if "replica" in bad:
+        assert any("the replica kept by rank 0" in w and "does not verify" in w for w in warned), warned
+    # no restart loop: the next resume takes the same step again, now without a warning
+    again, _, lines = round_of(memory, disk, rng, lambda: None, idle=0)
+    assert [r[1] for r in again] == ["3", "3"] or int(again[0][1]) > 3, again
+    assert all(r[3] == "1" for r in again), "".join(lines[1])
