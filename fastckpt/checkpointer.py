@@ -24,6 +24,7 @@ from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
+from .commit.persist_unit import Superseded
 from .commit_info import CommitInfo
 from .settings import CheckpointerConfig, given_one_way
 from .errors import CheckpointWriteError
@@ -121,7 +122,8 @@ class Checkpointer:
         # for a 'g' or 'd' one whose device or kvikio could not do it)
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
-                      "slot_waits": 0, "persisted": 0, "persist_failed": 0}
+                      "slot_waits": 0, "persisted": 0, "persist_failed": 0,
+                      "persist_superseded": 0}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -325,7 +327,8 @@ class Checkpointer:
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
         if pending.error is None and self._persists is not None:
-            unit = self.store.persist_unit(pending._info, self._persisted, self._retain_behind)
+            unit = self.store.persist_unit(pending._info, self._persisted, self._retain_behind,
+                                           lambda ok: self._persist_agree.all_ok(ok, background=True))
             if unit is not None:  # issued here, in commit order: the same order on every rank
                 self._persists.issue(unit)
 
@@ -334,6 +337,8 @@ class Checkpointer:
         with self._lock:
             if error is None:
                 self.stats["persisted"] += 1
+            elif isinstance(error, Superseded):  # a newer one was copied instead
+                self.stats["persist_superseded"] += 1
             else:
                 self.stats["persist_failed"] += 1
                 self._persist_errors.append(CheckpointWriteError(

@@ -1,11 +1,17 @@
 """PersistCommit: a checkpoint committed on the first tier, made durable on each later tier from
 that committed copy, as a unit of the ordered commit (fastckpt.commit.protocol).
 
-Each rank copies its own part from its first-tier folder (the copy is checked against the
-record before a byte is written: fastckpt.store.tier_copy); once every rank's copy is durable,
-rank 0 writes the tier's record (the same record: step, counter, every file's size and CRC) and
-moves its `latest`. A unit that fails leaves nothing of itself on the later tiers; the first
-tier's copy stays committed. The training state is never read again for it.
+Copies run one at a time, in commit order (in in_order: after the unit before landed), so the
+disk is never asked for two at once. At its turn a unit first asks, in one collective of its
+chain, whether every rank still has its source and has no newer checkpoint waiting to be
+copied (`go`); if not, it is Superseded — the newer one will be copied instead — and nothing
+of it is written (saves faster than the disk: the disk gets the newest at each turn, and the
+memory tier holds at most its keep, the saves in flight and the one being copied). Otherwise
+each rank copies its own part from its first-tier folder (checked against the record before a
+byte is written: fastckpt.store.tier_copy); once every rank's copy is durable, rank 0 writes the
+tier's record (the same record: step, counter, every file's size and CRC) and moves its
+`latest`. A unit that fails leaves nothing of itself on the later tiers; the first tier's copy
+stays committed. The training state is never read again for it.
 """
 from __future__ import annotations
 
@@ -20,16 +26,21 @@ from .protocol import CommitUnit
 log = logging.getLogger("fastckpt")
 
 
+class Superseded(Exception):
+    """A copy not made: a newer checkpoint is waiting to be copied (or its source is gone)."""
+
+
 class PersistCommit(CommitUnit):
     """Args: the first tier's record (info: its folder is this rank's), this rank, the later
     tiers (stores with new_dir/commit_rank/commit/remove/retain), copy(src, dst, entry): the
-    durable copy of one part; landed(unit, infos, error): its owner's bookkeeping;
-    retain(): retention once it landed (on every tier: the first may now drop what was copied)."""
+    durable copy of one part; go(unit): whether every rank copies it now (a collective of the
+    chain; True marks its source busy until it lands); landed(unit, infos, error): its owner's
+    bookkeeping; retain(): retention once it landed (on every tier)."""
 
-    def __init__(self, info: CommitInfo, rank: int, tiers: list, copy: Callable,
+    def __init__(self, info: CommitInfo, rank: int, tiers: list, copy: Callable, go: Callable[["PersistCommit"], bool],
                  landed: Callable[["PersistCommit", Optional[list], Optional[BaseException]], None],
                  retain: Callable[[], None]):
-        self.info, self.rank, self.tiers, self._copy = info, rank, tiers, copy
+        self.info, self.rank, self.tiers, self._copy, self._go = info, rank, tiers, copy, go
         self._landed, self._retain = landed, retain
         self.label = f"the copy of step {info.step} to {', '.join(t.root for t in tiers)}"
         self.folders: list[str] = []  # where this rank copied its part, one per later tier
@@ -38,6 +49,11 @@ class PersistCommit(CommitUnit):
         pass
 
     def finish(self):
+        return None  # the copy waits for its turn: in_order
+
+    def in_order(self, finished):
+        if not self._go(self):
+            raise Superseded(f"{self.label}: a newer checkpoint is copied instead")
         entry = self.info.entry_for(self.rank)
         source = os.path.join(self.info.path, entry.name)
         for tier in self.tiers:
@@ -57,7 +73,7 @@ class PersistCommit(CommitUnit):
         return infos
 
     def landed(self, infos, error: Optional[BaseException]) -> None:
-        if error is not None:
+        if error is not None and self.folders:
             for tier in self.tiers:
                 folder = os.path.join(tier.root, os.path.basename(self.info.path))
                 try:

@@ -8,8 +8,10 @@ numbers are those of ordered.py's steps; 2 and 4 are the driver's own):
                               its name (fsync'ed), or raise. Units issued one after another
                               finish in parallel.
      (2. the driver waits, under the write path's Deadline, for the unit issued before it)
-  3. in_order(finished) -> part   local work that must follow the unit before (a rename over
-                              the same path); returns this rank's part of the record.
+  3. in_order(finished) -> part   work that must follow the unit before (a rename over the
+                              same path; a copy that must not run beside the one before);
+                              returns this rank's part of the record. Every rank reaches it in
+                              the same order, so it may make collectives on its chain's group.
      (4. the ranks exchange (ok, part); if any failed, 5 is skipped)
   5. record(parts, rank) -> info  every rank's part is durable: write this rank's share of the
                               record, rank 0 the record itself (fastckpt.commit.record.write,

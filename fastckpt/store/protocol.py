@@ -22,8 +22,9 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
      `commit(info)` on rank 0: the one record whose durable presence makes it real
      (fastckpt.commit.record.write); instead of 3-4 for a checkpoint that failed:
      `abort(ckpt_id, part, rank, stuck)` (nothing of it is ever listed as committed);
-     once a checkpoint landed committed, `persist_unit(info, landed, retain)`: a unit of the
-     owner's second ordered commit that makes it durable on the places behind (None: none);
+     once a checkpoint landed committed, `persist_unit(info, landed, retain, agree_all)`: a
+     unit of the owner's second ordered commit that makes it durable on the places behind
+     (None: none);
   5. `committed(problems)`: committed checkpoints, newest first (record intact, sizes as
      recorded; why others were passed over is appended to problems);
   6. `load(info, rank, ...)`, `verify(info)`: a committed checkpoint read back, CRCs checked;
@@ -145,7 +146,7 @@ class Store(abc.ABC):
         """(4') A checkpoint that failed: what it wrote is removed (stuck: its write may still
         store into its part, which must then stay out of reach)."""
 
-    def persist_unit(self, info: CommitInfo, landed, retain):
+    def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
         """(4) After info committed: a fastckpt.commit.protocol.CommitUnit persisting it to the
         places behind the one it committed on (None: there are none)."""
         return None

@@ -20,9 +20,11 @@ named in a warning (tier and file) and the next is tried — each once, so falli
 loops. `reads` says where each part came from.
 
 Retention: each tier keeps its own count (`tier_keep`), never removing a step before a newer
-one is committed there, and the first tier never removes a step still being copied behind it.
-Memory: the first tier needs (its keep + concurrency) checkpoints' room; when it has not that
-room on some rank at the first save, every rank writes to the last tier alone (`shrink`).
+one is committed there, and the first tier never removes the step being copied behind it.
+Memory: the first tier holds at most its keep, the saves in flight and the one being copied
+(fastckpt.commit.persist_unit: a copy waiting its turn gives way to a newer one), each with its
+wards' replicas: (keep + concurrency + 1) x (1 + wards) parts; when it has not that room on some
+rank at the first save, every rank writes to the last tier alone (`shrink`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..commit.persist_unit import PersistCommit
+from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..format import load_file
@@ -76,7 +79,8 @@ class TieredStore(Store):
         self.first = 0  # the tier saves commit to (the last, once shrunk)
         self.reads: list[Read] = []
         self._lock = threading.Lock()
-        self._copying: set[str] = set()  # first-tier folders being persisted behind it
+        self._copying: set[str] = set()  # the first-tier folder being persisted behind it
+        self._newest_handed = 0  # the counter of the newest checkpoint handed over to be persisted
         self._holders: dict[int, list[tuple[int, CommitInfo]]] = {}
         self.replicas = replicas
         self.partner_of: list = []  # rank -> the rank keeping its replica (join)
@@ -120,7 +124,7 @@ class TieredStore(Store):
             return True
         tier = self.tiers[self.first]
         kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
-        need = (self.keeps[self.first] + concurrency) * nbytes * kept
+        need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept
         return tier.free_bytes() + tier.used_bytes() >= need
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
@@ -128,7 +132,7 @@ class TieredStore(Store):
         tier = self.tiers[self.first]
         self.first = len(self.tiers) - 1
         self._replicas = None
-        return (f"the memory tier {tier.place} has no room for {self.keeps[0]} + {concurrency} checkpoints of "
+        return (f"the memory tier {tier.place} has no room for {self.keeps[0]} + {concurrency} + 1 checkpoints of "
                 f"{nbytes / 2**20:.0f} MiB on some rank; checkpoints go to {self.root} alone")
 
     # -- 1-4. writing and committing: the first tier ---------------------------
@@ -154,22 +158,35 @@ class TieredStore(Store):
     def abort(self, ckpt_id, part, rank, stuck=False):
         self.writes_to.abort(ckpt_id, part, rank, stuck)
 
-    def persist_unit(self, info: CommitInfo, landed, retain) -> Optional[PersistCommit]:
+    def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
         """The unit that persists a checkpoint just committed on the first tier to the tiers
-        behind it (None: there are none); its folder is kept from retention until it lands.
-        landed(unit, infos, error), retain(): the owner's (retain: calls retain_behind)."""
+        behind it (None: there are none). landed(unit, infos, error), retain() (calls
+        retain_behind): the owner's; agree_all(ok) -> bool: the persist chain's all-ranks AND.
+        At its turn it goes only if every rank still holds its source and has not been handed
+        a newer checkpoint to persist; its source is kept from retention until it lands."""
         behind = self.behind()
         if not behind:
             return None
         with self._lock:
-            self._copying.add(info.path)
+            self._newest_handed = max(self._newest_handed, info.counter)
+
+        def go(unit) -> bool:
+            with self._lock:
+                mine = self._newest_handed == info.counter and record_present(info.path)
+                if mine:
+                    self._copying.add(info.path)
+            if agree_all(mine):
+                return True
+            with self._lock:
+                self._copying.discard(info.path)
+            return False
 
         def done(unit, infos, error):
             with self._lock:
                 self._copying.discard(info.path)
             landed(unit, infos, error)
         return PersistCommit(info, self.rank, behind, lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io),
-                             done, retain)
+                             go, done, retain)
 
     # -- 5-6. listing and reading: the fastest tier first ------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
@@ -306,12 +323,12 @@ class TieredStore(Store):
 
     # -- 7-8. removing, closing ------------------------------------------------
     def retain(self, keep: int, in_flight: set) -> None:
-        """Every rank, after a commit on the first tier: its keep there (`keep` is the last tier's)."""
-        with self._lock:
-            busy = set(in_flight) | self._copying
+        """Every rank, after a commit on the first tier: its keep there (`keep` is the last tier's);
+        never the folder being copied behind (under the lock a copy starts under)."""
         tier = self.writes_to
         if self.rank == 0 or tier is not self.tiers[-1]:
-            tier.retain(self.keeps[self.first], busy)
+            with self._lock:
+                tier.retain(self.keeps[self.first], set(in_flight) | self._copying)
 
     def retain_behind(self, in_flight: set) -> None:
         """After a persist landed: each tier's keep, on the tiers behind (rank 0 alone on the shared

@@ -65,6 +65,8 @@ def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint
     newest = checks.newest_recorded(root, every_rank)
     if CALLS.index(call) <= CALLS.index("record"):
         assert newest == 1, f"killed before {call}: the newest committed is {newest}, not the one before (1)"
+    elif call == "afterwards":  # the unit after it was let go at its landing and may have committed since
+        assert newest in (2, 3), f"killed before {call}, after its record: the newest committed is {newest}"
     else:
         assert newest == 2, f"killed before {call}, after its record: the newest committed is {newest}, not 2"
 

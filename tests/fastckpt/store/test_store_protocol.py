@@ -185,7 +185,9 @@ class Tiers(Place):
         self.memory = memory
 
     def checkpointer(self, **kw):
-        return Checkpointer(tiers=[self.memory, self.where], **kw)
+        # keep=0 (all kept): the memory tier keeps the suite's few saves too, not its newest alone
+        keep = {"tier_keep": (4, 0)} if kw.get("keep") == 0 else {}
+        return Checkpointer(tiers=[self.memory, self.where], **keep, **kw)
 
     def image(self):
         tag = uuid.uuid4().hex[:6]
