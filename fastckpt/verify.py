@@ -30,16 +30,18 @@ class Report:
         self.lines.append("ok      " + msg)
 
 
-def verify_file(path: str, entry: FileEntry | None = None) -> str:
+def verify_file(path: str, entry: FileEntry | None = None, at: int | None = None) -> str:
     """Raises CorruptCheckpointError naming the damage; returns a one-line summary. An intact
-    file whose pickle names a global off the allowlist is not damaged: its line says UNSAFE."""
+    file whose pickle names a global off the allowlist is not damaged: its line says UNSAFE.
+    at: the address where the caller holds the file's bytes (mapped or received, the file's
+    whole size): its records are checked there, none read again."""
     fmt = sniff(path)
     if fmt == "torch":
         from .format.torch_format import check_crcs, check_structure
         from .format.zip_reader import read_index
         idx = read_index(path)
         order = idx.ordered()
-        crcs = range_crcs(path, [(e.data_off, e.size) for e in order])
+        crcs = range_crcs(path, [(e.data_off, e.size) for e in order], at=at)
         try:
             check_crcs(path, idx, order, crcs)
         except CorruptCheckpointError as e:
@@ -58,7 +60,7 @@ def verify_file(path: str, entry: FileEntry | None = None) -> str:
         header, data_begin, head = read_header(path)
         meta = header.get("__metadata__", {})
         names, spans = entry_spans(header)
-        crcs = range_crcs(path, [(data_begin + off, k) for off, k in spans])
+        crcs = range_crcs(path, [(data_begin + off, k) for off, k in spans], at=at)
         note, n = "", len(names)
         if has_checksums(path, meta):
             try:

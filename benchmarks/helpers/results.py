@@ -32,6 +32,8 @@ SECTIONS = [
     ("offload", "tensor offload (Fastensor): per-tool bandwidth, adaptive choice, largest batch under a cap"),
     ("tuned_interval", "interval=\"auto\": measured overhead against the budget q"),
     ("goodput", "goodput vs interval, PCcheck eq. 4 replayed on a failure trace"),
+    ("tiers", "a memory tier + partner replica in front of the disk: recovery by failure, SIGTERM to durable, "
+              "cost per step, goodput"),
     ("reliability", "the reliability campaign: kills, corruptions, faults, distributed kills, hostile files"),
 ]
 

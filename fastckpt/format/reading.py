@@ -50,8 +50,14 @@ def read_into(path: str, places: list[tuple[torch.Tensor, int]], verify: bool,
     return list(crcs)
 
 
-def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 << 20) -> list[int]:
-    """CRC-32 of each (offset, length) range of a file, reading through one bounce buffer."""
+def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 << 20,
+               at: int | None = None) -> list[int]:
+    """CRC-32 of each (offset, length) range of a file, reading through one bounce buffer;
+    at: the address where the file's bytes already lie in memory (a mapping or a buffer the
+    caller holds, as long as the file): computed there, in parallel, nothing read or copied."""
+    if at is not None:
+        return list(_native.crc_ranges([(at + off, n) for off, n in ranges], hardware_threads(), SPLIT)) \
+            if ranges else []
     bounce = torch.empty(min(bounce_bytes, max([n for _, n in ranges] + [1])), dtype=torch.uint8)
     out = []
     for off, n in ranges:

@@ -6,12 +6,19 @@ node's memory tier. So each rank keeps its part under its own folder, and commit
 itself (commit_rank, on every rank, once every rank's part is durable somewhere): the record is
 the checkpoint's whole record (every rank's file, size and CRC), checked here against this
 rank's own file only. Which step every rank can get is agreed when loading
-(fastckpt.restore.newest). Naming, listing, removal and retention are the root store's.
+(fastckpt.restore.newest). Naming, listing and retention are the root store's.
+
+Memory is recycled: a removed checkpoint's part file is kept aside (`.spare/`, a few at most) and
+the next checkpoint's part is written into it in place (the file sink does not truncate a file it
+writes: every byte up to its new size is written again, what lies beyond is cut). A new file on a
+memory filesystem costs the kernel a fresh zeroed page for every page written; a recycled one
+costs the copy alone.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from typing import Optional
 
 from ..commit import record as commit
@@ -26,12 +33,53 @@ def rank_folder(place: str, rank: int) -> str:
     return os.path.join(os.path.abspath(os.fspath(place)), f"rank-{rank}")
 
 
+SPARE = ".spare"
+
+
 class NodeTier(RootStore):
     """The parts of one rank in a tier before the last; every rank commits and retains its own."""
 
-    def __init__(self, place: str, rank: int):
+    def __init__(self, place: str, rank: int, spares: int = 3):
         super().__init__(rank_folder(place, rank))
-        self.place, self.rank = os.path.abspath(os.fspath(place)), rank
+        self.place, self.rank, self.spares = os.path.abspath(os.fspath(place)), rank, spares
+        self.recycled = 0  # parts written into a recycled file
+
+    def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
+        ckpt_id, part = super().begin(step, counter, rank, fmt, target, plan, meta)
+        spare = self._take_spare()
+        if spare is not None:
+            try:
+                os.rename(spare, part)
+                self.recycled += 1
+            except OSError:
+                pass
+        return ckpt_id, part
+
+    def remove(self, path: str) -> None:
+        """Withdrawn first (as the root store does), its files kept aside to be written over."""
+        try:
+            CommittedUnder(self.root).withdraw(path)
+        except OSError:
+            pass
+        spare_dir = os.path.join(self.root, SPARE)
+        try:
+            names = [n for n in os.listdir(path) if n.startswith("rank-")]
+            os.makedirs(spare_dir, exist_ok=True)
+            for name in names:
+                if len(os.listdir(spare_dir)) >= self.spares:
+                    break
+                os.rename(os.path.join(path, name), os.path.join(spare_dir, f"{os.path.basename(path)}.{name}"))
+        except OSError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+    def _take_spare(self) -> Optional[str]:
+        spare_dir = os.path.join(self.root, SPARE)
+        try:
+            names = sorted(os.listdir(spare_dir))
+        except FileNotFoundError:
+            return None
+        return os.path.join(spare_dir, names[0]) if names else None
 
     def commit_rank(self, ckpt_id: str, info: CommitInfo) -> None:
         """Every rank: the checkpoint's record in its own folder (its part is durable, and so

@@ -64,7 +64,7 @@ class Replicas:
             path = os.path.join(folder, entry.name)
             try:
                 write_durably(path, buf)
-                verify_file(path, entry)
+                verify_file(path, entry, at=buf.data_ptr())  # the CRCs over the bytes as received
             except (CorruptCheckpointError, OSError) as e:
                 _drop(path)
                 say = (f"the replica of rank {ward}'s part of step {info.step} failed its check on arrival in "

@@ -1,14 +1,16 @@
 """One committed part copied from one tier to the next: checked against its record before a
 byte is written (a damaged memory copy never reaches the disk), then written durably
-(O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: no copy of
-the training state is taken for it.
+(O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: its bytes are
+checked and written where they lie in memory (the disk reads them straight from the mapping), no
+copy of them is made.
 """
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 
-import torch
+import numpy as np
 
 from .. import _native
 from ..commit_info import FileEntry
@@ -22,17 +24,33 @@ def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> N
     size = os.path.getsize(src)
     if size != entry.bytes:
         raise CorruptCheckpointError(f"{src}: has {size} bytes, the commit record says {entry.bytes}")
-    verify_file(src, entry)
     if size == 0:
+        verify_file(src, entry)
         open(dst, "wb").close()
         return
-    source = torch.UntypedStorage.from_file(src, False, size)
+    with open(src, "rb") as f:  # one mapping, its pages faulted in at once: checked, then written from
+        mapping = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                            prot=mmap.PROT_READ)
+    try:
+        view = np.frombuffer(mapping, dtype=np.uint8)
+        at = view.ctypes.data
+        verify_file(src, entry, at=at)
+        write_durably(dst, at, size, direct_io)
+    finally:
+        del view
+        mapping.close()
+
+
+def write_durably(dst: str, at: int, size: int, direct_io: bool) -> None:
+    """size bytes at address `at` (page-aligned: the disk reads them where they lie) as the
+    file dst, fdatasync'ed; O_DIRECT where its filesystem takes it."""
     if direct_io:
         try:
-            _native.write_direct(dst, 0, source.data_ptr(), size, True)
+            _native.write_direct(dst, 0, at, size, True)
             return
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            os.unlink(dst) if os.path.exists(dst) else None
-    _native.write_buffered(dst, 0, source.data_ptr(), size, True)
+            if os.path.exists(dst):
+                os.unlink(dst)
+    _native.write_buffered(dst, 0, at, size, True)

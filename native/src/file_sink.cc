@@ -1,6 +1,7 @@
 // file_sink.cc — the definitions of file_sink.h: the file sink of a write job.
 #include "fastckpt/file_sink.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <stdexcept>
@@ -25,7 +26,14 @@ void FileSink::close() {
 }
 
 void FileSink::open() {
-  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT | O_TRUNC);
+  // Not truncated: a file already at path (a memory tier's recycled part) keeps the pages it holds,
+  // which the write fills again (every byte of [0, size) is written: headers, records, padding);
+  // beyond size, nothing is kept.
+  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw_io("fstat", path_, 0, errno);
+  if (static_cast<uint64_t>(st.st_size) > size_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
+    throw_io("ftruncate", path_, size_, errno);
   preallocate(fd_, size_, path_);
   if (direct_io_) {
     fd_direct_ = open_direct(path_);

@@ -1,0 +1,105 @@
+"""A memory tier in front of the disk, one process: what a save leaves on each tier, retention per
+tier, recycled memory, the memory bound, and the settings.
+
+(Kills, wiped and damaged tiers, and partner replicas on 2 ranks: test_tiers_campaign.py; SIGTERM:
+test_preempt.py; the store conformance suite runs the tiered store too.)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+import fastckpt
+from fastckpt.errors import ConfigError
+from fastckpt.settings import CheckpointerConfig
+from fastckpt.store.node_tier import SPARE
+from support.states import assert_same, state_matrix
+
+
+def state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(256, 1024, generator=g), "step": step}
+
+
+@pytest.fixture
+def tiers(tmp_path, shm):
+    return [os.path.join(shm, "memory"), str(tmp_path / "disk")]
+
+
+def test_a_save_commits_on_the_memory_tier_and_is_persisted_to_the_disk_byte_for_byte(tiers):
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[2, 3]) as ck:
+        for step in range(1, 6):
+            ck.save(state(step), step)
+            ck.gate()
+        ck.wait()
+        held = ck.store.holding()
+        assert ck.stats["persisted"] + ck.stats["persist_superseded"] == 5 and ck.stats["persisted"] >= 1
+    assert [s for s, places in held.items() if tiers[0] in places] == [5, 4]  # the memory tier keeps 2
+    on_disk = [s for s, places in held.items() if tiers[1] in places]
+    assert on_disk[0] == 5 and len(on_disk) <= 3  # the newest is always copied; the disk keeps 3
+    mem = os.path.join(tiers[0], "rank-0")
+    name = sorted(n for n in os.listdir(mem) if n.startswith("step-"))[-1]
+    with open(os.path.join(mem, name, "rank-0.pt"), "rb") as a, open(os.path.join(tiers[1], name, "rank-0.pt"), "rb") as b:
+        assert a.read() == b.read()
+    with fastckpt.Checkpointer(tiers[1]) as disk_only:  # the disk tier is an ordinary root
+        assert_same(state(5), disk_only.load())
+
+
+def test_the_memory_tier_is_recycled_and_a_recycled_part_holds_no_byte_of_the_old_one(tiers):
+    """Parts written over a file filled with 0xA5 and over one filled with 0x5A (twice as long) end
+    the same length, and no byte where they differ is those two fills: every byte was written."""
+    fills = []
+    for fill in (0xA5, 0x5A):
+        shutil.rmtree(tiers[0], ignore_errors=True)
+        with fastckpt.Checkpointer(tiers=tiers) as ck:
+            ck.save(state_matrix(), 1).wait()
+            info = ck.latest()
+            spare = os.path.join(tiers[0], "rank-0", SPARE)
+            os.makedirs(spare, exist_ok=True)
+            with open(os.path.join(spare, "old"), "wb") as f:
+                f.write(bytes([fill]) * (2 * info.bytes))
+            ck.save(state_matrix(), 2).wait()
+            assert ck.store.tiers[0].recycled == 1
+            fills.append(open(ck.store.tiers[0].committed()[0].file_for(0), "rb").read())
+            assert_same(state_matrix(), ck.load())
+    a, b = fills
+    assert len(a) == len(b)
+    stale = [i for i in range(len(a)) if (a[i], b[i]) == (0xA5, 0x5A)]
+    assert stale == [], f"bytes {stale[:8]} were never written"
+
+
+def test_a_memory_tier_without_room_degrades_to_the_disk_with_one_warning(tiers):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with fastckpt.Checkpointer(tiers=tiers, tier_keep=[10 ** 9, 2]) as ck:  # room for 10^9 copies: none
+            for step in (1, 2):
+                ck.save(state(step), step).wait()
+            assert ck.store.first == 1 and ck.store.holding() == {2: [tiers[1]], 1: [tiers[1]]}
+    about = [w for w in said if "no room" in str(w.message)]
+    assert len(about) == 1 and tiers[0] in str(about[0].message)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"tiers": ["/dev/shm/x"]}, "two or more paths"),
+    ({"tiers": ["/dev/shm/x", "/dev/shm/x/y"]}, "separate places"),
+    ({"tiers": ["/dev/shm/x", "/d"], "root": "/e"}, "root is the last tier"),
+    ({"tiers": ["/dev/shm/x", "/d"], "store": "path"}, "store='root'"),
+    ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": [0, 1]}, "tier_keep"),
+    ({"replicas": 1}, "replicas needs tiers"),
+    ({"tiers": ["/dev/shm/x", "/d"], "replicas": 2}, "replicas must be 0 or 1"),
+    ({"preempt_signal": "SIGNOPE"}, "preempt_signal must be a signal"),
+    ({"preempt_signal": 9}, "not a signal a handler can catch"),
+    ({"preempt_grace_s": 0}, "preempt_grace_s"),
+])
+def test_bad_tier_settings_are_one_line_errors(settings, says):
+    with pytest.raises(ConfigError, match=says):
+        fastckpt.Checkpointer(**settings)
+
+
+def test_the_root_is_the_last_tier():
+    cfg = CheckpointerConfig(tiers=["/dev/shm/x", "/ssd/run"])
+    assert cfg.root == "/ssd/run" and cfg.tiers == ("/dev/shm/x", "/ssd/run") and cfg.keep_on_tiers() == (1, 2)
