@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-quick test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo test test-quick test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-tiers bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -96,6 +96,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/tuned_interval.py
 	$(VPY) benchmarks/layerwise_ddp.py
 	$(VPY) benchmarks/goodput.py
+	$(VPY) benchmarks/tiers.py
 	$(VPY) benchmarks/reliability.py --many
 
 bench-save-load: $(STAMP)
@@ -115,6 +116,9 @@ bench-dcp: $(STAMP)
 # `source .whl/gpu-env.sh` there, with that machine's python3); on CPU it runs with a small model
 bench-gpu:
 	$(PYGPU) benchmarks/gpu_overhead.py $(ARGS)
+
+bench-tiers: $(STAMP)
+	$(VPY) benchmarks/tiers.py $(ARGS)
 
 bench-pmem: $(STAMP)
 	$(VPY) benchmarks/pmem_store.py $(ARGS)

@@ -47,6 +47,7 @@ FAILURES = {"process killed": "memory tier alive", "node lost": "rank 1's memory
             "memory tier lost": "the whole memory tier wiped"}
 CONTENDERS = ("none", "disk", "tiers", "tiers+replica")
 EVERY = 5
+SIGNAL_AT = 15  # the step after which the SIGTERM is sent (a save at 10 in flight or persisted)
 
 
 def free_port() -> int:
@@ -119,7 +120,7 @@ def sigterm(memory: str, disk: str, mb: int) -> dict:
         shutil.rmtree(d, ignore_errors=True)
     job = ranks("preempt", memory, disk, str(mb))
     for p in job:
-        wait_line(p, "step 15")
+        wait_line(p, f"step {SIGNAL_AT}")
     t0 = time.perf_counter()
     for p in job:
         os.kill(p.pid, signal.SIGTERM)
@@ -127,7 +128,7 @@ def sigterm(memory: str, disk: str, mb: int) -> dict:
     for p in job:
         p.wait()
     took = time.perf_counter() - t0
-    last = [max(int(x.split()[1]) for x in text.splitlines() if x.startswith("step ")) for text in rest]
+    last = [max([SIGNAL_AT] + [int(x.split()[1]) for x in text.splitlines() if x.startswith("step ")]) for text in rest]
     with fastckpt.Checkpointer(disk) as ck:
         info = ck.latest(verified=True)
     ok = ([p.returncode for p in job] == [-signal.SIGTERM] * 2 and info is not None

@@ -123,7 +123,7 @@ class Checkpointer:
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
                       "slot_waits": 0, "persisted": 0, "persist_failed": 0,
-                      "persist_superseded": 0}
+                      "persist_superseded": 0, "loaded_from": None}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -235,7 +235,7 @@ class Checkpointer:
 
     def _fit(self, nbytes: int) -> None:
         """The first save: does the store have room for checkpoints of this size (a memory tier:
-        its keep + concurrency of them)? Where any rank says no, every rank's saves go where
+        its keep + concurrency + 1 of them)? Where any rank says no, every rank's saves go where
         there is room, said once."""
         self._fitted = True
         if not self._agree.all_ok(self.store.fits(nbytes, self.concurrency)):
@@ -332,7 +332,7 @@ class Checkpointer:
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
         if pending.error is None and self._persists is not None:
-            unit = self.store.persist_unit(pending._info, self._persisted, self._retain_behind,
+            unit = self.store.persist_unit(pending.info, self._persisted, self._retain_behind,
                                            lambda ok: self._persist_agree.all_ok(ok, background=True))
             if unit is not None:  # issued here, in commit order: the same order on every rank
                 self._persists.issue(unit)
@@ -492,7 +492,9 @@ class Checkpointer:
         """As load(), and also which checkpoint it was and why others were passed over (no warning)."""
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
-        return newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap)
+        loaded = newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap)
+        self.stats["loaded_from"] = self.store.read_from(loaded.info, rank)  # a tier, a partner's replica
+        return loaded
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:

@@ -102,6 +102,11 @@ class Pending:
         return self._info
 
     @property
+    def info(self) -> CommitInfo | None:
+        """Its record once committed (None before, and when it failed or was skipped)."""
+        return self._info
+
+    @property
     def error(self) -> BaseException | None:
         return self._error
 

@@ -18,12 +18,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from typing import Callable, Optional
 
 from ..commit_info import CommitInfo
 from .protocol import CommitUnit
 
 log = logging.getLogger("fastckpt")
+
+
+NICE = 10  # a copy behind the memory tier yields the CPU to training (Linux: a thread's own priority)
+
+
+def background() -> None:
+    """This thread (a copy's commit thread) runs at a lower priority than training's threads:
+    on a machine whose cores training fills, the copy takes what is left rather than stalling
+    a step (a copy that falls behind is superseded by a newer one, never queued)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 class Superseded(Exception):
@@ -54,6 +68,7 @@ class PersistCommit(CommitUnit):
     def in_order(self, finished):
         if not self._go(self):
             raise Superseded(f"{self.label}: a newer checkpoint is copied instead")
+        background()
         entry = self.info.entry_for(self.rank)
         source = os.path.join(self.info.path, entry.name)
         for tier in self.tiers:

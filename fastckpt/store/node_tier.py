@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from typing import Optional
 
@@ -25,7 +26,10 @@ from ..commit import record as commit
 from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
+from .protocol import Listed
 from .root_store import DIR_RE, RootStore
+
+RANK_RE = re.compile(r"^rank-(\d+)$")
 
 
 def rank_folder(place: str, rank: int) -> str:
@@ -109,6 +113,30 @@ class NodeTier(RootStore):
                 raise CorruptCheckpointError(f"{folder}: file {entry.name} has {size} bytes, the commit record "
                                              f"says {entry.bytes} (truncated?)")
         return info
+
+    @classmethod
+    def place_at(cls, path: str) -> Optional["NodeTier"]:
+        """A rank's folder of a memory tier (TIER/rank-R holding step-N.cK folders), to read."""
+        m = RANK_RE.match(os.path.basename(os.path.normpath(path)))
+        if m is None or not os.path.isdir(path) or not any(DIR_RE.match(n) for n in os.listdir(path)):
+            return None
+        store = cls(os.path.dirname(os.path.normpath(path)), int(m.group(1)))
+        store.place = path
+        return store
+
+    def listing(self) -> list[Listed]:
+        """Every checkpoint folder of this rank, newest first, its record checked against this rank's part."""
+        rows = []
+        for _, _, path in sorted(self._dirs(), key=lambda d: -d[1]):
+            name = os.path.basename(path)
+            if commit.present(path) is None:
+                rows.append(Listed(name, path, "incomplete", f"never committed (no {commit.COMMIT_NAME} record)"))
+                continue
+            try:
+                rows.append(Listed(name, path, "committed", info=self._read(path, commit.file_size)))
+            except (CorruptCheckpointError, OSError) as e:
+                rows.append(Listed(name, path, "invalid", str(e)))
+        return rows
 
     def free_bytes(self) -> int:
         """Bytes the tier's filesystem can still take (for a save's memory bound)."""

@@ -182,6 +182,10 @@ class Store(abc.ABC):
             return None
         return views[me][counter], None
 
+    def read_from(self, info: CommitInfo, rank: int) -> str:
+        """(6) Where rank's part of info came from at its last load (a tier, a partner's replica)."""
+        return info.path
+
     def load_routed(self, info: CommitInfo, how, views: list, agree, rank: int, map_location=None,
                     verify: bool = True, weights_only: bool = True, mmap=None):
         """(6) This rank's part of info, read the way route() said; every rank calls it."""

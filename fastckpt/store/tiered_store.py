@@ -282,6 +282,11 @@ class TieredStore(Store):
                                          f"({'; '.join(tried) or 'none held'})")
         return state
 
+    def read_from(self, info: CommitInfo, rank: int) -> str:
+        with self._lock:
+            last = next((r for r in reversed(self.reads) if r.step == info.step and r.rank == rank), None)
+        return last.tier if last is not None else info.path
+
     def _tiers_holding(self, info: CommitInfo) -> tuple[int, ...]:
         return tuple(i for i, _ in self._copies(info))
 
