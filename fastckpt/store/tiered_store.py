@@ -84,6 +84,7 @@ class TieredStore(Store):
         self._holders: dict[int, list[tuple[int, CommitInfo]]] = {}
         self.replicas = replicas
         self.partner_of: list = []  # rank -> the rank keeping its replica (join)
+        self.neighbours = 1  # ranks on this node, this one included: they share its memory (join)
         self._replicas: Optional[Replicas] = None
 
     @classmethod
@@ -91,11 +92,15 @@ class TieredStore(Store):
         return cls(config.tiers, config.keep_on_tiers(), rank, config.direct_io, config.replicas)
 
     def join(self, agreement) -> None:
-        """Each rank's node gathered once; with replicas, who keeps whose (fastckpt.store.partners)."""
-        if not self.replicas or agreement.world_size < 2:
+        """Each rank's node gathered once (how many ranks share this node's memory); with
+        replicas, who keeps whose (fastckpt.store.partners)."""
+        if agreement.world_size < 2:
             return
-        self.partner_of = partners(agreement.gather(node_name()))
-        self._replicas = Replicas(self.tiers[0], agreement, self.partner_of, wards(self.partner_of, self.rank))
+        nodes = agreement.gather(node_name())
+        self.neighbours = nodes.count(nodes[self.rank])
+        if self.replicas:
+            self.partner_of = partners(nodes)
+            self._replicas = Replicas(self.tiers[0], agreement, self.partner_of, wards(self.partner_of, self.rank))
 
     @property
     def in_memory(self) -> bool:
@@ -123,13 +128,15 @@ class TieredStore(Store):
         return max(tier.next_counter() for tier in self.tiers)
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
-        """Whether the first tier has room for (its keep + concurrency) checkpoints of nbytes."""
+        """Whether the first tier has room for (its keep + concurrency + 1) checkpoints of nbytes,
+        with its wards' replicas, for every rank of this node (they share its memory; nbytes:
+        this rank's part, taken as every rank's)."""
         if self.first == len(self.tiers) - 1:
             return True
         tier = self.tiers[self.first]
         kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
-        need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept
-        return tier.free_bytes() + tier.used_bytes() >= need
+        need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept * self.neighbours
+        return tier.free_bytes() + tier.used_bytes() * self.neighbours >= need
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
         """Saves go to the last tier alone; the warning that says so."""
