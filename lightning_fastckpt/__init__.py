@@ -9,6 +9,8 @@ saved activations to SSD (Fastensor). `TunedModelCheckpoint(every_n_train_steps=
 overhead=0.05)` chooses the interval and FastCheckpointIO's concurrency/writers by PCcheck's
 tuner, measured on this machine. `FastModelParallelStrategy` is Lightning's ModelParallelStrategy
 (FSDP2, tensor parallelism) saving its distributed checkpoints through fastckpt.dcp.
+`PreemptCheckpoint` (a callback) checkpoints the step every rank agrees on when SIGTERM comes,
+and exits.
 
 The names load on first use (PEP 562): importing the package itself imports no Lightning.
 Through the entry-point group `lightning.pytorch.callbacks_factory` (callbacks() below),
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "TensorOffload",
-           "TunedModelCheckpoint"]
+__all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "PreemptCheckpoint",
+           "TensorOffload", "TunedModelCheckpoint"]
 
 
 def __getattr__(name: str):
@@ -30,6 +32,8 @@ def __getattr__(name: str):
         from .model_parallel import FastModelParallelStrategy as value
     elif name == "LayerwiseCheckpointing":
         from .layerwise import LayerwiseCheckpointing as value
+    elif name == "PreemptCheckpoint":
+        from .preempt import PreemptCheckpoint as value
     elif name == "TensorOffload":
         from .offload import TensorOffload as value
     elif name == "TunedModelCheckpoint":

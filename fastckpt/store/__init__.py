@@ -8,7 +8,8 @@
   pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,
                  or a file on /dev/shm); with model=None, models named by path
   tiered_store.py  `tiers`: a memory tier (node_tier.py: each rank's folder) in front of the root,
-                 each save persisted behind it (tier_copy.py) and read back from the fastest tier
+                 each save persisted behind it (tier_copy.py) and read back from the fastest tier;
+                 `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from .path_store import PathStore
 from .pmem_store import PmemStore
 from .protocol import ByPath, Store
 from .root_store import RootStore
+from .node_tier import NodeTier
 from .tiered_store import TieredStore
 
 STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PmemStore)}
+# what `fastckpt ls` asks of a folder, in order: a rank's folder of a memory tier before a root
+SURVEYED: tuple[type[Store], ...] = (NodeTier, *STORES.values())
 
 
 def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
@@ -33,4 +37,4 @@ def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
     return cls.open(config, rank, world_size)
 
 
-__all__ = ["STORES", "ByPath", "PathStore", "PmemStore", "RootStore", "Store", "TieredStore", "open_store"]
+__all__ = ["ByPath", "PathStore", "PmemStore", "NodeTier", "RootStore", "STORES", "SURVEYED", "Store", "TieredStore", "open_store"]

@@ -152,12 +152,8 @@ class RootStore(Store):
 
     @classmethod
     def place_at(cls, path: str) -> Optional["RootStore"]:
-        """A root (it holds step-N.cK folders), or one checkpoint folder of a root; a rank's folder
-        of a memory tier (`tiers`) is that tier's (fastckpt.store.node_tier)."""
-        from .node_tier import NodeTier
-        tier = NodeTier.place_at(path)
-        if tier is not None:
-            return tier
+        """A root (it holds step-N.cK folders), or one checkpoint folder of a root (a rank's folder
+        of a memory tier is NodeTier's: SURVEYED asks it first)."""
         if DIR_RE.match(os.path.basename(path)) and os.path.isdir(path):
             store = cls(os.path.dirname(path))
             store.only, store.single, store.place = os.path.basename(path), True, path

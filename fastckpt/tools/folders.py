@@ -33,7 +33,7 @@ from ..commit import record as commit
 from ..commit_info import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..pmem.pointer import is_pool_pointer
-from ..store import STORES
+from ..store import SURVEYED
 from .folder_kinds import plugin_kinds
 
 HINT_DEPTH = 4
@@ -77,8 +77,8 @@ def survey(path: str) -> Survey:
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return Survey("missing", path, note=f"{path} does not exist")
-    firm = [cls for cls in STORES.values() if not cls.places_loosely]
-    loose = [cls for cls in STORES.values() if cls.places_loosely]
+    firm = [cls for cls in SURVEYED if not cls.places_loosely]
+    loose = [cls for cls in SURVEYED if cls.places_loosely]
     found = _store_survey(path, firm)
     if found is not None:
         return found
@@ -211,6 +211,6 @@ def _holds_checkpoints(path: str) -> bool:
     """Whether a folder directly holds checkpoints of any kind (for hints: each store and plugin
     kind asked, reading small records and headers only)."""
     names = _listdir(path)
-    return (commit.COMMIT_NAME in names or any(_places(cls, path) for cls in STORES.values())
+    return (commit.COMMIT_NAME in names or any(_places(cls, path) for cls in SURVEYED)
             or any(kind.is_one(path, names) or any(os.path.isdir(os.path.join(path, n)) and kind.is_one(
                 os.path.join(path, n), _listdir(os.path.join(path, n))) for n in names) for kind in plugin_kinds()))

@@ -1,0 +1,72 @@
+"""One Lightning training process (or one of 2 DDP ranks, as torchrun starts them) with
+FastCheckpointIO and lightning_fastckpt.PreemptCheckpoint(OUT/ck, grace_s=20) — the preemption
+tests (tests/lightning_fastckpt/test_lightning_preempt.py).
+
+    python lit_preempt_worker.py OUT [--ddp] [--every K] [--big N] [--resume PATH]
+
+Trains until a SIGTERM ends it (or, with --resume PATH, resumes from PATH and trains one more
+epoch). Prints "step N" at every batch end (before the preemption callback), writes OUT/sync/
+step-N.pt (a synchronous torch.save of every checkpoint dict as Lightning built it) and
+OUT/loaded-rankR.pt (what a resume loaded). --every K: ModelCheckpoint saves every K steps too.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
+
+import fastckpt
+from lightning_fastckpt import FastCheckpointIO, PreemptCheckpoint
+from lit_app import TinyModule, loader, trainer
+
+fastckpt.reproducible()
+
+
+class Steps(L.Callback):
+    def __init__(self, out: str):
+        self.out = out
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, i):
+        time.sleep(0.03)
+        print(f"step {trainer.global_step}", flush=True)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if trainer.global_rank == 0:
+            os.makedirs(os.path.join(self.out, "sync"), exist_ok=True)
+            torch.save({"state_dict": checkpoint["state_dict"], "optimizer_states": checkpoint["optimizer_states"]},
+                       os.path.join(self.out, "sync", f"step-{trainer.global_step}.pt"))
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        torch.save({"global_step": checkpoint["global_step"], "state_dict": checkpoint["state_dict"]},
+                   os.path.join(self.out, f"loaded-rank{trainer.global_rank}.pt"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--every", type=int, default=0)
+    ap.add_argument("--big", type=int, default=0)
+    ap.add_argument("--resume", default=None)
+    a = ap.parse_args()
+    L.seed_everything(0, verbose=False)
+    cbs = [Steps(a.out)]
+    if a.every:
+        cbs.append(ModelCheckpoint(dirpath=os.path.join(a.out, "every"), every_n_train_steps=a.every, save_top_k=-1))
+    cbs.append(PreemptCheckpoint(os.path.join(a.out, "ck"), grace_s=20))
+    kw = dict(max_epochs=1000 if a.resume is None else None, limit_val_batches=0)
+    if a.resume:
+        kw.update(max_steps=fastckpt.load(a.resume)["global_step"] + 8)
+    if a.ddp:
+        kw.update(strategy=DDPStrategy(), devices=2, num_nodes=1)
+    t = trainer(FastCheckpointIO(stall_timeout_s=60), cbs, **kw)
+    t.fit(TinyModule(big=a.big), loader(), ckpt_path=a.resume)
+
+
+if __name__ == "__main__":
+    main()
