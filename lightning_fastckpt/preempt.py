@@ -1,8 +1,10 @@
 """A checkpoint on a signal in Lightning: the callback `PreemptCheckpoint`.
 
 Lightning closed "save on SIGTERM" as won't-fix, and its SLURM requeue saves inside the signal
-handler, where its users report hangs. Here the handler only notes the signal (fastckpt.preempt:
-no I/O, no collective); at the next training batch's end every rank agrees — in one collective,
+handler, where its users report hangs (its SIGTERM handler also broadcasts from rank 0 inside the
+handler, so a rank other than 0 that gets the signal joins a collective the others are not in).
+While training, this callback's handler takes the signal's place (Lightning's is back after
+fit); it only notes the signal (fastckpt.preempt: no I/O, no collective); at the next training batch's end every rank agrees — in one collective,
 the strategy's `reduce_boolean_decision` — on that step; the trainer saves it through its own
 CheckpointIO (FastCheckpointIO, or any other), which is then torn down (everything it has in
 flight durable), the ranks meet, and the process exits with the signal's status. A second
@@ -38,7 +40,10 @@ class PreemptCheckpoint(pl.Callback):
         self.signum = signal_number(signal)
         self._signal: Optional[PreemptSignal] = None
 
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Installed once Lightning installed its own (its SignalConnector, just before training),
+        and in its place: Lightning's SIGTERM handler broadcasts from inside the handler, which
+        pairs with whatever collective the interrupted rank was in."""
         if self._signal is None:
             self._signal = PreemptSignal(self.signum, self.grace_s)
 
