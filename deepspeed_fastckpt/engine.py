@@ -20,13 +20,14 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from fastckpt.named import NamedCheckpoints
+from fastckpt.preempt import PreemptSignal
 from fastckpt.training_saves import TrainingSaves
 
 from . import open_engines
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .tag_records import mark_open
-from .settings import checkpointer_config, entry_of
+from .settings import checkpointer_config, entry_of, preempt_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
@@ -39,7 +40,10 @@ class FastckptEngine(CheckpointEngine):
     def __init__(self, config_params=None, settings: Optional[dict] = None):
         super().__init__(config_params)
         self.name = ENGINE_NAME
-        config, self.pool = checkpointer_config(settings if settings is not None else entry_of(config_params))
+        entry = settings if settings is not None else entry_of(config_params)
+        config, self.pool = checkpointer_config(entry)
+        preempt = preempt_of(entry)  # the handler only notes the signal: at_step_end acts on it
+        self.preempt = PreemptSignal(*preempt) if preempt is not None else None
         self.verify = config.verify
         self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True)
         self.committer = TagCommitter(self.named, report=lambda e: self.named.checkpointer.report_failure(e))
@@ -124,6 +128,8 @@ class FastckptEngine(CheckpointEngine):
             return
         self._closed = True
         open_engines.closed(self)
+        if self.preempt is not None and self.preempt.arrived is None:
+            self.preempt.uninstall()
         self.saves.end_run()
         try:
             self.named.close()

@@ -7,7 +7,8 @@ fastckpt.settings.PLACEMENT are not settings here. `pool` (with `pool_mb`, `pers
 the tag's files into a persistent-memory pool as models named by their paths. `offload`
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
 and is not a Checkpointer setting. `interval` ("auto" or steps) with `tune` (AutoInterval's
-settings) is what deepspeed_fastckpt.checkpoint_due answers by.
+settings) is what deepspeed_fastckpt.checkpoint_due answers by. `preempt_signal` (with
+`preempt_grace_s`) is what deepspeed_fastckpt.at_step_end acts on.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs
 from fastckpt.offload.settings import OffloadConfig
 
 CONFIG_KEY = "fastckpt"
-VALID = WRITING + ("pool", "offload", "interval", "tune")
+PREEMPT = ("preempt_signal", "preempt_grace_s")  # deepspeed_fastckpt.at_step_end's, not a save's
+VALID = WRITING + ("pool", "offload", "interval", "tune") + PREEMPT
 TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
              "feedback_intervals")
 
@@ -46,9 +48,23 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
                           f"valid: {sorted(VALID)}")
     OffloadConfig.from_node(entry.get("offload"))  # its errors now, before anything is built
     interval_of(entry)
-    values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune")}
+    preempt_of(entry)
+    values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT}
     pool = entry.get("pool")
     return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)), pool
+
+
+def preempt_of(entry: Any) -> Optional[tuple[int, float]]:
+    """The entry's "preempt_signal" (and "preempt_grace_s"), checked as CheckpointerConfig checks
+    them: (signal number, grace seconds); None without a signal."""
+    if not isinstance(entry, dict) or not any(k in entry for k in PREEMPT):
+        return None
+    checked = CheckpointerConfig(**{k: entry[k] for k in PREEMPT if k in entry})
+    if checked.preempt_signal is None:
+        if "preempt_grace_s" in entry:
+            raise ConfigError(f'"preempt_grace_s" in the "{CONFIG_KEY}" entry needs "preempt_signal"')
+        return None
+    return checked.preempt_signal, checked.preempt_grace_s
 
 
 def offload_node(entry: Any) -> Any:

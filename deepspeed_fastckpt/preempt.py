@@ -1,0 +1,62 @@
+"""A checkpoint on a signal for DeepSpeed: `at_step_end(engine, save_dir)`.
+
+    config = {..., "fastckpt": {"preempt_signal": "SIGTERM", "preempt_grace_s": 30}}
+    for batch in data:
+        loss = engine(batch); engine.backward(loss); engine.step()
+        deepspeed_fastckpt.at_step_end(engine, save_dir)
+
+The FastckptEngine installs the signal's handler when the engine is made (on the main thread):
+it only notes the signal (fastckpt.preempt: no I/O, no collective). at_step_end asks every rank,
+in one all-reduce, whether any got it; if one did, every rank saves the tag
+`preempted_step<global_steps>` (engine.save_checkpoint, the tag committed by fastckpt's file-set
+commit), waits until it is durable, meets the others, and the process exits with the signal's
+status. A second signal, or preempt_grace_s running out, ends the process at once; a tag's record
+being written last, the previous tag stays the newest, never a torn one.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from .engine import FastckptEngine
+
+log = logging.getLogger("fastckpt")
+TAG = "preempted_step{step}"
+
+
+def at_step_end(engine, save_dir) -> None:
+    """Every rank, after engine.step(): nothing unless the entry's preempt_signal came to some rank
+    (then: the agreed tag saved and durable, and exit). Nothing at all without preempt_signal."""
+    ours = engine.checkpoint_engine
+    p = ours.preempt if isinstance(ours, FastckptEngine) else None
+    if p is None:
+        return
+    got = torch.tensor([0 if p.arrived is None else 1], device=_device(engine))
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(got, op=dist.ReduceOp.MAX)
+    if not got.item():
+        return
+    if p.arrived is None:  # another rank got it: this rank's grace period starts now
+        p.arrived = time.monotonic()
+    p.watch()
+    tag = TAG.format(step=engine.global_steps)
+    log.warning("fastckpt: preempted (signal %d): saving tag %s in %s, then exiting (%.1f s of grace left)",
+                p.signum, tag, save_dir, p.left_s())
+    try:
+        engine.save_checkpoint(save_dir, tag=tag)
+        ours.wait()  # the tag committed: every file durable, then its record
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous tag stands
+        log.error("fastckpt: the preemption tag %s failed: %s", tag, e)
+    p.exit()
+
+
+def _device(engine) -> torch.device:
+    try:
+        return torch.device(engine.device)
+    except (AttributeError, TypeError, RuntimeError):
+        return torch.device("cpu")

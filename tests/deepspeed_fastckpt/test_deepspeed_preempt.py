@@ -1,0 +1,104 @@
+"""A real SIGTERM to one rank of a 2-rank DeepSpeed job (ZeRO-1, gloo) whose "fastckpt" entry
+names preempt_signal, its loop calling deepspeed_fastckpt.at_step_end after every step
+(tests/workers/ds_preempt_worker.py):
+
+- both ranks exit with SIGTERM's status within the grace period;
+- the tag preempted_step<N> is the save folder's newest committed tag, N the step both ranks
+  ended last, the same on both;
+- a fresh engine loads it and holds exactly the parameters an uninterrupted run has after N
+  steps (ds_worker.py reference);
+- a second SIGTERM right after the first ends the job at once, and the newest committed tag then
+  loads (whole: the previous one, or the new one if it landed).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from support.deepspeed_runs import launch, run
+
+pytestmark = pytest.mark.slow
+GRACE_S = 20
+
+
+def started(save_dir, out):
+    procs = launch("train", save_dir, out, ranks=2, script="ds_preempt_worker.py")
+    lines = [[], []]
+    seen = threading.Condition()
+
+    def read(r):
+        for line in procs[r].stdout:
+            with seen:
+                lines[r].append(line)
+                seen.notify_all()
+    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in (0, 1)]
+    for t in readers:
+        t.start()
+    return procs, lines, seen, readers
+
+
+def steps_of(lines) -> list[int]:
+    return [int(x.split()[1]) for x in lines if x.startswith("step ")]
+
+
+def wait_steps(lines, seen, n, timeout=180):
+    end = time.monotonic() + timeout
+    with seen:
+        while not all(any(s >= n for s in steps_of(x)) for x in lines):
+            assert time.monotonic() < end, "".join(lines[0])[-3000:]
+            seen.wait(1)
+
+
+def ended(procs, readers, lines) -> list:
+    try:
+        for p in procs:
+            p.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("a rank did not end within the grace period:\n" + "".join(lines[0])[-3000:] + "".join(lines[1])[-3000:])
+    for t in readers:
+        t.join(10)
+    return [p.returncode for p in procs]
+
+
+def test_sigterm_to_one_rank_saves_one_agreed_tag_and_it_resumes_bit_exact(tmp_path):
+    save_dir = tmp_path / "ckpt"
+    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt")
+    wait_steps(lines, seen, 4)
+    os.kill(procs[1].pid, signal.SIGTERM)
+    assert ended(procs, readers, lines) == [-signal.SIGTERM] * 2, "".join(lines[0])[-3000:]
+    last = {max(steps_of(x)) for x in lines}
+    assert len(last) == 1, last
+    n = last.pop()
+    loaded = run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py")
+    assert os.path.basename(os.path.dirname(loaded["path"])) == f"preempted_step{n}" and loaded["global_steps"] == n
+    reference = run("reference", tmp_path / "ref", tmp_path / "ref.pt", "--steps", str(n), ranks=2,
+                    FASTCKPT_ENTRY='{"concurrency": 2, "chunk_mb": 1}')
+    for name, value in reference["params_after"][n - 1].items():
+        assert torch.equal(value, loaded["params"][name]), name
+
+
+def test_a_second_sigterm_ends_the_job_at_once_and_the_newest_tag_loads(tmp_path):
+    save_dir = tmp_path / "ckpt"
+    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt")
+    wait_steps(lines, seen, 3)
+    for p in procs:
+        os.kill(p.pid, signal.SIGTERM)
+    time.sleep(0.02)
+    t = time.monotonic()
+    for p in procs:
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    assert ended(procs, readers, lines) == [-signal.SIGTERM] * 2
+    assert time.monotonic() - t < 5
+    if os.path.isdir(save_dir) and any(n.startswith("preempted_step") for n in os.listdir(save_dir)):
+        run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py")  # loads whole
