@@ -13,6 +13,7 @@
   groups.py    save_group(): the gloo group async saves talk on; the default group refused
   saved_paths.py  SavedPaths: saves into paths a caller names, saved into again and removed
                (a committed one swapped out only once the new one is committed)
+  preempt.py   Preemption: a checkpoint of the step every rank agrees on when SIGTERM comes, then exit
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
                them (fastckpt's committed ones and DCP's own): where to resume
 
@@ -20,9 +21,10 @@ DCP is torch, which the backend may know: this package imports no framework but 
 """
 from .committed import Resumable, committed, newest_committed, resumable
 from .groups import save_group
+from .preempt import Preemption
 from .reader import FastStorageReader
 from .stager import FastStager, SaveSkipped
 from .writer import FastStorageWriter
 
-__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "Resumable", "SaveSkipped", "committed",
-           "newest_committed", "resumable", "save_group"]
+__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "Preemption", "Resumable", "SaveSkipped",
+           "committed", "newest_committed", "resumable", "save_group"]

@@ -7,6 +7,10 @@ Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*
          (2 saves in flight: nothing waits for a save; the next optimizer step waits only for the
          snapshot's copy); prints "committed N" once step N's save is done ("ready" after the first);
          STEP_PAUSE_S=T: T seconds' pause after each step (the arithmetic unchanged), for a kill to land in
+       fsdp2_worker.py preempt CKPT REF
+         trains until a SIGTERM ends it: an async save every 3 steps (FastStager, 2 in flight), rank 0
+         keeping the full state in REF/step-N.pt, "step N" printed, then fastckpt.dcp.Preemption's
+         at_step_end (a blocking dcp.save of the agreed step into CKPT/step-N, the saves in flight first)
        fsdp2_worker.py resume CKPT OUT
          loads the newest committed checkpoint of CKPT (fastckpt.dcp.newest_committed) into a
          fresh sharded model and optimizer on this world's ranks, keeps its full state in
@@ -97,6 +101,34 @@ def main() -> None:
         stager.close()
         writer.close()
         print(f"stager {json.dumps(stager.stats)}", flush=True)
+    elif mode == "preempt":
+        import signal
+        from fastckpt.dcp import Preemption
+        ref = sys.argv[3]
+        ckpt_group = save_group()
+        writer = FastStorageWriter(ckpt, chunk_mb=1)
+        stager = FastStager(concurrency=2, writer=writer)
+        preemption = Preemption(signal.SIGTERM, grace_s=20)
+        saves, step = [], 0
+
+        def save_now(n: int) -> None:
+            msd, osd = get_state_dict(model, optim)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt, f"step-{n}"),
+                     storage_writer=FastStorageWriter(ckpt, chunk_mb=1))
+        while True:
+            step += 1
+            train_step(model, optim, step)
+            full = full_state(model, optim)
+            if rank == 0:
+                keep(full, os.path.join(ref, f"step-{step}.pt"))
+            if step % 3 == 0:
+                msd, osd = get_state_dict(model, optim)
+                saves.append(dcp.async_save({"model": msd, "optim": osd},
+                                            checkpoint_id=os.path.join(ckpt, f"step-{step}"), storage_writer=writer,
+                                            async_stager=stager, process_group=ckpt_group))
+            print(f"step {step}", flush=True)
+            time.sleep(0.03)
+            preemption.at_step_end(step, save_now, in_flight=[s.upload_completion for s in saves])
     elif mode == "resume":
         out = sys.argv[3]
         newest = newest_committed(ckpt)

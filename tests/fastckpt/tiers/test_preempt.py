@@ -157,3 +157,16 @@ def test_a_second_sigterm_ends_at_once_and_leaves_no_torn_checkpoint(places):
     info, states = newest_on_disk(disk)
     if info is not None:  # the previous checkpoint, or the new one if it landed first: whole either way
         assert exact(info, states, 48)
+
+
+@pytest.mark.parametrize("section, worker", [("Lightning", "lit_preempt_worker.py"),
+                                             ("DeepSpeed", "ds_preempt_worker.py"),
+                                             ("FSDP2 through DCP", "fsdp2_worker.py")])
+def test_the_docs_preemption_lines_are_the_ones_the_tests_run(section, worker):
+    """Every line of docs/tiers.md's block for a framework is a line of the worker its SIGTERM test
+    runs, so the page shows what is tested."""
+    from support import readme_blocks
+    from support.paths import ROOT, WORKERS
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), section, "",
+                                         os.path.join(WORKERS, worker))
+    assert not missing, missing

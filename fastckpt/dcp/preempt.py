@@ -1,0 +1,71 @@
+"""A checkpoint on a signal for DCP's users (FSDP2, a training loop of one's own): `Preemption`.
+
+    preemption = fastckpt.dcp.Preemption(signal.SIGTERM, grace_s=30)   # every rank, main thread
+    for step in range(1, steps + 1):
+        train_step(...)
+        preemption.at_step_end(step, save=lambda s: dcp.save(state, checkpoint_id=f"{root}/step-{s}",
+                                                              storage_writer=FastStorageWriter(root)),
+                               in_flight=[saving.upload_completion for saving in async_saves])
+
+The handler only notes the signal (fastckpt.preempt: no I/O, no collective). at_step_end asks
+every rank — one all-reduce on a gloo group of its own, made with the Preemption (never the
+default group, nor the one async saves talk on) — whether any got it; if one did, every rank
+lets its async saves in flight finish, saves `step` through `save` (a blocking dcp.save into a
+FastStorageWriter is committed when it returns), meets the others, and the process exits with the
+signal's status. A second signal, or grace_s running out, ends the process at once: the commit
+record being written last, the previous checkpoint stays the newest, never a torn one.
+"""
+from __future__ import annotations
+
+import logging
+import signal as signals
+import time
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from ..commit.agreement import spread
+from ..preempt import PreemptSignal
+from ..settings import CheckpointerConfig
+
+log = logging.getLogger("fastckpt")
+
+
+class Preemption:
+    """The signal's handler and the step every rank agrees to save on it (see the module)."""
+
+    def __init__(self, signal=signals.SIGTERM, grace_s: float = 30.0):
+        checked = CheckpointerConfig(preempt_signal=signal, preempt_grace_s=grace_s)  # one spelling of the checks
+        self.group = dist.new_group(backend="gloo") if spread() else None
+        self._signal = PreemptSignal(checked.preempt_signal, checked.preempt_grace_s)
+
+    def at_step_end(self, step: int, save: Callable[[int], None], in_flight: Iterable = ()) -> None:
+        """Every rank, after every step: nothing unless the signal came to some rank; then the
+        saves in flight (futures) finished, `save(step)` (blocking, committed when it returns),
+        the ranks met, and exit."""
+        p = self._signal
+        got = torch.tensor([0 if p.arrived is None else 1])
+        if self.group is not None:
+            dist.all_reduce(got, op=dist.ReduceOp.MAX, group=self.group)
+        if not got.item():
+            return
+        if p.arrived is None:  # another rank got it: this rank's grace period starts now
+            p.arrived = time.monotonic()
+        p.watch()
+        log.warning("fastckpt: preempted (signal %d): saving step %d, then exiting (%.1f s of grace left)",
+                    p.signum, step, p.left_s())
+        try:
+            for future in in_flight:
+                future.result()
+            save(step)
+            if self.group is not None:
+                dist.barrier(group=self.group)
+        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
+            log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", step, e)
+        p.exit()
+
+    def close(self) -> None:
+        """The signal's previous handler back (nothing when the signal came)."""
+        if self._signal.arrived is None:
+            self._signal.uninstall()

@@ -1,0 +1,106 @@
+"""A real SIGTERM to one rank of a 2-rank FSDP2 job (gloo, CPU) saving through fastckpt.dcp, with
+fastckpt.dcp.Preemption's at_step_end after every step (tests/workers/fsdp2_worker.py preempt):
+
+- both ranks exit with SIGTERM's status within the grace period;
+- the newest committed checkpoint of the folder is the step both ranks ended last (the async
+  saves in flight landed first, and are older);
+- resuming from it (fsdp2_worker.py resume) loads exactly the full state rank 0 kept at that step;
+- a second SIGTERM right after the first ends the job at once, and the newest committed checkpoint
+  then resumes (whole).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from fastckpt.dcp import newest_committed
+from test_fsdp2 import equal, finish, launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+GRACE_S = 20
+
+
+class Job:
+    def __init__(self, ckpt, ref):
+        os.makedirs(ref, exist_ok=True)
+        self.procs = launch(["preempt", ckpt, ref], 2)
+        self.lines = [[], []]
+        self.seen = threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in (0, 1)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, r):
+        for line in self.procs[r].stdout:
+            with self.seen:
+                self.lines[r].append(line)
+                self.seen.notify_all()
+
+    def steps(self, r):
+        return [int(x.split()[1]) for x in self.lines[r] if x.startswith("step ")]
+
+    def wait_step(self, n, timeout=180):
+        end = time.monotonic() + timeout
+        with self.seen:
+            while not all(any(s >= n for s in self.steps(r)) for r in (0, 1)):
+                assert time.monotonic() < end, "".join(self.lines[0])[-3000:]
+                self.seen.wait(1)
+
+    def ended(self):
+        try:
+            for p in self.procs:
+                p.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            for p in self.procs:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail("a rank did not end within the grace period:\n" + "".join(self.lines[0])[-3000:])
+        for t in self.readers:
+            t.join(10)
+        return [p.returncode for p in self.procs]
+
+
+def resumed_state(ckpt, out):
+    os.makedirs(out, exist_ok=True)
+    finish(launch(["resume", ckpt, out], 2))
+    return torch.load(os.path.join(out, "loaded.pt"), weights_only=True)
+
+
+def test_sigterm_to_one_fsdp2_rank_saves_the_agreed_step_and_it_resumes_bit_exact(tmp_path):
+    ckpt, ref = str(tmp_path / "ckpt"), str(tmp_path / "ref")
+    job = Job(ckpt, ref)
+    job.wait_step(4)  # an async save of step 3 in flight or landed
+    os.kill(job.procs[1].pid, signal.SIGTERM)
+    assert job.ended() == [-signal.SIGTERM] * 2, "".join(job.lines[0])[-3000:]
+    last = {max(job.steps(r)) for r in (0, 1)}
+    assert len(last) == 1, last
+    n = last.pop()
+    assert newest_committed(ckpt).step == n
+    assert equal(resumed_state(ckpt, str(tmp_path / "out")), torch.load(os.path.join(ref, f"step-{n}.pt"),
+                                                                          weights_only=True))
+
+
+def test_a_second_sigterm_ends_the_fsdp2_job_at_once_and_the_newest_committed_resumes(tmp_path):
+    ckpt, ref = str(tmp_path / "ckpt"), str(tmp_path / "ref")
+    job = Job(ckpt, ref)
+    job.wait_step(4)
+    for p in job.procs:
+        os.kill(p.pid, signal.SIGTERM)
+    time.sleep(0.01)
+    t = time.monotonic()
+    for p in job.procs:
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    assert job.ended() == [-signal.SIGTERM] * 2
+    assert time.monotonic() - t < 5
+    newest = newest_committed(ckpt)
+    if newest is not None:  # whole: it resumes, every CRC checked, to the state kept at its step
+        assert equal(resumed_state(ckpt, str(tmp_path / "out")),
+                     torch.load(os.path.join(ref, f"step-{newest.step}.pt"), weights_only=True))
