@@ -183,8 +183,6 @@ class Checkpointer:
                     chunk = self._engine.pool.chunk_bytes
                     need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
                     strategy = self._while_staging_grows(plan, need, held)
-                    if strategy == "d" != self.strategy:  # into memory, written where they lie: no staging
-                        need = 0
                     got = self._staging.ensure(need)
                 self.stats["pinned"] = self._staging.pinned
         except BaseException:
@@ -248,10 +246,7 @@ class Checkpointer:
         short (the first one, unless reserve() ran long enough before) copies into spare device
         memory first, as 'g' does, so the gate waits for a device-to-device copy rather than for
         staging being faulted in and pinned; 'g' falls back to 'c' itself when the device is short.
-        Host tensors saved with 'c' into a store in memory (a memory tier) are written with 'd'.
         Never for a held write: it may read a tensor only once the caller released it."""
-        if self.store.in_memory and self.strategy == "c" and not held and not reads_through_stream(plan):
-            return "d"  # host tensors into memory: written where they lie, no staging copy first
         if held or self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
             return self.strategy
         if not self._staging.short(need):

@@ -27,7 +27,7 @@ from .protocol import CommitUnit
 log = logging.getLogger("fastckpt")
 
 
-NICE = 10  # a copy behind the memory tier yields the CPU to training (Linux: a thread's own priority)
+NICE = 19  # a copy behind the memory tier yields the CPU to training (Linux: a thread's own priority)
 
 
 def background() -> None:

@@ -79,8 +79,6 @@ class Store(abc.ABC):
     layout_format: Optional[str] = None  # None: the Checkpointer's own format
     sink_kind = "file"  # what sink() returns: write.select picks the write implementation by it
     every_rank_retains = False  # retain() runs on every rank (each has a place of its own), not rank 0 alone
-    in_memory = False  # its saves land in memory (a memory tier): host tensors are written straight
-    #                    from where they lie ('d'), a copy into staging first being one more memcpy
     allow_pickle = False  # safetensors layouts: non-JSON values are an error
 
     @classmethod

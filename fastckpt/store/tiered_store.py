@@ -103,10 +103,6 @@ class TieredStore(Store):
             self._replicas = Replicas(self.tiers[0], agreement, self.partner_of, wards(self.partner_of, self.rank))
 
     @property
-    def in_memory(self) -> bool:
-        return self.first < len(self.tiers) - 1
-
-    @property
     def writes_to(self) -> RootStore:
         return self.tiers[self.first]
 
