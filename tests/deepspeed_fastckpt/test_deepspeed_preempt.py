@@ -7,6 +7,7 @@ names preempt_signal, its loop calling deepspeed_fastckpt.at_step_end after ever
   ended last, the same on both;
 - a fresh engine loads it and holds exactly the parameters an uninterrupted run has after N
   steps (ds_worker.py reference);
+- the same with a tag saved after every step, in flight when the signal comes;
 - a second SIGTERM right after the first ends the job at once, and the newest committed tag then
   loads (whole: the previous one, or the new one if it landed).
 """
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.slow
 GRACE_S = 20
 
 
-def started(save_dir, out):
-    procs = launch("train", save_dir, out, ranks=2, script="ds_preempt_worker.py")
+def started(save_dir, out, *extra, **env):
+    procs = launch("train", save_dir, out, *extra, ranks=2, script="ds_preempt_worker.py", **env)
     lines = [[], []]
     seen = threading.Condition()
 
@@ -68,19 +69,21 @@ def ended(procs, readers, lines) -> list:
     return [p.returncode for p in procs]
 
 
-def test_sigterm_to_one_rank_saves_one_agreed_tag_and_it_resumes_bit_exact(tmp_path):
+@pytest.mark.parametrize("saving", [False, True], ids=["between saves", "while tags are saved"])
+def test_sigterm_to_one_rank_saves_one_agreed_tag_and_it_resumes_bit_exact(tmp_path, saving):
     save_dir = tmp_path / "ckpt"
-    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt")
+    extra, env = (("--save-every", "1"), {"WIDTH": "512"}) if saving else ((), {})
+    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt", *extra, **env)
     wait_steps(lines, seen, 4)
     os.kill(procs[1].pid, signal.SIGTERM)
     assert ended(procs, readers, lines) == [-signal.SIGTERM] * 2, "".join(lines[0])[-3000:]
     last = {max(steps_of(x)) for x in lines}
     assert len(last) == 1, last
     n = last.pop()
-    loaded = run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py")
+    loaded = run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py", **env)
     assert os.path.basename(os.path.dirname(loaded["path"])) == f"preempted_step{n}" and loaded["global_steps"] == n
     reference = run("reference", tmp_path / "ref", tmp_path / "ref.pt", "--steps", str(n), ranks=2,
-                    FASTCKPT_ENTRY='{"concurrency": 2, "chunk_mb": 1}')
+                    FASTCKPT_ENTRY='{"concurrency": 2, "chunk_mb": 1}', **env)
     for name, value in reference["params_after"][n - 1].items():
         assert torch.equal(value, loaded["params"][name]), name
 

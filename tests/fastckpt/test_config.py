@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
@@ -36,6 +37,20 @@ def test_overrides(tmp_path, overrides, expect):
     ck = instantiate(make([f"root={tmp_path}"] + overrides))
     assert (ck.strategy, ck.concurrency) == expect
     ck.close()
+
+
+def test_tiers_replicas_and_the_preemption_signal_from_hydra_overrides(tmp_path, shm):
+    memory, disk = os.path.join(shm, "run"), str(tmp_path / "disk")
+    ck = instantiate(make([f"tiers=[{memory},{disk}]", "tier_keep=[1,3]", "replicas=1", "preempt_signal=SIGTERM",
+                           "preempt_grace_s=45"]))
+    try:
+        c = ck.config
+        assert (c.tiers, c.root, c.tier_keep, c.replicas) == ((memory, disk), disk, (1, 3), 1)
+        assert (c.preempt_signal, c.preempt_grace_s) == (15, 45)
+        assert ck.save({"w": torch.ones(3)}, 1).wait().step == 1
+        assert ck.store.holding()[1][0] == memory  # committed on the memory tier first
+    finally:
+        ck.close()
 
 
 def test_unknown_group_value_is_hydras_error():

@@ -1,9 +1,10 @@
 """One rank of the DeepSpeed preemption test (tests/deepspeed_fastckpt/test_deepspeed_preempt.py):
 ds_worker.py's engine with "fastckpt": {"preempt_signal": "SIGTERM", "preempt_grace_s": 20}.
 
-    python ds_preempt_worker.py train SAVE_DIR OUT [--stage S]
+    python ds_preempt_worker.py train SAVE_DIR OUT [--stage S] [--save-every K]
         trains (ds_worker.step, batch i at step i) until a SIGTERM ends it, printing "step N"
-        (global_steps) after every step, then deepspeed_fastckpt.at_step_end(engine, SAVE_DIR)
+        (global_steps) after every step, then deepspeed_fastckpt.at_step_end(engine, SAVE_DIR);
+        --save-every K: engine.save_checkpoint every K steps too (WIDTH=512: ~3 MiB a rank)
     python ds_preempt_worker.py load SAVE_DIR OUT [--stage S]
         a fresh engine loads the newest committed tag; rank 0 writes OUT: its tag, global_steps
         and full parameters
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("save_dir")
     ap.add_argument("out")
     ap.add_argument("--stage", type=int, default=1)
+    ap.add_argument("--save-every", type=int, default=0)
     a = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     eng = make_engine(a.stage, "fp32", "fastckpt", fastckpt_entry=ENTRY)
@@ -35,6 +37,8 @@ def main() -> None:
         while True:
             step(eng, i)
             i += 1
+            if a.save_every and i % a.save_every == 0:
+                eng.save_checkpoint(a.save_dir)  # in flight when the signal comes
             print(f"step {eng.global_steps}", flush=True)
             time.sleep(0.03)
             deepspeed_fastckpt.at_step_end(eng, a.save_dir)
