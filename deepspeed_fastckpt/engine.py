@@ -128,8 +128,8 @@ class FastckptEngine(CheckpointEngine):
             return
         self._closed = True
         open_engines.closed(self)
-        if self.preempt is not None and self.preempt.arrived is None:
-            self.preempt.uninstall()
+        if self.preempt is not None:
+            self.preempt.uninstall()  # its previous handler back, unless the signal came
         self.saves.end_run()
         try:
             self.named.close()

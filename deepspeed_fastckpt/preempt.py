@@ -34,10 +34,7 @@ def at_step_end(engine, save_dir) -> None:
     p = ours.preempt if isinstance(ours, FastckptEngine) else None
     if p is None:
         return
-    got = torch.tensor([0 if p.arrived is None else 1], device=_device(engine))
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(got, op=dist.ReduceOp.MAX)
-    if not got.item():
+    if not p.anyone(lambda came: _any_rank(came, _device(engine))):
         return
     if p.arrived is None:  # another rank got it: this rank's grace period starts now
         p.arrived = time.monotonic()
@@ -53,6 +50,13 @@ def at_step_end(engine, save_dir) -> None:
     except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous tag stands
         log.error("fastckpt: the preemption tag %s failed: %s", tag, e)
     p.exit()
+
+
+def _any_rank(came: bool, device: torch.device) -> bool:
+    got = torch.tensor([1 if came else 0], device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(got, op=dist.ReduceOp.MAX)
+    return bool(got.item())
 
 
 def _device(engine) -> torch.device:

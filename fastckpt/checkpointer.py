@@ -374,7 +374,7 @@ class Checkpointer:
         p = self._preempt
         if p is None:
             return
-        if self._agree.all_ok(p.arrived is None):
+        if not p.anyone(lambda came: not self._agree.all_ok(not came)):
             return
         if p.arrived is None:  # another rank got it: this rank's grace period starts now
             p.arrived = time.monotonic()
@@ -383,6 +383,7 @@ class Checkpointer:
                     p.signum, step, p.left_s())
         try:
             if self._saved_step != step:
+                self.store.hurry()  # straight to the last tier: no copy behind memory to wait for
                 self.save(state, step)
             self.close()  # every save durable on the last tier
         except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
@@ -508,8 +509,8 @@ class Checkpointer:
             self._agree.close()
             if self._persists is not None:
                 self._persist_agree.close()
-            if self._preempt is not None and self._preempt.arrived is None:
-                self._preempt.uninstall()
+            if self._preempt is not None:
+                self._preempt.uninstall()  # its previous handler back, unless the signal came
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -3,8 +3,9 @@ capacity sends SIGTERM and kills the job a grace period later.
 
 Owns the signal's handler and the clock of the grace period. The handler only notes that the
 signal came and when (no I/O, no lock, no collective: it runs between two bytecodes of whatever
-the main thread was doing, a save included). A second signal, or the grace period running out,
-ends the process at once (its status: killed by that signal): whatever was in flight is
+the main thread was doing, a save included), and leaves the signal's default action in place for
+the next. A second signal, or the grace period running out, ends the process at once (its status:
+killed by that signal), even inside a collective: whatever was in flight is
 abandoned, and since a checkpoint's record is written last, the previous one stays the latest —
 never a torn one. Agreeing on the step and saving it are the Checkpointer's
 (Checkpointer.at_step_end).
@@ -55,6 +56,20 @@ class PreemptSignal:
         if self.arrived is not None:
             _die(signum)  # a second signal: out now
         self.arrived = time.monotonic()
+        # the next one ends the process in the kernel, even while this thread is inside a
+        # collective (a Python handler runs only once the interpreter gets its thread back)
+        signal.signal(signum, signal.SIG_DFL)
+
+    def anyone(self, collective) -> bool:
+        """Whether the signal came to any rank: collective(came here) -> came anywhere (one
+        collective). When it fails because a peer is gone and the signal came here, the process
+        ends as the signal would end it (no checkpoint can be agreed on any more)."""
+        try:
+            return bool(collective(self.arrived is not None))
+        except Exception:
+            if self.arrived is not None:
+                _die(self.signum)
+            raise
 
     def left_s(self) -> float:
         """Seconds of the grace period left (all of it when no signal came)."""
@@ -78,5 +93,6 @@ class PreemptSignal:
         _die(self.signum)
 
     def uninstall(self) -> None:
-        if threading.current_thread() is threading.main_thread():
+        """The signal's previous handler back (not once the signal came: the process is ending)."""
+        if threading.current_thread() is threading.main_thread() and self.arrived is None:
             signal.signal(self.signum, self._previous)

@@ -49,7 +49,7 @@ class PreemptCheckpoint(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         p = self._signal
-        if p is None or not trainer.strategy.reduce_boolean_decision(p.arrived is not None, all=False):
+        if p is None or not p.anyone(lambda came: trainer.strategy.reduce_boolean_decision(came, all=False)):
             return
         if p.arrived is None:  # another rank got it: this rank's grace period starts now
             p.arrived = time.monotonic()
@@ -68,4 +68,4 @@ class PreemptCheckpoint(pl.Callback):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._signal is not None and self._signal.arrived is None:
             self._signal.uninstall()
-            self._signal = None
+            self._signal = None  # a next fit installs it again

@@ -45,10 +45,7 @@ class Preemption:
         saves in flight (futures) finished, `save(step)` (blocking, committed when it returns),
         the ranks met, and exit."""
         p = self._signal
-        got = torch.tensor([0 if p.arrived is None else 1])
-        if self.group is not None:
-            dist.all_reduce(got, op=dist.ReduceOp.MAX, group=self.group)
-        if not got.item():
+        if not p.anyone(self._any_rank):
             return
         if p.arrived is None:  # another rank got it: this rank's grace period starts now
             p.arrived = time.monotonic()
@@ -65,7 +62,12 @@ class Preemption:
             log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", step, e)
         p.exit()
 
+    def _any_rank(self, came: bool) -> bool:
+        got = torch.tensor([1 if came else 0])
+        if self.group is not None:
+            dist.all_reduce(got, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(got.item())
+
     def close(self) -> None:
         """The signal's previous handler back (nothing when the signal came)."""
-        if self._signal.arrived is None:
-            self._signal.uninstall()
+        self._signal.uninstall()

@@ -13,7 +13,8 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
      every rank's); at the first save, `fits(nbytes, concurrency)` on every rank, and where any
      says False, `shrink(...)` on every rank (the warning it returns is given once);
   1. `begin(step, counter, rank, fmt, target, plan, meta)` -> (ckpt_id, part): a new
-     checkpoint (target: the caller's path when `names_by_path`), and where this rank's part goes;
+     checkpoint (target: the caller's path when `names_by_path`), and where this rank's part goes
+     (after `hurry()`, every rank's at once: where it is durable soonest);
   2. `sink(part, direct_io)`: what the write puts the part's bytes into; then, on the commit
      thread, `finish_write(write, part)`: the WriteResult once the part is durable;
   3. `commit_file(ckpt_id, part, result)` -> the part's final name, in commit order (after the
@@ -145,6 +146,10 @@ class Store(abc.ABC):
     def abort(self, ckpt_id: Optional[str], part: Optional[str], rank: int, stuck: bool = False) -> None:
         """(4') A checkpoint that failed: what it wrote is removed (stuck: its write may still
         store into its part, which must then stay out of reach)."""
+
+    def hurry(self) -> None:
+        """(1) Every rank at once (a preemption): later saves go where they are durable soonest
+        (a tiered store: its last tier, not through memory first)."""
 
     def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
         """(4) After info committed: a fastckpt.commit.protocol.CommitUnit persisting it to the

@@ -147,23 +147,35 @@ class TieredStore(Store):
         return self.writes_to.begin(step, counter, rank, fmt, target, plan, meta)
 
     def sink(self, part: str, direct_io: bool):
-        last = self.first == len(self.tiers) - 1
-        return self.writes_to.sink(part, direct_io and last)  # memory: O_DIRECT means nothing there
+        tier = self._tier_of(os.path.dirname(part))
+        return tier.sink(part, direct_io and tier is self.tiers[-1])  # memory: O_DIRECT means nothing there
+
+    def _tier_of(self, ckpt_id: str) -> RootStore:
+        """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever
+        tier later saves go to."""
+        parent = os.path.dirname(os.path.abspath(ckpt_id))
+        return next((t for t in self.tiers if t.root == parent), self.writes_to)
 
     def commit_file(self, ckpt_id, part, result):
-        return self.writes_to.commit_file(ckpt_id, part, result)
+        return self._tier_of(ckpt_id).commit_file(ckpt_id, part, result)
 
     def commit_rank(self, ckpt_id, info):
         """Every rank, every part durable: the replicas exchanged (checked on arrival), then the record."""
-        if self._replicas is not None and self.first == 0:
+        tier = self._tier_of(ckpt_id)
+        if self._replicas is not None and tier is self.tiers[0]:
             self._replicas.exchange(ckpt_id, info)
-        self.writes_to.commit_rank(ckpt_id, info)
+        tier.commit_rank(ckpt_id, info)
 
     def commit(self, info):
-        self.writes_to.commit(info)
+        self._tier_of(info.path).commit(info)
 
     def abort(self, ckpt_id, part, rank, stuck=False):
-        self.writes_to.abort(ckpt_id, part, rank, stuck)
+        (self._tier_of(ckpt_id) if ckpt_id is not None else self.writes_to).abort(ckpt_id, part, rank, stuck)
+
+    def hurry(self) -> None:
+        """From now on saves go straight to the last tier (durable there soonest: a preemption's);
+        those begun on the memory tier still commit there, and are not copied behind."""
+        self.first = len(self.tiers) - 1
 
     def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
         """The unit that persists a checkpoint just committed on the first tier to the tiers
