@@ -16,7 +16,6 @@ being written last, the previous tag stays the newest, never a torn one.
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 import torch.distributed as dist
@@ -36,9 +35,7 @@ def at_step_end(engine, save_dir) -> None:
         return
     if not p.anyone(lambda came: _any_rank(came, _device(engine))):
         return
-    if p.arrived is None:  # another rank got it: this rank's grace period starts now
-        p.arrived = time.monotonic()
-    p.watch()
+    p.watch()  # the grace period runs (from now, if another rank got the signal)
     tag = TAG.format(step=engine.global_steps)
     log.warning("fastckpt: preempted (signal %d): saving tag %s in %s, then exiting (%.1f s of grace left)",
                 p.signum, tag, save_dir, p.left_s())

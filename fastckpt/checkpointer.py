@@ -376,9 +376,7 @@ class Checkpointer:
             return
         if not p.anyone(lambda came: not self._agree.all_ok(not came)):
             return
-        if p.arrived is None:  # another rank got it: this rank's grace period starts now
-            p.arrived = time.monotonic()
-        p.watch()
+        p.watch()  # the grace period runs (from now, if another rank got the signal)
         log.warning("fastckpt: preempted (signal %d): checkpointing step %s, then exiting (%.1f s of grace left)",
                     p.signum, step, p.left_s())
         try:

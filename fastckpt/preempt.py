@@ -35,7 +35,7 @@ def _die(signum: int) -> None:
     try:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
-        time.sleep(1.0)  # delivered to this thread before the sleep ends; a signal that does not kill:
+        time.sleep(1.0)  # delivered before the sleep ends; for a signal whose default does not end a process:
     finally:
         os._exit(128 + signum)
 
@@ -48,7 +48,8 @@ class PreemptSignal:
             raise ValueError("preempt_signal needs the Checkpointer made on the main thread (Python runs "
                              "signal handlers there)")
         self.signum, self.grace_s = signum, grace_s
-        self.arrived: Optional[float] = None  # time.monotonic() of the first signal
+        self.arrived: Optional[float] = None  # time.monotonic() of the first signal to this process
+        self.started: Optional[float] = None  # the grace period's start: that, or another rank's signal agreed
         self._previous = signal.signal(signum, self._handle)
         self._watch: Optional[threading.Thread] = None
 
@@ -56,6 +57,8 @@ class PreemptSignal:
         if self.arrived is not None:
             _die(signum)  # a second signal: out now
         self.arrived = time.monotonic()
+        if self.started is None:
+            self.started = self.arrived
         # the next one ends the process in the kernel, even while this thread is inside a
         # collective (a Python handler runs only once the interpreter gets its thread back)
         signal.signal(signum, signal.SIG_DFL)
@@ -72,13 +75,17 @@ class PreemptSignal:
             raise
 
     def left_s(self) -> float:
-        """Seconds of the grace period left (all of it when no signal came)."""
-        if self.arrived is None:
+        """Seconds of the grace period left (all of it before it started)."""
+        if self.started is None:
             return self.grace_s
-        return self.grace_s - (time.monotonic() - self.arrived)
+        return self.grace_s - (time.monotonic() - self.started)
 
     def watch(self) -> None:
-        """From now on the grace period is enforced: when it runs out, the process ends."""
+        """The ranks agreed the signal came (here or to another rank): the grace period runs from
+        its start (now, if the signal came to another rank only), and when it runs out the process
+        ends. A signal that comes here after is this process's first, not its second."""
+        if self.started is None:
+            self.started = time.monotonic()
         if self._watch is not None:
             return
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import signal as signals
-import time
 from typing import Optional
 
 import lightning.pytorch as pl
@@ -51,9 +50,7 @@ class PreemptCheckpoint(pl.Callback):
         p = self._signal
         if p is None or not p.anyone(lambda came: trainer.strategy.reduce_boolean_decision(came, all=False)):
             return
-        if p.arrived is None:  # another rank got it: this rank's grace period starts now
-            p.arrived = time.monotonic()
-        p.watch()
+        p.watch()  # the grace period runs (from now, if another rank got the signal)
         path = os.path.join(self.dirpath, self.filename.format(step=trainer.global_step))
         log.warning("fastckpt: preempted (signal %d): checkpointing step %d to %s, then exiting (%.1f s of grace "
                     "left)", p.signum, trainer.global_step, path, p.left_s())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import signal as signals
-import time
 from typing import Callable, Iterable
 
 import torch
@@ -47,9 +46,7 @@ class Preemption:
         p = self._signal
         if not p.anyone(self._any_rank):
             return
-        if p.arrived is None:  # another rank got it: this rank's grace period starts now
-            p.arrived = time.monotonic()
-        p.watch()
+        p.watch()  # the grace period runs (from now, if another rank got the signal)
         log.warning("fastckpt: preempted (signal %d): saving step %d, then exiting (%.1f s of grace left)",
                     p.signum, step, p.left_s())
         try:

@@ -277,9 +277,9 @@ class TieredStore(Store):
                     mmap=None):
         """This rank's part from its fastest valid copy: its own memory tier, then its partner's
         replica (every rank takes part in that exchange), then the tiers behind."""
-        tiers, partner = how[agree.rank] if how is not None else (self._tiers_holding(info), None)
+        tiers = how[agree.rank][0] if how is not None else self._tiers_holding(info)
         if rank != self.rank:  # another rank's part, read by this process: the shared last tier alone
-            tiers, partner = tuple(i for i in tiers if i == len(self.tiers) - 1), None
+            tiers = tuple(i for i in tiers if i == len(self.tiers) - 1)
         ask = dict(map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
         state, tried, order = None, [], list(tiers)
         if order and order[0] == 0 and len(self.tiers) > 1:  # its own memory tier

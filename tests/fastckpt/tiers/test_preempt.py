@@ -57,13 +57,14 @@ class Job:
                 self.changed.notify_all()
 
     def wait_for(self, rank: int, prefix: str, timeout: float = 90.0) -> int:
-        """Until rank printed a line starting with prefix; its number."""
+        """Until rank printed a line starting with prefix; its number (0: its second word is none)."""
         end = time.monotonic() + timeout
         with self.changed:
             while True:
                 for line in self.lines[rank]:
                     if line.startswith(prefix):
-                        return int(line.split()[1])
+                        word = line.split()[1]
+                        return int(word) if word.isdigit() else 0
                 left = end - time.monotonic()
                 assert left > 0, f"rank {rank} never printed {prefix!r}:\n{self.output(rank)}"
                 self.changed.wait(left)
@@ -174,3 +175,19 @@ def test_the_docs_preemption_lines_are_the_ones_the_tests_run(section, worker):
     missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), section, "",
                                          os.path.join(WORKERS, worker))
     assert not missing, missing
+
+
+def test_a_signal_to_each_rank_a_little_apart_is_each_ones_first_not_a_second(places):
+    """As a cluster sends SIGTERM to every rank: rank 0's is agreed on first; rank 1's own, which
+    comes while the checkpoint is being written, is its first signal (it does not end it at once)."""
+    memory, disk = places
+    job = Job(memory, disk, every=4, mb=48)
+    job.wait_for(0, "saving")
+    os.kill(job.procs[0].pid, signal.SIGTERM)
+    job.wait_for(1, "fastckpt: preempted", 30)  # rank 1 agreed (it logs so) and is about to save
+    os.kill(job.procs[1].pid, signal.SIGTERM)
+    codes = job.ended(GRACE_S)
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    info, states = newest_on_disk(disk)
+    assert info is not None and info.step == job.last_step(0) == job.last_step(1)
+    assert exact(info, states, 48)
