@@ -55,16 +55,21 @@ def state_of(step: int) -> dict:
 def root_store(root: str) -> None:
     import fastckpt
     with fastckpt.Checkpointer(root, concurrency=2, keep=2, chunk_mb=1, writers=2) as ck:
-        ck.save(state_of(1), step=1)
-        ck.wait()
-        mark(root, "committed:1")
-        ck.save(state_of(2), step=2)
-        ck.save(state_of(3), step=3)  # in flight beside step 2
-        ck.wait()
-        mark(root, "committed:3")
-        ck.save(state_of(4), step=4)  # retention removes step 2 once it lands
-        ck.wait()
-        mark(root, "committed:4")
+        four_saves(ck, root)
+
+
+def four_saves(ck, root: str) -> None:
+    """Steps 1 to 4, 2 and 3 in flight together; "committed:K" once wait() returned."""
+    ck.save(state_of(1), step=1)
+    ck.wait()
+    mark(root, "committed:1")
+    ck.save(state_of(2), step=2)
+    ck.save(state_of(3), step=3)  # in flight beside step 2
+    ck.wait()
+    mark(root, "committed:3")
+    ck.save(state_of(4), step=4)  # retention removes step 2 once it lands
+    ck.wait()
+    mark(root, "committed:4")
 
 
 def tiers(root: str) -> None:
@@ -74,16 +79,7 @@ def tiers(root: str) -> None:
     import fastckpt
     with fastckpt.Checkpointer(tiers=[root + ".memory", root], concurrency=2, keep=2, chunk_mb=1,
                                writers=2) as ck:
-        ck.save(state_of(1), step=1)
-        ck.wait()
-        mark(root, "committed:1")
-        ck.save(state_of(2), step=2)
-        ck.save(state_of(3), step=3)  # in flight beside step 2
-        ck.wait()
-        mark(root, "committed:3")
-        ck.save(state_of(4), step=4)
-        ck.wait()
-        mark(root, "committed:4")
+        four_saves(ck, root)
 
 
 PATH_SAVES = (("last.ckpt", 1), ("epoch=0.ckpt", 2), ("last.ckpt", 3), ("last.ckpt", 4))

@@ -15,69 +15,31 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 import time
 
 import pytest
 import torch
 
 from support.deepspeed_runs import launch, run
+from support.processes import Output
 
 pytestmark = pytest.mark.slow
 GRACE_S = 20
 
 
-def started(save_dir, out, *extra, **env):
-    procs = launch("train", save_dir, out, *extra, ranks=2, script="ds_preempt_worker.py", **env)
-    lines = [[], []]
-    seen = threading.Condition()
-
-    def read(r):
-        for line in procs[r].stdout:
-            with seen:
-                lines[r].append(line)
-                seen.notify_all()
-    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in (0, 1)]
-    for t in readers:
-        t.start()
-    return procs, lines, seen, readers
-
-
-def steps_of(lines) -> list[int]:
-    return [int(x.split()[1]) for x in lines if x.startswith("step ")]
-
-
-def wait_steps(lines, seen, n, timeout=180):
-    end = time.monotonic() + timeout
-    with seen:
-        while not all(any(s >= n for s in steps_of(x)) for x in lines):
-            assert time.monotonic() < end, "".join(lines[0])[-3000:]
-            seen.wait(1)
-
-
-def ended(procs, readers, lines) -> list:
-    try:
-        for p in procs:
-            p.wait(GRACE_S)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("a rank did not end within the grace period:\n" + "".join(lines[0])[-3000:] + "".join(lines[1])[-3000:])
-    for t in readers:
-        t.join(10)
-    return [p.returncode for p in procs]
+def started(save_dir, out, *extra, **env) -> Output:
+    return Output(launch("train", save_dir, out, *extra, ranks=2, script="ds_preempt_worker.py", **env))
 
 
 @pytest.mark.parametrize("saving", [False, True], ids=["between saves", "while tags are saved"])
 def test_sigterm_to_one_rank_saves_one_agreed_tag_and_it_resumes_bit_exact(tmp_path, saving):
     save_dir = tmp_path / "ckpt"
     extra, env = (("--save-every", "1"), {"WIDTH": "512"}) if saving else ((), {})
-    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt", *extra, **env)
-    wait_steps(lines, seen, 4)
-    os.kill(procs[1].pid, signal.SIGTERM)
-    assert ended(procs, readers, lines) == [-signal.SIGTERM] * 2, "".join(lines[0])[-3000:]
-    last = {max(steps_of(x)) for x in lines}
+    job = started(save_dir, tmp_path / "unused.pt", *extra, **env)
+    job.wait_step(4)
+    os.kill(job.procs[1].pid, signal.SIGTERM)
+    assert job.ended(GRACE_S) == [-signal.SIGTERM] * 2, job.text()
+    last = {max(job.steps(r)) for r in (0, 1)}
     assert len(last) == 1, last
     n = last.pop()
     loaded = run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py", **env)
@@ -90,18 +52,18 @@ def test_sigterm_to_one_rank_saves_one_agreed_tag_and_it_resumes_bit_exact(tmp_p
 
 def test_a_second_sigterm_ends_the_job_at_once_and_the_newest_tag_loads(tmp_path):
     save_dir = tmp_path / "ckpt"
-    procs, lines, seen, readers = started(save_dir, tmp_path / "unused.pt")
-    wait_steps(lines, seen, 3)
-    for p in procs:
+    job = started(save_dir, tmp_path / "unused.pt")
+    job.wait_step(3)
+    for p in job.procs:
         os.kill(p.pid, signal.SIGTERM)
     time.sleep(0.02)
     t = time.monotonic()
-    for p in procs:
+    for p in job.procs:
         try:
             os.kill(p.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    assert ended(procs, readers, lines) == [-signal.SIGTERM] * 2
+    assert job.ended(GRACE_S) == [-signal.SIGTERM] * 2
     assert time.monotonic() - t < 5
     if os.path.isdir(save_dir) and any(n.startswith("preempted_step") for n in os.listdir(save_dir)):
         run("load", save_dir, tmp_path / "loaded.pt", ranks=2, script="ds_preempt_worker.py")  # loads whole

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 import fastckpt
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
-from support.processes import free_port
+from support.processes import Output, free_port
 
 sys.path.insert(0, WORKERS)
 from lit_app import assert_equal  # noqa: E402
@@ -34,66 +33,25 @@ WORKER = os.path.join(WORKERS, "lit_preempt_worker.py")
 GRACE_S = 20
 
 
-class Run:
-    def __init__(self, out, *args, ddp: bool = False):
-        os.makedirs(out, exist_ok=True)
-        base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(ROOT, WORKERS)}
-        envs = [base]
-        if ddp:
-            port = free_port()
-            envs = [{**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": "0",
-                     "LOCAL_RANK": str(r), "RANK": str(r)} for r in (0, 1)]
-        self.procs = [warm.popen([sys.executable, WORKER, str(out), *(["--ddp"] if ddp else []), *args], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preload=("lightning",))
-                      for env in envs]
-        self.lines = [[] for _ in self.procs]
-        self.changed = threading.Condition()
-        self.readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in range(len(self.procs))]
-        for t in self.readers:
-            t.start()
-
-    def _read(self, r):
-        for line in self.procs[r].stdout:
-            with self.changed:
-                self.lines[r].append(line)
-                self.changed.notify_all()
-
-    def steps(self, r) -> list[int]:
-        with self.changed:
-            return [int(x.split()[1]) for x in self.lines[r] if x.startswith("step ")]
-
-    def wait_step(self, n: int, timeout: float = 120) -> None:
-        end = time.monotonic() + timeout
-        with self.changed:
-            while not all(any(s >= n for s in self.steps_unlocked(r)) for r in range(len(self.procs))):
-                left = end - time.monotonic()
-                assert left > 0, f"no step {n}:\n" + self.output()
-                self.changed.wait(left)
-
-    def steps_unlocked(self, r):
-        return [int(x.split()[1]) for x in self.lines[r] if x.startswith("step ")]
-
-    def output(self) -> str:
-        return "\n".join("".join(lines)[-3000:] for lines in self.lines)
-
-    def ended(self, timeout: float) -> list:
-        try:
-            for p in self.procs:
-                p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            for p in self.procs:
-                p.kill()
-            pytest.fail("a rank did not end within the grace period:\n" + self.output())
-        for t in self.readers:
-            t.join(10)
-        return [p.returncode for p in self.procs]
+def start(out, *args, ddp: bool = False) -> Output:
+    """lit_preempt_worker.py alone, or as 2 DDP ranks started as torchrun starts them."""
+    os.makedirs(out, exist_ok=True)
+    base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path(ROOT, WORKERS)}
+    envs = [base]
+    if ddp:
+        port = free_port()
+        envs = [{**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": "0",
+                 "LOCAL_RANK": str(r), "RANK": str(r)} for r in (0, 1)]
+    return Output([warm.popen([sys.executable, WORKER, str(out), *(["--ddp"] if ddp else []), *args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preload=("lightning",),
+                              start_new_session=True) for env in envs])
 
 
-def check_preempted(out, run: Run) -> str:
+def check_preempted(out, run: Output) -> str:
     """The one preemption checkpoint: of the last step every rank ended, equal to what Lightning
     built for it; its path."""
     found = glob.glob(os.path.join(out, "ck", "preempted-step=*.ckpt"))
-    assert len(found) == 1, (found, run.output())
+    assert len(found) == 1, (found, run.text())
     last = {max(run.steps(r)) for r in range(len(run.procs))}
     step = int(found[0].split("=")[-1].split(".")[0])
     assert last == {step}, (last, step)
@@ -107,17 +65,17 @@ def check_preempted(out, run: Run) -> str:
 @pytest.mark.parametrize("ddp", [False, True], ids=["one process", "2 DDP ranks"])
 def test_sigterm_checkpoints_the_agreed_step_exits_and_resumes_bit_exact(tmp_path, ddp):
     out = str(tmp_path / "run")
-    run = Run(out, ddp=ddp)
+    run = start(out, ddp=ddp)
     run.wait_step(5)
     t = time.monotonic()
     os.kill(run.procs[-1].pid, signal.SIGTERM)  # under DDP, rank 1 alone gets it
     codes = run.ended(GRACE_S)
     took = time.monotonic() - t
-    assert codes == [-signal.SIGTERM] * len(run.procs), (codes, run.output())
+    assert codes == [-signal.SIGTERM] * len(run.procs), (codes, run.text())
     path = check_preempted(out, run)
     print(f"\nSIGTERM -> {os.path.basename(path)} durable, every rank exited in {took:.2f} s")
-    again = Run(str(tmp_path / "resumed"), "--resume", path)
-    assert again.ended(120) == [0], again.output()
+    again = start(str(tmp_path / "resumed"), "--resume", path)
+    assert again.ended(120) == [0], again.text()
     loaded = torch.load(os.path.join(tmp_path, "resumed", "loaded-rank0.pt"), weights_only=True)
     saved = fastckpt.load(path)
     assert loaded["global_step"] == saved["global_step"]
@@ -126,15 +84,15 @@ def test_sigterm_checkpoints_the_agreed_step_exits_and_resumes_bit_exact(tmp_pat
 
 def test_sigterm_while_saves_are_in_flight_and_a_second_sigterm(tmp_path):
     out = str(tmp_path / "run")
-    run = Run(out, "--every", "2", "--big", "2048")  # 16 MiB a save, one every 2 steps
+    run = start(out, "--every", "2", "--big", "2048")  # 16 MiB a save, one every 2 steps
     run.wait_step(4)
     os.kill(run.procs[0].pid, signal.SIGTERM)
-    assert run.ended(GRACE_S) == [-signal.SIGTERM], run.output()
+    assert run.ended(GRACE_S) == [-signal.SIGTERM], run.text()
     check_preempted(out, run)
     for path in glob.glob(os.path.join(out, "every", "*.ckpt")):  # every save that is there is whole
         fastckpt.load(path)
     out2 = str(tmp_path / "twice")
-    run = Run(out2, "--every", "2", "--big", "2048")
+    run = start(out2, "--every", "2", "--big", "2048")
     run.wait_step(4)
     os.kill(run.procs[0].pid, signal.SIGTERM)
     time.sleep(0.02)
@@ -143,7 +101,7 @@ def test_sigterm_while_saves_are_in_flight_and_a_second_sigterm(tmp_path):
         os.kill(run.procs[0].pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    assert run.ended(GRACE_S) == [-signal.SIGTERM], run.output()
+    assert run.ended(GRACE_S) == [-signal.SIGTERM], run.text()
     assert time.monotonic() - t < 5
     for path in glob.glob(os.path.join(out2, "*", "*.ckpt")):  # never torn: a file there loads, CRCs and all
         fastckpt.load(path)

@@ -57,3 +57,71 @@ def kill_ranks(procs: list, victims: list) -> None:
         except ProcessLookupError:
             pass
         p.wait(60)
+
+
+class Output:
+    """What started processes print, line by line as it comes (a reader thread each), for a test
+    that acts on it: a signal once a rank printed a line, then each one's exit status."""
+
+    def __init__(self, procs: list):
+        self.procs = procs
+        self.lines: list[list[str]] = [[] for _ in procs]
+        self.changed = threading.Condition()
+        self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(len(procs))]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, i: int) -> None:
+        for line in self.procs[i].stdout:
+            with self.changed:
+                self.lines[i].append(line)
+                self.changed.notify_all()
+
+    def wait_for(self, i: int, prefix: str, timeout: float = 120.0) -> str:
+        """Until process i printed a line starting with prefix; that line."""
+        end = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                found = next((line for line in self.lines[i] if line.startswith(prefix)), None)
+                if found is not None:
+                    return found
+                left = end - time.monotonic()
+                assert left > 0, f"process {i} never printed {prefix!r}:\n{self.text(i)}"
+                self.changed.wait(left)
+
+    def steps(self, i: int) -> list[int]:
+        """The N of every "step N" line process i printed."""
+        with self.changed:
+            return [int(x.split()[1]) for x in self.lines[i] if x.startswith("step ")]
+
+    def wait_step(self, n: int, timeout: float = 180.0) -> None:
+        """Until every process printed "step M" with M >= n."""
+        end = time.monotonic() + timeout
+        with self.changed:
+            while not all(any(s >= n for s in self.steps(i)) for i in range(len(self.procs))):
+                left = end - time.monotonic()
+                assert left > 0, f"not every process reached step {n}:\n{self.text()}"
+                self.changed.wait(left)
+
+    def text(self, i=None) -> str:
+        with self.changed:
+            return "\n".join("".join(self.lines[j])[-3000:] for j in ([i] if i is not None else range(len(self.procs))))
+
+    def ended(self, timeout: float) -> list:
+        """Each process's exit status once all ended; killed (and the test failed) when they do
+        not within timeout."""
+        end = time.monotonic() + timeout
+        try:
+            for p in self.procs:
+                p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in self.procs:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                p.wait(60)
+            raise AssertionError(f"a process did not end within {timeout:g} s:\n{self.text()}") from None
+        for t in self.readers:
+            t.join(10)
+        return [p.returncode for p in self.procs]

@@ -13,37 +13,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 import fastckpt
 from lightning_fastckpt import FastCheckpointIO, PreemptCheckpoint
 from lit_app import TinyModule, loader, trainer
+from lit_worker import Record
 
 fastckpt.reproducible()
 
 
-class Steps(L.Callback):
-    def __init__(self, out: str):
-        self.out = out
+class Steps(Record):
+    """lit_worker's Record (the sync copy of every checkpoint dict, what a resume loaded) and a
+    "step N" line at every batch end."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, i):
-        time.sleep(0.03)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, i)
         print(f"step {trainer.global_step}", flush=True)
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-        if trainer.global_rank == 0:
-            os.makedirs(os.path.join(self.out, "sync"), exist_ok=True)
-            torch.save({"state_dict": checkpoint["state_dict"], "optimizer_states": checkpoint["optimizer_states"]},
-                       os.path.join(self.out, "sync", f"step-{trainer.global_step}.pt"))
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
-        torch.save({"global_step": checkpoint["global_step"], "state_dict": checkpoint["state_dict"]},
-                   os.path.join(self.out, f"loaded-rank{trainer.global_rank}.pt"))
 
 
 def main() -> None:
@@ -55,7 +44,7 @@ def main() -> None:
     ap.add_argument("--resume", default=None)
     a = ap.parse_args()
     L.seed_everything(0, verbose=False)
-    cbs = [Steps(a.out)]
+    cbs = [Steps(a.out, sleep=0.03)]
     if a.every:
         cbs.append(ModelCheckpoint(dirpath=os.path.join(a.out, "every"), every_n_train_steps=a.every, save_top_k=-1))
     cbs.append(PreemptCheckpoint(os.path.join(a.out, "ck"), grace_s=20))

@@ -12,57 +12,22 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 import time
 
 import pytest
 import torch
 
 from fastckpt.dcp import newest_committed
+from support.processes import Output
 from test_fsdp2 import equal, finish, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 GRACE_S = 20
 
 
-class Job:
-    def __init__(self, ckpt, ref):
-        os.makedirs(ref, exist_ok=True)
-        self.procs = launch(["preempt", ckpt, ref], 2)
-        self.lines = [[], []]
-        self.seen = threading.Condition()
-        self.readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in (0, 1)]
-        for t in self.readers:
-            t.start()
-
-    def _read(self, r):
-        for line in self.procs[r].stdout:
-            with self.seen:
-                self.lines[r].append(line)
-                self.seen.notify_all()
-
-    def steps(self, r):
-        return [int(x.split()[1]) for x in self.lines[r] if x.startswith("step ")]
-
-    def wait_step(self, n, timeout=180):
-        end = time.monotonic() + timeout
-        with self.seen:
-            while not all(any(s >= n for s in self.steps(r)) for r in (0, 1)):
-                assert time.monotonic() < end, "".join(self.lines[0])[-3000:]
-                self.seen.wait(1)
-
-    def ended(self):
-        try:
-            for p in self.procs:
-                p.wait(GRACE_S)
-        except subprocess.TimeoutExpired:
-            for p in self.procs:
-                os.killpg(p.pid, signal.SIGKILL)
-            pytest.fail("a rank did not end within the grace period:\n" + "".join(self.lines[0])[-3000:])
-        for t in self.readers:
-            t.join(10)
-        return [p.returncode for p in self.procs]
+def job(ckpt, ref) -> Output:
+    os.makedirs(ref, exist_ok=True)
+    return Output(launch(["preempt", ckpt, ref], 2))
 
 
 def resumed_state(ckpt, out):
@@ -73,11 +38,11 @@ def resumed_state(ckpt, out):
 
 def test_sigterm_to_one_fsdp2_rank_saves_the_agreed_step_and_it_resumes_bit_exact(tmp_path):
     ckpt, ref = str(tmp_path / "ckpt"), str(tmp_path / "ref")
-    job = Job(ckpt, ref)
-    job.wait_step(4)  # an async save of step 3 in flight or landed
-    os.kill(job.procs[1].pid, signal.SIGTERM)
-    assert job.ended() == [-signal.SIGTERM] * 2, "".join(job.lines[0])[-3000:]
-    last = {max(job.steps(r)) for r in (0, 1)}
+    run = job(ckpt, ref)
+    run.wait_step(4)  # an async save of step 3 in flight or landed
+    os.kill(run.procs[1].pid, signal.SIGTERM)
+    assert run.ended(GRACE_S) == [-signal.SIGTERM] * 2, run.text()
+    last = {max(run.steps(r)) for r in (0, 1)}
     assert len(last) == 1, last
     n = last.pop()
     assert newest_committed(ckpt).step == n
@@ -87,18 +52,18 @@ def test_sigterm_to_one_fsdp2_rank_saves_the_agreed_step_and_it_resumes_bit_exac
 
 def test_a_second_sigterm_ends_the_fsdp2_job_at_once_and_the_newest_committed_resumes(tmp_path):
     ckpt, ref = str(tmp_path / "ckpt"), str(tmp_path / "ref")
-    job = Job(ckpt, ref)
-    job.wait_step(4)
-    for p in job.procs:
+    run = job(ckpt, ref)
+    run.wait_step(4)
+    for p in run.procs:
         os.kill(p.pid, signal.SIGTERM)
     time.sleep(0.01)
     t = time.monotonic()
-    for p in job.procs:
+    for p in run.procs:
         try:
             os.kill(p.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    assert job.ended() == [-signal.SIGTERM] * 2
+    assert run.ended(GRACE_S) == [-signal.SIGTERM] * 2
     assert time.monotonic() - t < 5
     newest = newest_committed(ckpt)
     if newest is not None:  # whole: it resumes, every CRC checked, to the state kept at its step

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -24,7 +23,7 @@ import pytest
 import fastckpt
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
-from support.processes import free_port, kill_ranks
+from support.processes import Output, free_port
 
 sys.path.insert(0, WORKERS)
 from preempt_worker import state_for  # noqa: E402
@@ -33,63 +32,22 @@ pytestmark = pytest.mark.slow
 GRACE_S = 20
 
 
-class Job:
+class Job(Output):
     """Both ranks of preempt_worker.py, their output read as it comes."""
 
     def __init__(self, memory: str, disk: str, every: int, mb: int):
         port = free_port()
-        self.procs, self.lines, self.mb = [], [[], []], mb
-        self.changed = threading.Condition()
+        procs = []
         for rank in (0, 1):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONPATH=python_path(ROOT, WORKERS))
-            self.procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "preempt_worker.py"), memory, disk,
-                                          str(every), str(mb)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         text=True, env=env, start_new_session=True))
-        self.readers = [threading.Thread(target=self._read, args=(r,), daemon=True) for r in (0, 1)]
-        for t in self.readers:
-            t.start()
-
-    def _read(self, rank: int) -> None:
-        for line in self.procs[rank].stdout:
-            with self.changed:
-                self.lines[rank].append(line)
-                self.changed.notify_all()
-
-    def wait_for(self, rank: int, prefix: str, timeout: float = 90.0) -> int:
-        """Until rank printed a line starting with prefix; its number (0: its second word is none)."""
-        end = time.monotonic() + timeout
-        with self.changed:
-            while True:
-                for line in self.lines[rank]:
-                    if line.startswith(prefix):
-                        word = line.split()[1]
-                        return int(word) if word.isdigit() else 0
-                left = end - time.monotonic()
-                assert left > 0, f"rank {rank} never printed {prefix!r}:\n{self.output(rank)}"
-                self.changed.wait(left)
+            procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "preempt_worker.py"), memory, disk,
+                                     str(every), str(mb)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env=env, start_new_session=True))
+        super().__init__(procs)
 
     def last_step(self, rank: int) -> int:
-        with self.changed:
-            steps = [int(x.split()[1]) for x in self.lines[rank] if x.startswith("step ")]
-        return max(steps, default=0)
-
-    def output(self, rank: int) -> str:
-        with self.changed:
-            return "".join(self.lines[rank])[-4000:]
-
-    def ended(self, timeout: float) -> list:
-        """Each rank's exit status, once both ended (killed when they do not within timeout)."""
-        end = time.monotonic() + timeout
-        try:
-            for p in self.procs:
-                p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            kill_ranks(self.procs, self.procs)
-            pytest.fail("a rank did not end within the grace period:\n" + "\n".join(self.output(r) for r in (0, 1)))
-        for t in self.readers:
-            t.join(10)
-        return [p.returncode for p in self.procs]
+        return max(self.steps(rank), default=0)
 
 
 def newest_on_disk(disk: str):
@@ -119,7 +77,7 @@ def test_sigterm_to_one_rank_checkpoints_one_agreed_step_on_every_rank_and_exits
     os.kill(job.procs[1].pid, signal.SIGTERM)
     codes = job.ended(GRACE_S)
     took = time.monotonic() - t
-    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     info, states = newest_on_disk(disk)
     assert info is not None and info.step > before and info.world_size == 2
     ended = [job.last_step(r) for r in (0, 1)]
@@ -137,7 +95,7 @@ def test_sigterm_during_a_save_checkpoints_and_exits(places):
     for p in job.procs:
         os.kill(p.pid, signal.SIGTERM)
     codes = job.ended(GRACE_S)
-    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     info, states = newest_on_disk(disk)
     assert info is not None and info.step == job.last_step(0) == job.last_step(1)
     assert exact(info, states, 48)
@@ -157,7 +115,7 @@ def test_a_second_sigterm_ends_at_once_and_leaves_no_torn_checkpoint(places):
         except ProcessLookupError:
             pass
     codes = job.ended(GRACE_S)
-    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     assert time.monotonic() - t < 5, "the second SIGTERM did not end the job at once"
     info, states = newest_on_disk(disk)
     if info is not None:  # the previous checkpoint, or the new one if it landed first: whole either way
@@ -187,7 +145,7 @@ def test_a_signal_to_each_rank_a_little_apart_is_each_ones_first_not_a_second(pl
     job.wait_for(1, "fastckpt: preempted", 30)  # rank 1 agreed (it logs so) and is about to save
     os.kill(job.procs[1].pid, signal.SIGTERM)
     codes = job.ended(GRACE_S)
-    assert codes == [-signal.SIGTERM] * 2, (codes, job.output(0), job.output(1))
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     info, states = newest_on_disk(disk)
     assert info is not None and info.step == job.last_step(0) == job.last_step(1)
     assert exact(info, states, 48)
