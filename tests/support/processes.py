@@ -103,6 +103,19 @@ class Output:
                 assert left > 0, f"not every process reached step {n}:\n{self.text()}"
                 self.changed.wait(left)
 
+    def signal_twice(self, signum: int, gap_s: float = 0.02) -> list:
+        """signum to every process, and again gap_s later; each one's exit status (all must end
+        within 5 s of the second: a second signal ends a process at once)."""
+        for p in self.procs:
+            os.kill(p.pid, signum)
+        time.sleep(gap_s)
+        for p in self.procs:
+            try:
+                os.kill(p.pid, signum)
+            except ProcessLookupError:
+                pass
+        return self.ended(5.0)
+
     def text(self, i=None) -> str:
         with self.changed:
             return "\n".join("".join(self.lines[j])[-3000:] for j in ([i] if i is not None else range(len(self.procs))))
