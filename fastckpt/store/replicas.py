@@ -41,7 +41,14 @@ def mapped(path: str) -> torch.Tensor:
 
 
 def write_durably(path: str, data: torch.Tensor) -> None:
-    _native.write_buffered(path, 0, data.data_ptr(), data.numel(), True)
+    """data as the whole file at path (a longer file left there by a dead writer is cut), fdatasync'ed."""
+    _native.write_buffered(path, 0, data.data_ptr(), data.numel(), False)
+    os.truncate(path, data.numel())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 class Replicas:
