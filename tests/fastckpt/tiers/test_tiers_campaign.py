@@ -135,16 +135,17 @@ def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int) ->
             time.sleep(rng.uniform(0.3, 1.5))
     finally:
         died = [r for r in (0, 1) if procs[r].poll() is not None]  # ended before the kill: a failure
-        for r, p in enumerate(procs):
+        for p in procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:  # ended by itself just now
-                died.append(r)
+            except ProcessLookupError:  # its peer was killed first: it ended on the broken collective
+                pass
+        for p in procs:
             p.wait(60)
         for t in readers:
             t.join(30)
     assert not died, (f"rank(s) {died} ended by themselves ({[p.returncode for p in procs]}):\n"
-                      + "\n".join("".join(lines[r])[-3000:] for r in sorted(set(died))))
+                      + "\n".join("".join(lines[r])[-3000:] for r in died))
     return resumed, committed[0], lines
 
 
