@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..commit_info import CommitInfo
+from ..errors import CheckpointWriteError
 from ..format import load_file
 from ..verify import verify_file
 from ..write.protocol import FileSink
@@ -113,8 +114,10 @@ class Store(abc.ABC):
         return True
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
-        """(0) Some rank's fits() said False: saves go where there is room; what to warn."""
-        raise NotImplementedError
+        """(0) Some rank's fits() said False: saves go where there is room; what to warn. A store
+        whose fits() can say False has somewhere else to write, and says where here."""
+        raise CheckpointWriteError(f"store {self.kind!r} said it has no room for checkpoints of {nbytes} bytes "
+                                   "and has nowhere else to write them")
 
     # -- 1-2. writing ----------------------------------------------------
     @abc.abstractmethod

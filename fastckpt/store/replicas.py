@@ -23,11 +23,11 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import _native
 from ..commit import record as commit
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..verify import verify_file
+from .tier_copy import write_durably
 
 log = logging.getLogger("fastckpt")
 
@@ -38,17 +38,6 @@ def mapped(path: str) -> torch.Tensor:
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(path, False, size))
-
-
-def write_durably(path: str, data: torch.Tensor) -> None:
-    """data as the whole file at path (a longer file left there by a dead writer is cut), fdatasync'ed."""
-    _native.write_buffered(path, 0, data.data_ptr(), data.numel(), False)
-    os.truncate(path, data.numel())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 class Replicas:
@@ -70,7 +59,7 @@ class Replicas:
             entry = info.entry_for(ward)
             path = os.path.join(folder, entry.name)
             try:
-                write_durably(path, buf)
+                write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
                 verify_file(path, entry, at=buf.data_ptr())  # the CRCs over the bytes as received
             except (CorruptCheckpointError, OSError) as e:
                 _drop(path)
@@ -113,7 +102,7 @@ class Replicas:
         folder = self.tier.new_dir(info.step, info.counter)
         path = os.path.join(folder, info.entry_for(self.rank).name)
         try:
-            write_durably(path, buf)
+            write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
         except OSError as e:
             tried.append(f"replica of rank {self.partner}: {e}")
             shutil.rmtree(folder, ignore_errors=True)

@@ -42,8 +42,9 @@ def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> N
 
 
 def write_durably(dst: str, at: int, size: int, direct_io: bool) -> None:
-    """size bytes at address `at` (page-aligned: the disk reads them where they lie) as the
-    file dst, fdatasync'ed; O_DIRECT where its filesystem takes it."""
+    """size bytes at address `at` as the whole file dst (a longer file a dead writer left there is
+    cut), fdatasync'ed; O_DIRECT where its filesystem takes it (from a page-aligned `at`, the disk
+    reads them where they lie)."""
     if direct_io:
         try:
             _native.write_direct(dst, 0, at, size, True)
@@ -53,4 +54,10 @@ def write_durably(dst: str, at: int, size: int, direct_io: bool) -> None:
                 raise
             if os.path.exists(dst):
                 os.unlink(dst)
-    _native.write_buffered(dst, 0, at, size, True)
+    _native.write_buffered(dst, 0, at, size, False)
+    os.truncate(dst, size)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
