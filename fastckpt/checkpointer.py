@@ -324,13 +324,13 @@ class Checkpointer:
             self.stats["landed"] += 1
             if self.stats["timings_first"] is None:
                 self.stats["timings_first"] = timings
-        self._inflight.landed(pending)
-        self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
         if pending.error is None and self._persists is not None:
             unit = self.store.persist_unit(pending.info, self._persisted, self._retain_behind,
                                            lambda ok: self._persist_agree.all_ok(ok, background=True))
-            if unit is not None:  # issued here, in commit order: the same order on every rank
-                self._persists.issue(unit)
+            if unit is not None:  # issued here, in commit order (the same on every rank), and before
+                self._persists.issue(unit)  # it leaves the in-flight list: wait() then finds its copy
+        self._inflight.landed(pending)
+        self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
 
     def _persisted(self, unit, infos, error) -> None:
         """A checkpoint's copy behind the memory tier landed (its commit thread)."""
