@@ -13,6 +13,10 @@ the next checkpoint's part is written into it in place (the file sink does not t
 writes: every byte up to its new size is written again, what lies beyond is cut). A new file on a
 memory filesystem costs the kernel a fresh zeroed page for every page written; a recycled one
 costs the copy alone.
+
+On a memory filesystem (tmpfs) a part is written through a mapping of its file
+(fastckpt.write.host_memory_file: one copy, the CRC in the same pass, no staging); elsewhere (a
+node-local SSD in front of a shared disk) as any file.
 """
 from __future__ import annotations
 
@@ -22,10 +26,12 @@ import re
 import shutil
 from typing import Optional
 
+from .. import _native
 from ..commit import record as commit
 from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
+from ..write.protocol import FileSink, MemoryFileSink
 from .protocol import Listed
 from .root_store import DIR_RE, RootStore
 
@@ -47,6 +53,20 @@ class NodeTier(RootStore):
         super().__init__(rank_folder(place, rank))
         self.place, self.rank, self.spares = os.path.abspath(os.fspath(place)), rank, spares
         self.recycled = 0  # parts written into a recycled file
+        self._memory: Optional[bool] = None
+
+    @property
+    def sink_kind(self) -> str:
+        """"memory" on a memory filesystem (parts written through a mapping), else "file"."""
+        if self._memory is None:
+            at = self.place
+            while not os.path.exists(at) and os.path.dirname(at) != at:
+                at = os.path.dirname(at)
+            self._memory = _native.on_memory_filesystem(at)
+        return "memory" if self._memory else "file"
+
+    def sink(self, part: str, direct_io: bool):
+        return MemoryFileSink(part) if self.sink_kind == "memory" else FileSink(part, direct_io)
 
     def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
         ckpt_id, part = super().begin(step, counter, rank, fmt, target, plan, meta)

@@ -146,9 +146,13 @@ class TieredStore(Store):
     def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
         return self.writes_to.begin(step, counter, rank, fmt, target, plan, meta)
 
+    @property
+    def sink_kind(self) -> str:
+        """The sink of the tier saves go to now (a memory tier's is "memory": no staging)."""
+        return self.writes_to.sink_kind
+
     def sink(self, part: str, direct_io: bool):
-        tier = self._tier_of(os.path.dirname(part))
-        return tier.sink(part, direct_io and tier is self.tiers[-1])  # memory: O_DIRECT means nothing there
+        return self._tier_of(os.path.dirname(part)).sink(part, direct_io)
 
     def _tier_of(self, ckpt_id: str) -> RootStore:
         """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever

@@ -2,7 +2,8 @@
 
   protocol.py      the protocol every write follows, its call order, sinks and result
   select.py        the one place an implementation is chosen (source x sink)
-  host_file.py     host tensors -> file          (native job: staged, host copy, direct)
+  host_file.py     host tensors -> file          (native job: staged, host copy, direct; a tmpfs
+                   file, MemoryFileSink, is stored into through a mapping of it)
   host_mapped.py   host tensors -> mapped pool   (native job: copy threads store into it)
   device_file.py   CUDA tensors -> file          (side stream, pinned staging, spare memory, kvikio)
   device_mapped.py CUDA tensors -> mapped pool   (side stream into the registered mapping)
@@ -13,8 +14,8 @@
   layerwise.py     held snapshots released per DDP bucket (LightCheck §III-B)
 """
 from .deadline import Deadline, WriteStalled
-from .protocol import STRATEGIES, FileSink, MappedSink, SnapshotWrite, WriteResult
+from .protocol import STRATEGIES, FileSink, MappedSink, MemoryFileSink, SnapshotWrite, WriteResult
 from .select import implementation, reads_through_stream, staging_chunks, stages, start_write
 
-__all__ = ["Deadline", "WriteStalled", "STRATEGIES", "FileSink", "MappedSink", "SnapshotWrite", "WriteResult",
+__all__ = ["Deadline", "WriteStalled", "STRATEGIES", "FileSink", "MappedSink", "MemoryFileSink", "SnapshotWrite", "WriteResult",
            "implementation", "reads_through_stream", "staging_chunks", "stages", "start_write"]

@@ -6,6 +6,8 @@
      here), made while save() runs; the writers then write from it;
   d  writers write straight from the live tensors; the gate holds until written.
 A held write (layer-wise, c and d) moves nothing until records are released.
+A MemoryFileSink (a file on tmpfs) is written the same way, its bytes stored through a mapping
+of the file instead of write() (the native MemoryFileSink).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ class HostFileWrite(JobWrite):
         held = held and strategy != "g"  # g copies everything while save() runs
         super().__init__(engine, plan, deadline, sink.path, held)
         self.sink, self.strategy, self.mode = sink, strategy, MODES[strategy]
+        memory = sink.kind == "memory"
+        if memory:
+            self.mode += " (memory-mapped)"
         self._keep: list[torch.Tensor] = []
         pieces = [(r.storage.data_ptr(), r.nbytes, r.file_off, i) for i, r in enumerate(plan.records) if r.nbytes]
         if strategy == "g":
@@ -36,7 +41,7 @@ class HostFileWrite(JobWrite):
                 pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
         source = _native.Source.Staged if strategy == "c" else _native.Source.Direct
         self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, source,
-                                  sink.direct_io, len(plan.records), held)
+                                  sink.direct_io and not memory, len(plan.records), held, memory)
 
     def _host_copy(self, src: int, nbytes: int) -> int:
         buf = torch.empty(nbytes, dtype=torch.uint8)

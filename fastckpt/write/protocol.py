@@ -58,6 +58,17 @@ class FileSink:
 
 
 @dataclass(frozen=True)
+class MemoryFileSink(FileSink):
+    """A file on a memory filesystem (tmpfs: a memory tier's part), written as any file is (by the
+    strategy: staged, host copy, direct) but its bytes stored through one mapping of it, its
+    pages faulted in once, instead of write(): on tmpfs a write() costs the kernel a page lookup
+    and lock per 4 KiB on top of the copy. CUDA tensors are written to it as to any file."""
+
+    direct_io: bool = False
+    kind = "memory"
+
+
+@dataclass(frozen=True)
 class MappedSink:
     """The data extent of a pool version: file offset `plan.data_begin` lands at pool offset `data_off`."""
 
@@ -66,7 +77,7 @@ class MappedSink:
     kind = "mapped"
 
 
-Sink = Union[FileSink, MappedSink]
+Sink = Union[FileSink, MemoryFileSink, MappedSink]
 
 
 @dataclass

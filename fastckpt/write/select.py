@@ -1,8 +1,8 @@
 """The one place a write implementation is chosen: the plan's source x the sink.
 
-              file sink          mapped sink (pmem pool)
-  host        HostFileWrite      HostMappedWrite
-  stream      DeviceFileWrite    DeviceMappedWrite
+              file sink          memory file sink (tmpfs)   mapped sink (pmem pool)
+  host        HostFileWrite      HostFileWrite              HostMappedWrite
+  stream      DeviceFileWrite    DeviceFileWrite            DeviceMappedWrite
 
 A plan is read through a stream when its device type has one in streams.STREAMS (CUDA
 does); every other plan is read by the host implementations. kvikio is an option of the
@@ -20,13 +20,13 @@ from .protocol import STRATEGIES, Sink, SnapshotWrite, chunks_of
 from .streams import STREAMS, device_type
 
 IMPLEMENTATIONS: dict[tuple[str, str], type[SnapshotWrite]] = {
-    ("host", "file"): HostFileWrite, ("host", "mapped"): HostMappedWrite,
-    ("stream", "file"): DeviceFileWrite, ("stream", "mapped"): DeviceMappedWrite,
+    ("host", "file"): HostFileWrite, ("host", "memory"): HostFileWrite, ("host", "mapped"): HostMappedWrite,
+    ("stream", "file"): DeviceFileWrite, ("stream", "memory"): DeviceFileWrite, ("stream", "mapped"): DeviceMappedWrite,
 }
 
 
 def implementation_for(device: str, sink_kind: str) -> type[SnapshotWrite]:
-    """The class that writes tensors of this device type into a sink of this kind ("file" or "mapped")."""
+    """The class that writes tensors of this device type into a sink of this kind ("file", "memory" or "mapped")."""
     source = "stream" if device in STREAMS else "host"
     return IMPLEMENTATIONS[(source, sink_kind)]
 

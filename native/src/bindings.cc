@@ -9,6 +9,7 @@
 #include "fastckpt/crc.h"
 #include "fastckpt/engine.h"
 #include "fastckpt/file_io.h"
+#include "fastckpt/memory_file_sink.h"
 #include "fastckpt/pmem_pool.h"
 #include "fastckpt/reader.h"
 #include "fastckpt/tensor_io.h"
@@ -69,6 +70,7 @@ PYBIND11_MODULE(_native, m) {
   });
 
   m.def("features", &features);
+  m.def("on_memory_filesystem", &on_memory_filesystem, py::arg("path"));
   m.def("crc32", [](uintptr_t addr, uint64_t n, uint32_t crc) {
     py::gil_scoped_release nogil;
     return crc32_update(crc, reinterpret_cast<const void*>(addr), n);
@@ -175,14 +177,14 @@ PYBIND11_MODULE(_native, m) {
       .def("submit", [](Engine& e, const std::string& path,
                         const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
                         uint64_t data_begin, uint64_t data_end, uint64_t file_size, Source source,
-                        bool direct_io, uint32_t n_records, bool held) {
+                        bool direct_io, uint32_t n_records, bool held, bool memory) {
         auto p = to_pieces(pieces);
         py::gil_scoped_release nogil;
         return e.submit(path, std::move(p), data_begin, data_end, file_size, source, direct_io,
-                        n_records, held);
+                        n_records, held, memory);
       }, py::arg("path"), py::arg("pieces"), py::arg("data_begin"), py::arg("data_end"),
          py::arg("file_size"), py::arg("source"), py::arg("direct_io"), py::arg("n_records"),
-         py::arg("held") = false)
+         py::arg("held") = false, py::arg("memory") = false)
       .def("submit_mapped", [](Engine& e, std::shared_ptr<PmemPool> region, uint64_t shift,
                                const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint32_t>>& pieces,
                                uint64_t data_begin, uint64_t data_end, uint32_t n_records, bool held) {

@@ -6,6 +6,7 @@
 
 #include "fastckpt/file_sink.h"
 #include "fastckpt/mapped_sink.h"
+#include "fastckpt/memory_file_sink.h"
 
 namespace fastckpt {
 
@@ -20,9 +21,14 @@ void Engine::park() {
 
 std::shared_ptr<WriteJob> Engine::submit(const std::string& path, std::vector<Piece> pieces,
                                          uint64_t data_begin, uint64_t data_end, uint64_t file_size,
-                                         Source source, bool direct_io, uint32_t n_records, bool held) {
-  return start(std::make_unique<FileSink>(path, file_size, direct_io), std::move(pieces), data_begin,
-               data_end, file_size, source, n_records, held);
+                                         Source source, bool direct_io, uint32_t n_records, bool held,
+                                         bool memory) {
+  std::unique_ptr<Sink> sink;
+  if (memory)
+    sink = std::make_unique<MemoryFileSink>(path, file_size);
+  else
+    sink = std::make_unique<FileSink>(path, file_size, direct_io);
+  return start(std::move(sink), std::move(pieces), data_begin, data_end, file_size, source, n_records, held);
 }
 
 std::shared_ptr<WriteJob> Engine::submit_mapped(std::shared_ptr<const MappedRegion> region, uint64_t shift,

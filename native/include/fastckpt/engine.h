@@ -24,11 +24,12 @@ class Engine {
  public:
   Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads);
 
-  // A job writing the file at `path` (a FileSink) from the given source.
+  // A job writing the file at `path` from the given source: a FileSink, or with `memory` a
+  // MemoryFileSink (a file on tmpfs, stored into through a mapping; direct_io means nothing there).
   std::shared_ptr<WriteJob> submit(const std::string& path, std::vector<Piece> pieces,
                                    uint64_t data_begin, uint64_t data_end, uint64_t file_size,
                                    Source source, bool direct_io, uint32_t n_records,
-                                   bool held = false);
+                                   bool held = false, bool memory = false);
   // A job storing straight from the caller's memory into a mapped region (a MappedSink:
   // file offset f -> region offset f + shift).
   std::shared_ptr<WriteJob> submit_mapped(std::shared_ptr<const MappedRegion> region, uint64_t shift,

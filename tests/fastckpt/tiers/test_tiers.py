@@ -38,6 +38,8 @@ def test_a_save_commits_on_the_memory_tier_and_is_persisted_to_the_disk_byte_for
         ck.wait()
         held = ck.store.holding()
         assert ck.stats["persisted"] + ck.stats["persist_superseded"] == 5 and ck.stats["persisted"] >= 1
+        # tmpfs: each part stored through a mapping of its file (staged, as the strategy says)
+        assert ck.store.sink_kind == "memory" and ck.stats["modes"] == {"staged (memory-mapped)": 5}
     assert [s for s, places in held.items() if tiers[0] in places] == [5, 4]  # the memory tier keeps 2
     on_disk = [s for s, places in held.items() if tiers[1] in places]
     assert on_disk[0] == 5 and len(on_disk) <= 3  # the newest is always copied; the disk keeps 3
@@ -47,6 +49,14 @@ def test_a_save_commits_on_the_memory_tier_and_is_persisted_to_the_disk_byte_for
         assert a.read() == b.read()
     with fastckpt.Checkpointer(tiers[1]) as disk_only:  # the disk tier is an ordinary root
         assert_same(state(5), disk_only.load())
+
+
+def test_a_first_tier_on_a_disk_is_written_as_any_file(tmp_path):
+    """A node-local disk in front of a shared one: its parts are files, O_DIRECT where it takes it."""
+    with fastckpt.Checkpointer(tiers=[str(tmp_path / "local"), str(tmp_path / "shared")]) as ck:
+        ck.save(state(1), 1).wait()
+        assert ck.store.sink_kind == "file" and ck.stats["modes"] == {"staged": 1}
+        assert_same(state(1), ck.load())
 
 
 def test_the_memory_tier_is_recycled_and_a_recycled_part_holds_no_byte_of_the_old_one(tiers):

@@ -1,6 +1,7 @@
 """Conformance of every write implementation to the protocol in fastckpt/write/protocol.py.
 
-The same tests run over host tensors x {file, mapped pool} (HostFileWrite, HostMappedWrite)
+The same tests run over host tensors x {file, memory file, mapped pool} (HostFileWrite into a
+FileSink and into a MemoryFileSink on /dev/shm, HostMappedWrite)
 and over the stream-read writes (DeviceFileWrite, DeviceMappedWrite) driven by HostStream,
 the stream protocol over host memory: the very feeder, drain, latches and staging logic
 that CUDA tensors go through, run here without a GPU. That is not GPU coverage (side
@@ -27,7 +28,8 @@ from fastckpt.write.native_engine import new_engine
 from fastckpt.format import plan_file
 from fastckpt.pmem import layout as L
 from fastckpt.pmem.pool import Pool
-from fastckpt.write import Deadline, FileSink, MappedSink, WriteStalled
+from fastckpt import _native
+from fastckpt.write import Deadline, FileSink, MappedSink, MemoryFileSink, WriteStalled
 from fastckpt.write.device_file import DeviceFileWrite
 from fastckpt.write.device_mapped import DeviceMappedWrite
 from fastckpt.write.host_file import HostFileWrite
@@ -38,7 +40,7 @@ from fastckpt.write.streams import HostStream
 from support.states import assert_same, state_matrix
 
 CHUNK = 1 << 20
-IMPLS = {"host-file": HostFileWrite, "stream-file": DeviceFileWrite, "cuda-file": DeviceFileWrite,
+IMPLS = {"host-file": HostFileWrite, "host-memory": HostFileWrite, "stream-file": DeviceFileWrite, "cuda-file": DeviceFileWrite,
          "host-mapped": HostMappedWrite, "stream-mapped": DeviceMappedWrite, "cuda-mapped": DeviceMappedWrite}
 STRATEGIES = ["c", "g", "d"]
 
@@ -49,7 +51,7 @@ def impls(*kinds: str) -> list:
             for i in IMPLS if i.rsplit("-", 1)[1] in kinds]
 
 
-ALL, FILE_IMPLS = impls("file", "mapped"), impls("file")
+ALL, FILE_IMPLS, SINK_IMPLS = impls("file", "memory", "mapped"), impls("file"), impls("file", "memory")
 
 
 def small_state() -> dict:
@@ -66,7 +68,7 @@ class Harness:
                  staging: int | None = None):
         self.impl, self.cls = impl, IMPLS[impl]
         self.device = "cuda" if impl.startswith("cuda") else "cpu"
-        self.mapped = impl.endswith("mapped")
+        self.mapped, self.memory = impl.endswith("mapped"), impl.endswith("memory")
         self.fmt = "safetensors" if self.mapped else fmt
         self.engine = new_engine(CHUNK >> 20, 4)
         self.staging_cap = staging
@@ -78,9 +80,13 @@ class Harness:
     def plan(self, state):
         return plan_file(state, self.fmt, allow_pickle=self.mapped)
 
+    def file_sink(self, path: str):
+        """This implementation's kind of file sink at path."""
+        return MemoryFileSink(path) if self.memory else FileSink(path, direct_io=True)
+
     def sink(self, name: str = "ckpt"):
         if not self.mapped:
-            return FileSink(str(self.tmp_path / name), direct_io=True)
+            return self.file_sink(os.path.join(self.shm, name) if self.memory else str(self.tmp_path / name))
         if self.pool is None:
             self.pool = Pool(os.path.join(self.shm, "pool"), 64)
         return MappedSink(self.pool, L.HEAP_OFF)
@@ -248,11 +254,11 @@ def test_abort_fails_every_later_wait_with_its_error(harness, impl):
     assert h.engine.pool.free_count == h.engine.pool.capacity
 
 
-@pytest.mark.parametrize("impl", FILE_IMPLS)
+@pytest.mark.parametrize("impl", SINK_IMPLS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_sink_error_is_raised(harness, tmp_path, impl, strategy):
     h = harness(impl)
-    w = h.start(h.state(small_state()), strategy, sink=FileSink(str(tmp_path / "missing" / "ckpt")))
+    w = h.start(h.state(small_state()), strategy, sink=h.file_sink(str(tmp_path / "missing" / "ckpt")))
     with pytest.raises(OSError, match="missing"):
         w.wait_copied(10)
         w.finish()

@@ -1,0 +1,50 @@
+// memory_file_sink.h — a file on a memory filesystem (tmpfs: a memory tier's part) as a write
+// job's sink (sink.h). open() creates it (or takes the recycled file already there, cut down to
+// the size it will have, never truncated to nothing), reserves every page (fallocate: a full tier
+// is an error here, never a SIGBUS at a store), and maps it once with its pages faulted in.
+// Bytes are then stored into the mapping with a memcpy instead of a write(): from staging chunks on
+// the writer threads, or straight from the caller's memory on the copy threads, the CRC in the same
+// pass (write_job.cc). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top
+// of the copy; the mapping costs the copy alone.
+// finish(): the header blobs, unmapped, the final size, fdatasync. Definitions:
+// src/memory_file_sink.cc.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fastckpt/sink.h"
+
+namespace fastckpt {
+
+class MemoryFileSink final : public Sink {
+ public:
+  MemoryFileSink(std::string path, uint64_t file_size);
+  ~MemoryFileSink() override;
+  MemoryFileSink(const MemoryFileSink&) = delete;
+  MemoryFileSink& operator=(const MemoryFileSink&) = delete;
+
+  void check_extent(uint64_t begin, uint64_t end, uint64_t file_size) const override;
+  bool needs_open() const override { return true; }
+  void open() override;  // throws IoError (ENOSPC when the tier has no room)
+  void put(const void* src, uint64_t len, uint64_t off, bool) override { std::memcpy(map_ + off, src, len); }
+  bool put_on_copy_thread() const override { return true; }
+  void persist(uint64_t, uint64_t) override {}  // memory: nothing below it to reach
+  bool persist_with_put() const override { return true; }
+  void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) override;
+
+ private:
+  void close();
+  std::string path_;
+  uint64_t size_;
+  int fd_ = -1;
+  uint8_t* map_ = nullptr;
+};
+
+// Whether path (a file or folder) lies on a memory filesystem (tmpfs) where a MemoryFileSink
+// belongs; false when it cannot be told.
+bool on_memory_filesystem(const std::string& path);
+
+}  // namespace fastckpt

@@ -1,0 +1,68 @@
+// memory_file_sink.cc — the definitions of memory_file_sink.h.
+#include "fastckpt/memory_file_sink.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <stdexcept>
+
+#include "fastckpt/file_io.h"
+
+namespace fastckpt {
+
+namespace {
+constexpr long kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC (linux/magic.h)
+}
+
+MemoryFileSink::MemoryFileSink(std::string path, uint64_t file_size) : path_(std::move(path)), size_(file_size) {}
+
+MemoryFileSink::~MemoryFileSink() { close(); }
+
+void MemoryFileSink::check_extent(uint64_t, uint64_t end, uint64_t file_size) const {
+  if (end > file_size) throw std::invalid_argument("data extent past end of file");
+}
+
+void MemoryFileSink::close() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  map_ = nullptr;
+  fd_ = -1;
+}
+
+void MemoryFileSink::open() {
+  fd_ = open_or_throw(path_, O_RDWR | O_CREAT);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw_io("fstat", path_, 0, errno);
+  if (static_cast<uint64_t>(st.st_size) > size_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
+    throw_io("ftruncate", path_, size_, errno);
+  if (size_ == 0) return;
+  if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_)); rc != 0) throw_io("fallocate", path_, 0, rc);
+  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
+  if (p == MAP_FAILED) throw_io("mmap", path_, 0, errno);
+  map_ = static_cast<uint8_t*>(p);
+}
+
+void MemoryFileSink::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
+  if (fd_ < 0) throw std::logic_error("file was never opened");
+  for (const auto& [off, bytes] : blobs) {
+    if (off > size_ || bytes.size() > size_ - off) throw std::invalid_argument("a header blob past end of file");
+    std::memcpy(map_ + off, bytes.data(), bytes.size());
+  }
+  if (map_ != nullptr && ::munmap(map_, size_) != 0) throw_io("munmap", path_, 0, errno);
+  map_ = nullptr;
+  if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
+  fdatasync_or_throw(fd_, path_);
+  close();
+}
+
+bool on_memory_filesystem(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  return static_cast<long>(fs.f_type) == kTmpfsMagic;
+}
+
+}  // namespace fastckpt
