@@ -176,7 +176,7 @@ class Checkpointer:
             with clock.phase("plan"):
                 plan = state if isinstance(state, FilePlan) else \
                     plan_file(state, self.store.layout_format or self.format, self.store.allow_pickle)
-            if not self._fitted:
+            if not self._fitted or self.store.bounded:
                 self._fit(plan.file_size)
             if got:
                 with clock.phase("staging"):
@@ -232,9 +232,9 @@ class Checkpointer:
         return pending
 
     def _fit(self, nbytes: int) -> None:
-        """The first save: does the store have room for checkpoints of this size (a memory tier:
-        its keep + concurrency + 1 of them)? Where any rank says no, every rank's saves go where
-        there is room, said once."""
+        """The first save, and every save while the store is bounded: does it have room for
+        checkpoints of this size (a memory tier: its keep + concurrency + 1 of them)? Where any
+        rank says no, every rank's saves go where there is room from this save on, said once."""
         self._fitted = True
         if not self._agree.all_ok(self.store.fits(nbytes, self.concurrency)):
             note = self.store.shrink(nbytes, self.concurrency)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 
 def read_regular(path: str, limit: int) -> bytes:
@@ -55,8 +56,9 @@ def makedirs_durable(path: str) -> None:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """tmp + fsync + rename + directory fsync: path holds old or new bytes, durably."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """tmp + fsync + rename + directory fsync: path holds old or new bytes, durably. The tmp name
+    is this thread's own (two threads writing one path never share it)."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_native_id()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

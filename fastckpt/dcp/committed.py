@@ -39,7 +39,7 @@ from .names import SUFFIX, step_of_name
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
 IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being written (fastckpt.store.path_store)
-# .metadata or a record being written (fastckpt.fsutil.write_atomic's NAME.tmp.PID)
+# .metadata or a record being written (fastckpt.fsutil.write_atomic's NAME.tmp.PID.TID)
 ATOMIC_IN_FLIGHT = tuple(f"{n}.tmp" for n in (md_file.NAME,) + record.NAMES)
 
 

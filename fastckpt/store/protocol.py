@@ -109,8 +109,11 @@ class Store(abc.ABC):
     def next_counter(self) -> int:
         """(0) The counter of the next checkpoint: above every one committed here."""
 
+    bounded = False  # its room can run out: fits() is asked at every save, not only the first
+
     def fits(self, nbytes: int, concurrency: int) -> bool:
-        """(0) At the first save: room for checkpoints of about nbytes, concurrency in flight."""
+        """(0) At the first save (and at every save while `bounded`: a state that grew, or a
+        memory filesystem that filled): room for checkpoints of about nbytes, concurrency in flight."""
         return True
 
     def shrink(self, nbytes: int, concurrency: int) -> str:

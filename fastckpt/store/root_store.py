@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from typing import Optional
 
 from ..commit import record as commit
@@ -31,6 +32,7 @@ class RootStore(Store):
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
         self.only: Optional[str] = None  # opened at one checkpoint folder (place_at)
+        self._latest_lock = threading.Lock()  # two commit threads may move it (a tier's saves and copies)
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "RootStore":
@@ -87,12 +89,14 @@ class RootStore(Store):
         pass
 
     def move_latest(self, info: CommitInfo) -> None:
-        """Points `latest` at info, only forward (by counter), atomically and durably."""
-        current = self.read_latest()
-        if current is not None and current.get("counter", -1) >= info.counter:
-            return
-        body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
-        write_atomic(os.path.join(self.root, LATEST), json.dumps(body).encode())
+        """Points `latest` at info, only forward (by counter), atomically and durably; one thread
+        at a time (the read and the write)."""
+        with self._latest_lock:
+            current = self.read_latest()
+            if current is not None and current.get("counter", -1) >= info.counter:
+                return
+            body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
+            write_atomic(os.path.join(self.root, LATEST), json.dumps(body).encode())
 
     def read_latest(self) -> dict | None:
         try:

@@ -24,7 +24,8 @@ one is committed there, and the first tier never removes the step being copied b
 Memory: the first tier holds at most its keep, the saves in flight and the one being copied
 (fastckpt.commit.persist_unit: a copy waiting its turn gives way to a newer one), each with its
 wards' replicas: (keep + concurrency + 1) x (1 + wards) parts; when it has not that room on some
-rank at the first save, every rank writes to the last tier alone (`shrink`).
+rank at a save (checked at every save: `bounded`), every rank writes to the last tier alone from
+that save on (`shrink`).
 """
 from __future__ import annotations
 
@@ -122,6 +123,12 @@ class TieredStore(Store):
 
     def next_counter(self) -> int:
         return max(tier.next_counter() for tier in self.tiers)
+
+    @property
+    def bounded(self) -> bool:
+        """While saves go to a memory tier, its room is checked at every save (an optimizer's state
+        made at its first step, or other users of the memory, can make the first save's check stale)."""
+        return self.first < len(self.tiers) - 1
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Whether the first tier has room for (its keep + concurrency + 1) checkpoints of nbytes,

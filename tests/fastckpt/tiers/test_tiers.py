@@ -93,6 +93,27 @@ def test_a_memory_tier_without_room_degrades_to_the_disk_with_one_warning(tiers)
     assert len(about) == 1 and tiers[0] in str(about[0].message)
 
 
+def test_a_state_that_outgrows_the_memory_tier_later_degrades_to_the_disk_at_that_save(tiers):
+    """The first saves fit (an optimizer's state not made yet); a later, 4x larger state would not:
+    that save and the next go to the disk, with one warning; nothing fails, everything loads."""
+    small, big = state(1), {"w": torch.randn(1024, 1024), "step": 3}
+    os.makedirs(tiers[0])
+    free = os.statvfs(tiers[0]).f_bavail * os.statvfs(tiers[0]).f_frsize
+    keep = free // (2 * small["w"].nbytes)  # the small state needs about half the room, the big one twice it
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with fastckpt.Checkpointer(tiers=tiers, tier_keep=[keep, 5]) as ck:
+            for step, s in ((1, small), (2, small)):
+                ck.save(s, step).wait()
+            assert ck.store.first == 0 and not [w for w in said if "no room" in str(w.message)]
+            for step in (3, 4):
+                ck.save(big, step).wait()
+            assert ck.store.first == 1 and ck.store.holding()[4] == [tiers[1]]
+            assert_same(big, ck.load())
+    about = [w for w in said if "no room" in str(w.message)]
+    assert len(about) == 1 and tiers[0] in str(about[0].message)
+
+
 @pytest.mark.parametrize("settings, says", [
     ({"tiers": ["/dev/shm/x"]}, "two or more paths"),
     ({"tiers": ["/dev/shm/x", "/dev/shm/x/y"]}, "separate places"),
