@@ -4,7 +4,9 @@ DeepSpeed keeps unknown top-level keys in `engine.config`; this module checks th
 and turns it into the one CheckpointerConfig the engine's saves use, refusing keys it does not
 know, naming the valid ones. DeepSpeed decides paths and which tags exist, so the settings of
 fastckpt.settings.PLACEMENT are not settings here. `pool` (with `pool_mb`, `persist`) puts
-the tag's files into a persistent-memory pool as models named by their paths. `offload`
+the tag's files into a persistent-memory pool as models named by their paths; `tiers` (with
+`tier_keep`) puts a memory tier in front of them (each file committed there first and persisted
+to its path from that copy; loaded from it: fastckpt.store.named_tiers). `offload`
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
 and is not a Checkpointer setting. `interval` ("auto" or steps) with `tune` (AutoInterval's
 settings) is what deepspeed_fastckpt.checkpoint_due answers by. `preempt_signal` (with
@@ -22,7 +24,7 @@ from fastckpt.offload.settings import OffloadConfig
 
 CONFIG_KEY = "fastckpt"
 PREEMPT = ("preempt_signal", "preempt_grace_s")  # deepspeed_fastckpt.at_step_end's, not a save's
-VALID = WRITING + ("pool", "offload", "interval", "tune") + PREEMPT
+VALID = WRITING + ("pool", "tiers", "tier_keep", "offload", "interval", "tune") + PREEMPT
 TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
              "feedback_intervals")
 

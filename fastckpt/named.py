@@ -24,10 +24,16 @@ from .pending import Pending
 from .store import ByPath, open_store, path_store
 
 
-def checkpointer_kwargs(settings: dict, pool: Optional[str]) -> dict:
-    """Checkpointer keyword arguments for checkpoints named by path: the path store, or the
-    pool's models named by path."""
-    where = dict(root=os.fspath(pool), store="pmem", model=None) if pool is not None else dict(store="path")
+def checkpointer_kwargs(settings: dict, pool: Optional[str], tiers=None, tier_keep=None) -> dict:
+    """Checkpointer keyword arguments for checkpoints named by path: the path store (with a memory
+    tier in front when `tiers` names one), or the pool's models named by path."""
+    if pool is not None:
+        if tiers or settings.get("tiers"):
+            raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")
+        return dict(settings, root=os.fspath(pool), store="pmem", model=None)
+    where = dict(store="path")
+    if tiers is not None:
+        where.update(tiers=tuple(os.fspath(t) for t in tiers), tier_keep=tier_keep)
     return dict(settings, **where)
 
 
@@ -48,16 +54,23 @@ class NamedCheckpoints:
         pool_pointers: with a pool, a path is read from the pool only where it holds the
             small pointer file `leave_pointer` writes (DeepSpeed, whose own globbing needs
             files there); otherwise every path is read from the pool.
+        tiers: a memory tier in front of the paths, e.g. ["/dev/shm/run7"] (tier_keep: how many
+            it keeps, [1] by default): each save commits there first and is persisted to its path
+            from that copy; a load reads the memory copy of the file at a path when there is one
+            (fastckpt.store.named_tiers).
 
     `free`: how a removed file's blocks are freed, `free(fn)`; None (the default) runs fn at
     once. TrainingSaves sets it to free off the training thread while a run is on.
     """
 
     def __init__(self, settings, pool: Optional[str] = None, distributed: Optional[bool] = False,
-                 pool_pointers: bool = False):
+                 pool_pointers: bool = False, tiers=None, tier_keep=None):
         self.pool = os.fspath(pool) if pool is not None else None
+        self.tiers, self.tier_keep = tiers, tier_keep
         self.distributed = distributed
         self.config = self._checked(settings)  # the one object every Checkpointer here opens from
+        if self.tiers is None and self.config.tiers:  # a plugin's CheckpointerConfig named them: kept on reconfigure
+            self.tiers, self.tier_keep = self.config.tiers, self.config.tier_keep
         self.pool_pointers = pool_pointers
         self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
@@ -67,17 +80,21 @@ class NamedCheckpoints:
         self._saves = 0
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
         self.closed_stats: list[dict] = []  # the stats of every Checkpointer closed here, in turn
+        self.reads: list = []  # with a memory tier: where each load came from (fastckpt.store.named_tiers.NamedRead)
 
     def _checked(self, settings) -> CheckpointerConfig:
         """settings: a dict of CheckpointerConfig's fields but PLACEMENT's, or a plugin's
         CheckpointerConfig; either way its PLACEMENT fields are set here (the copy is checked as made)."""
         if isinstance(settings, CheckpointerConfig):
-            return dataclasses.replace(settings, distributed=self.distributed, **checkpointer_kwargs({}, self.pool))
+            return dataclasses.replace(settings, distributed=self.distributed,
+                                       **checkpointer_kwargs({"tiers": settings.tiers}, self.pool, self.tiers,
+                                                             self.tier_keep))
         placed = sorted(set(settings) & set(PLACEMENT))
         if placed:
             raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
                               f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
-        return CheckpointerConfig.from_dict(dict(checkpointer_kwargs(dict(settings), self.pool),
+        return CheckpointerConfig.from_dict(dict(checkpointer_kwargs(dict(settings), self.pool, self.tiers,
+                                                                     self.tier_keep),
                                                  distributed=self.distributed))
 
     @property
@@ -170,7 +187,14 @@ class NamedCheckpoints:
         path = os.fspath(path)
         self.settle(path)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        return self._store.load_path(path, rank, map_location, verify, weights_only, mmap)
+        store = self._store
+        reads = getattr(store, "reads", None)
+        before = len(reads) if reads is not None else 0
+        try:
+            return store.load_path(path, rank, map_location, verify, weights_only, mmap)
+        finally:
+            if reads is not None:
+                self.reads += reads[before:]
 
     def size(self, path: str) -> Optional[int]:
         """Bytes saved at path: the file, or the pool's current version of it (None: nothing)."""

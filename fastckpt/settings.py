@@ -76,7 +76,8 @@ class CheckpointerConfig:
     tiers: tuple[str, ...] | None = field(default=None, metadata=_PLACED)
     """Places fastest first, e.g. ('/dev/shm/run7', '/ssd/run7'): a save commits to the first at memory
     speed and is persisted behind it to each later one from that committed copy; the last is the root.
-    None: the root alone (store='root' only)."""
+    With store='path' (checkpoints named by the caller's paths: FastCheckpointIO, DeepSpeed), one
+    memory tier, e.g. ('/dev/shm/run7',): the caller's paths are the last tier. None: no tiers."""
     tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
     """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
     replicas: int = field(default=0, metadata=_PLACED)
@@ -92,7 +93,7 @@ class CheckpointerConfig:
         if self.tiers is not None:  # a Hydra list or any sequence: one frozen spelling
             tiers = tuple(self.tiers) if isinstance(self.tiers, (list, tuple)) else self.tiers
             object.__setattr__(self, "tiers", tiers)
-            if isinstance(tiers, tuple) and self.root in (None, DEFAULT_ROOT) and tiers:
+            if isinstance(tiers, tuple) and self.store == "root" and self.root in (None, DEFAULT_ROOT) and tiers:
                 object.__setattr__(self, "root", tiers[-1])
         if isinstance(self.tier_keep, list):
             object.__setattr__(self, "tier_keep", tuple(self.tier_keep))
@@ -106,9 +107,11 @@ class CheckpointerConfig:
         self._check()
 
     def keep_on_tiers(self) -> tuple[int, ...]:
-        """How many committed checkpoints each tier keeps (tiers set)."""
+        """How many committed checkpoints each tier keeps (tiers set; store='path': the memory tier's)."""
         if self.tier_keep is not None:
             return self.tier_keep
+        if self.store == "path":
+            return (1,)
         return (1,) * (len(self.tiers) - 1) + (self.keep,)
 
     @classmethod
@@ -167,6 +170,8 @@ class CheckpointerConfig:
                               "(the places, fastest first)")
 
     def _check_tiers(self) -> None:
+        if self.store == "path":
+            return self._check_tiers_before_paths()
         tiers = self.tiers
         if not isinstance(tiers, tuple) or len(tiers) < 2 or not all(isinstance(t, str) and t for t in tiers):
             raise ConfigError(f"tiers must be two or more paths, fastest first (e.g. ['/dev/shm/run7', "
@@ -186,6 +191,21 @@ class CheckpointerConfig:
                 for i, k in enumerate(keep))):
             raise ConfigError(f"tier_keep must give each of the {len(tiers)} tiers a count (>= 1; the last "
                               f"may be 0: all kept), got {keep!r}")
+
+
+    def _check_tiers_before_paths(self) -> None:
+        """store='path': one memory tier in front of the caller's paths."""
+        tiers, keep = self.tiers, self.tier_keep
+        if not isinstance(tiers, tuple) or len(tiers) != 1 or not isinstance(tiers[0], str) or not tiers[0]:
+            raise ConfigError(f"tiers in front of checkpoints named by path is one place, the memory tier (e.g. "
+                              f"['/dev/shm/run7']; the paths are the last tier), got {tiers!r}")
+        if keep is not None and (not isinstance(keep, tuple) or len(keep) != 1 or not isinstance(keep[0], int)
+                                 or isinstance(keep[0], bool) or keep[0] < 1):
+            raise ConfigError(f"tier_keep in front of checkpoints named by path is one count >= 1 (the memory "
+                              f"tier's), got {keep!r}")
+        if self.replicas:
+            raise ConfigError("replicas need store='root' (checkpoints named by fastckpt, saved by every rank "
+                              "together); checkpoints named by path are each process's own")
 
 
 PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
+from fastckpt.errors import ConfigError
 from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way
 from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
@@ -47,15 +48,26 @@ class FastCheckpointIO(CheckpointIO):
         pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
             each checkpoint path becomes a model of the pool instead of a file (with the settings
             pool_mb and persist, docs/pmem.md).
+        tiers: a memory tier in front of Lightning's paths, e.g. ["/dev/shm/run7"] (tier_keep:
+            how many copies it keeps, [1] by default): each save commits there at memory speed and
+            is persisted to its path from that copy; loading a path reads the memory copy of the
+            file there when one verifies (docs/tiers.md). Not with per_rank or pool.
     """
 
     def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
-                 layerwise: bool = False, pool: Optional[str] = None, **overrides: Any):
+                 layerwise: bool = False, pool: Optional[str] = None, tiers=None, tier_keep=None,
+                 **overrides: Any):
         given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
+        self.tiers = [os.fspath(t) for t in tiers] if tiers is not None else None
+        self.tier_keep = list(tier_keep) if tier_keep is not None else None
+        if self.tiers and per_rank:
+            raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
+                              "tier; per_rank saving (every rank's part of one path) is not supported with it")
         self.per_rank, self.layerwise = per_rank, layerwise
         self.named = NamedCheckpoints(settings if settings is not None else overrides, pool=self.pool,
-                                      distributed=None if per_rank else False)
+                                      distributed=None if per_rank else False, tiers=self.tiers,
+                                      tier_keep=self.tier_keep)
         self.verify = self.named.config.verify
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
@@ -67,7 +79,8 @@ class FastCheckpointIO(CheckpointIO):
 
     def _own(self) -> dict:
         """This plugin's own arguments (not Checkpointer settings)."""
-        return {"per_rank": self.per_rank, "layerwise": self.layerwise, "pool": self.pool}
+        return {"per_rank": self.per_rank, "layerwise": self.layerwise, "pool": self.pool, "tiers": self.tiers,
+                "tier_keep": self.tier_keep}
 
     def __getstate__(self) -> dict:
         """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
@@ -81,9 +94,11 @@ class FastCheckpointIO(CheckpointIO):
     @classmethod
     def from_config(cls, cfg) -> "FastCheckpointIO":
         """From a Hydra/OmegaConf config or dict with fastckpt's field names (fastckpt.settings.PLACEMENT's
-        are Lightning's here and ignored); per_rank, layerwise and pool are this plugin's own."""
+        are Lightning's here and ignored, but tiers and tier_keep: the memory tier in front of its
+        paths); per_rank, layerwise and pool are this plugin's own."""
         flat = {k: v for k, v in flatten(cfg).items() if k not in PLACEMENT}
         own = {k: flat.pop(k) for k in ("per_rank", "layerwise", "pool") if k in flat}
+        own.update({k: v for k, v in flatten(cfg).items() if k in ("tiers", "tier_keep") and v is not None})
         return cls(**flat, **own)
 
     # -- saving ----------------------------------------------------------

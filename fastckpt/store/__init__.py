@@ -10,6 +10,7 @@
   tiered_store.py  `tiers`: a memory tier (node_tier.py: each rank's folder) in front of the root,
                  each save persisted behind it (tier_copy.py) and read back from the fastest tier;
                  `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
+  named_tiers.py `tiers` with store 'path': a memory tier in front of the caller's paths
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .protocol import ByPath, Store
 from .root_store import RootStore
 from .node_tier import NodeTier
 from .tiered_store import TieredStore
+from .named_tiers import NamedTiers
 
 STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PmemStore)}
 # what `fastckpt ls` asks of a folder, in order: a rank's folder of a memory tier before a root
@@ -28,13 +30,13 @@ SURVEYED: tuple[type[Store], ...] = (NodeTier, *STORES.values())
 
 def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
     """The store a validated CheckpointerConfig names, for this rank of world_size (its tiers,
-    when it names them: store 'root' with a memory tier in front)."""
+    when it names them: a memory tier in front of the root, or of the caller's paths)."""
     if getattr(config, "tiers", None):
-        return TieredStore.open(config, rank, world_size)
+        return (NamedTiers if config.store == "path" else TieredStore).open(config, rank, world_size)
     cls = STORES.get(config.store)
     if cls is None:
         raise ConfigError(f"unknown store {config.store!r}; available here: {', '.join(STORES)}")
     return cls.open(config, rank, world_size)
 
 
-__all__ = ["ByPath", "PathStore", "PmemStore", "NodeTier", "RootStore", "STORES", "SURVEYED", "Store", "TieredStore", "open_store"]
+__all__ = ["ByPath", "PathStore", "PmemStore", "NamedTiers", "NodeTier", "RootStore", "STORES", "SURVEYED", "Store", "TieredStore", "open_store"]

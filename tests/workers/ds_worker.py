@@ -274,6 +274,8 @@ def main() -> None:
             warnings.simplefilter("always")
             path, client = eng.load_checkpoint(a.save_dir, tag=a.tag)
         out["warnings"] = [str(w.message) for w in seen if "fastckpt" in str(w.message)]
+        if a.engine == "fastckpt":  # where each file came from, with a memory tier in front (else nothing)
+            out["read_from"] = sorted({r.tier for r in eng.checkpoint_engine.named.reads})
         done = eng.global_steps
         out.update(path=path, client=client and {k: client[k] for k in ("data_pos", "note")},
                    loaded_steps=done, lr=eng.get_lr(), losses=[step(eng, i) for i in (done, done + 1)])

@@ -1,6 +1,7 @@
 """The store protocol's conformance suite (fastckpt/store/protocol.py): the same cases over every
 store — root; path with a local path and with an fsspec memory:// URL; pmem (a pool on /dev/shm);
-tiers (a memory tier on /dev/shm in front of a root) — each driven by a real Checkpointer:
+tiers (a memory tier on /dev/shm in front of a root); named tiers (one in front of local paths) —
+each driven by a real Checkpointer:
 
   commit order   a checkpoint is in no crash image before its data is durable: an image of the
                  place taken while its write is held just before it is known durable holds the
@@ -31,6 +32,7 @@ import torch
 from fastckpt import Checkpointer
 from fastckpt.commit import record as commit
 from fastckpt.errors import CorruptCheckpointError, NoCheckpointError
+from fastckpt.store.named_tiers import TARGET
 from fastckpt.store.root_store import RootStore
 
 HOLD_S = 60
@@ -133,6 +135,43 @@ class LocalPath(Place):
         _flip(self.target(name))
 
 
+class NamedTiersPlace(LocalPath):
+    """A memory tier on /dev/shm in front of local paths (store 'path' with `tiers`)."""
+
+    def __init__(self, where: str, memory: str):
+        super().__init__(where)
+        self.memory = memory
+
+    def checkpointer(self, **kw):
+        os.makedirs(self.where, exist_ok=True)
+        keep = {"tier_keep": (4,)} if kw.get("keep") == 0 else {}
+        return Checkpointer(store="path", tiers=[self.memory], **keep, **kw)
+
+    def image(self):
+        tag = uuid.uuid4().hex[:6]
+        copy = type(self)(f"{self.where}-image-{tag}", f"{self.memory}-image-{tag}")
+        for src, dst in ((self.where, copy.where), (self.memory, copy.memory)):
+            if os.path.exists(src):
+                shutil.copytree(src, dst)
+        # each memory copy names the path it is a copy of: the image's copies name the image's paths
+        # (a crash leaves both where they were)
+        for folder, _, files in os.walk(copy.memory):
+            if TARGET in files:
+                with open(os.path.join(folder, TARGET), "r+", encoding="utf-8") as f:
+                    named = f.read().replace(os.path.abspath(self.where), os.path.abspath(copy.where), 1)
+                    f.seek(0), f.truncate(), f.write(named)
+        return copy
+
+    def damage(self, ck, name="last"):
+        ck.wait()  # persisted to the path too: every copy is damaged
+        for _, file, _ in ck.store.copies_of(self.target(name)):
+            _flip(file)
+        _flip(self.target(name))
+
+    def cleanup(self):
+        shutil.rmtree(self.memory, ignore_errors=True)
+
+
 class MemoryUrl(LocalPath):
     def __init__(self, where: str):
         super().__init__(where)
@@ -217,9 +256,10 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.fixture(params=["root", "path", "url", "pmem", "tiers"])
+@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers"])
 def place(request, tmp_path, shm):
     made = {"root": lambda: Root(str(tmp_path / "root")), "path": lambda: LocalPath(str(tmp_path / "ckpts")),
+            "named-tiers": lambda: NamedTiersPlace(str(tmp_path / "ckpts"), os.path.join(shm, "memory-tier")),
             "tiers": lambda: Tiers(str(tmp_path / "disk"), os.path.join(shm, "memory-tier")),
             "url": lambda: MemoryUrl(f"memory://store-suite-{uuid.uuid4().hex[:8]}"),
             "pmem": lambda: Pool(os.path.join(shm, "suite.pool"))}[request.param]()

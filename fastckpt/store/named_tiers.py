@@ -1,0 +1,348 @@
+"""A memory tier in front of checkpoints named by path (settings `tiers=[memory]` with store='path':
+Lightning's `.ckpt` paths through FastCheckpointIO, DeepSpeed's tag files).
+
+Saving: `save(state, path)` commits in this process's folder of the memory tier first —
+TIER/rank-R/step-N.cK/ (R: the job's global rank; these checkpoints are each process's own), a
+TARGET file in it naming the path — at memory speed (fastckpt.store.node_tier: written through a
+mapping on tmpfs, recycled files). Once committed there it is persisted to the path from that
+committed copy, checked against its record first (fastckpt.commit.persist_unit with a PathTier
+behind: as the path store writes, a hidden sibling renamed over the name once durable); the
+memory folder then gets a PERSISTED note — the inode, size and modification time of the file now
+at the path. A copy waiting its turn while a newer save of the *same* path waits is superseded;
+a save of another path never supersedes it (each name a framework saved must reach its disk).
+
+Loading: `load_path(path)` reads the newest committed memory copy of the path (in any rank's
+folder of this node) when it is a copy of the file at the path now (its PERSISTED note matches)
+or newer than that file (a save of the path whose copy there was cut short: the newest save of
+it); every CRC is checked, and one that fails is named in a warning and the path is read
+instead. Otherwise the path is read: a memory copy never stands in for a newer file (the path
+saved again by another writer). `reads` says where each load came from. (Frameworks that find
+their checkpoints by listing the disk — Lightning's "last", DeepSpeed's `latest` — find a path
+only once it was persisted there.)
+
+Removing a path removes this process's memory copies of it (one whose copy to the path is
+waiting or running is un-committed at once and never written there; retention removes its files
+once that copy landed). Retention: the memory tier's `tier_keep` newest committed copies,
+never one not yet persisted. Memory: checked at every save (`bounded`); without room, saves go
+to their paths alone from then on, with one warning; after `hurry()` (a preemption) too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..commit.committed_under import CommittedUnder
+from ..commit.persist_unit import PersistCommit
+from ..commit.record import present as record_present
+from ..commit_info import CommitInfo
+from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..format import load_file
+from ..fsutil import fsync_dir
+from .node_tier import RANK_RE, NodeTier
+from .path_store import PathStore, is_remote, local_path
+from .protocol import ByPath, Store
+from .tier_copy import copy_part
+
+TARGET, PERSISTED = "TARGET", "PERSISTED"
+
+
+@dataclass(frozen=True)
+class NamedRead:
+    """One load by path: where it was read from ("memory" or "disk") and the file read."""
+
+    path: str
+    tier: str
+    file: str
+
+
+def _stamp(path: str) -> Optional[dict]:
+    """What identifies the file at path now (None: there is none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _read_small(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class PathTier:
+    """The caller's path as the tier behind one memory copy, as PersistCommit sees a tier: the part
+    is copied into a hidden sibling folder, renamed over the path once durable (its folder
+    fsync'ed), and the memory copy noted as the path's (PERSISTED)."""
+
+    def __init__(self, target: str, source: str, removed: Callable[[str], bool]):
+        self.target, self.source, self._removed = target, source, removed
+        self.root = target
+        self._made: list[str] = []
+
+    def new_dir(self, step: int, counter: int) -> str:
+        parent, name = os.path.split(self.target)
+        folder = os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")  # swept if we die
+        os.makedirs(folder, exist_ok=True)
+        self._made.append(folder)
+        return folder
+
+    def commit_rank(self, folder: str, info: CommitInfo) -> None:
+        part = os.path.join(folder, info.files[0].name)
+        if self._removed(self.target):  # removed by its owner while being copied: nothing lands
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        os.replace(part, self.target)
+        fsync_dir(os.path.dirname(self.target))
+        shutil.rmtree(folder, ignore_errors=True)
+        stamp = _stamp(self.target)
+        if stamp is not None:
+            with open(os.path.join(self.source, PERSISTED), "w", encoding="utf-8") as f:
+                json.dump(dict(stamp, path=self.target), f)
+
+    def commit(self, info: CommitInfo) -> None:
+        """Nothing more: the rename made it the path's."""
+
+    def abort(self, folder, part, rank: int, stuck: bool = False) -> None:
+        for made in self._made:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+class NamedTiers(Store, ByPath):
+    """A memory tier in front of the caller's paths (see the module docstring)."""
+
+    kind = "path"
+    survey_kind = "files"
+    root = None
+    names_by_path = True
+    every_rank_retains = True  # each process's memory folder is its own
+    places_loosely = True
+
+    def __init__(self, memory: str, keep: int, rank: int, direct_io: bool = True):
+        self.memory = NodeTier(memory, rank, part_rank=0)  # each process's checkpoint is its own: one part
+        self.disk = PathStore(per_rank=False)
+        self.keep, self.rank, self.direct_io = keep, rank, direct_io
+        self.reads: list[NamedRead] = []
+        self.pointers = False  # ByPath's (pool pointers): nothing here
+        self._to_disk = False  # hurried (a preemption) or shrunk (no room): saves go to their paths alone
+        self._lock = threading.Lock()
+        self._waiting: dict[str, int] = {}  # path -> the counter of its newest copy handed over to persist
+        self._unpersisted: set[str] = set()  # memory folders handed over, not landed: never retained
+        self._removed: set[str] = set()  # paths removed since their last save
+
+    @classmethod
+    def open(cls, config, rank: int, world_size: int) -> "NamedTiers":
+        if world_size > 1:
+            raise CheckpointWriteError("tiers in front of checkpoints that every rank saves together (per_rank) are "
+                                       "not supported; each process's own paths are (FastCheckpointIO without "
+                                       "per_rank, DeepSpeed)")
+        import torch.distributed as dist
+        global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return cls(config.tiers[0], config.keep_on_tiers()[0], global_rank, config.direct_io)
+
+    # -- 0. opening -------------------------------------------------------------
+    def prepare(self) -> None:
+        self.memory.prepare()
+        self.memory.remove_uncommitted()
+
+    def remove_uncommitted(self) -> None:
+        pass  # this process's memory folder: in prepare()
+
+    def next_counter(self) -> int:
+        return self.memory.next_counter()
+
+    @property
+    def bounded(self) -> bool:
+        return not self._to_disk
+
+    def fits(self, nbytes: int, concurrency: int) -> bool:
+        """Room for the memory tier's keep, the saves in flight, the copies waiting and one more."""
+        if self._to_disk:
+            return True
+        with self._lock:
+            waiting = len(self._unpersisted)
+        need = (self.keep + concurrency + waiting + 1) * nbytes
+        return self.memory.free_bytes() + self.memory.used_bytes() >= need
+
+    def shrink(self, nbytes: int, concurrency: int) -> str:
+        self._to_disk = True
+        return (f"the memory tier {self.memory.place} has no room for {self.keep} + {concurrency} + 1 checkpoints of "
+                f"{nbytes / 2**20:.0f} MiB; checkpoints go to their paths alone")
+
+    def hurry(self) -> None:
+        self._to_disk = True
+
+    @property
+    def sink_kind(self) -> str:
+        return "file" if self._to_disk else self.memory.sink_kind
+
+    # -- 1-4. writing and committing --------------------------------------------
+    def _in_memory(self, ckpt_id: Optional[str]) -> bool:
+        return ckpt_id is not None and os.path.dirname(os.path.abspath(ckpt_id)) == self.memory.root
+
+    def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
+        target = os.fspath(target)
+        if self._to_disk:
+            return self.disk.begin(step, counter, rank, fmt, target, plan, meta)
+        if is_remote(target):
+            raise CheckpointWriteError(f"a memory tier in front of a URL ({target}) is not supported; "
+                                       "save to a local or mounted path")
+        target = local_path(target)
+        parent = os.path.dirname(target)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
+        if os.path.isdir(target):
+            raise IsADirectoryError(f"cannot save to {target!r}: it is a directory")
+        ckpt_id, part = self.memory.begin(step, counter, 0, fmt)
+        with open(os.path.join(ckpt_id, TARGET), "w", encoding="utf-8") as f:
+            f.write(target)
+        with self._lock:
+            self._removed.discard(target)
+        return ckpt_id, part
+
+    def sink(self, part: str, direct_io: bool):
+        if self._in_memory(os.path.dirname(part)):
+            return self.memory.sink(part, direct_io)
+        return self.disk.sink(part, direct_io)
+
+    def commit_file(self, ckpt_id, part, result):
+        return (self.memory if self._in_memory(ckpt_id) else self.disk).commit_file(ckpt_id, part, result)
+
+    def commit_rank(self, ckpt_id, info) -> None:
+        (self.memory if self._in_memory(ckpt_id) else self.disk).commit_rank(ckpt_id, info)
+
+    def commit(self, info) -> None:
+        (self.memory if self._in_memory(info.path) else self.disk).commit(info)
+
+    def abort(self, ckpt_id, part, rank: int, stuck: bool = False) -> None:
+        (self.memory if self._in_memory(ckpt_id) else self.disk).abort(ckpt_id, part, rank, stuck)
+
+    def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
+        """The copy of a memory copy to its path; None for a save that went to its path directly."""
+        if not self._in_memory(info.path):
+            return None
+        target = _read_small(os.path.join(info.path, TARGET))
+        if not target:
+            raise CheckpointWriteError(f"{info.path}: its {TARGET} file is missing: the path it is a copy of is unknown")
+        with self._lock:
+            self._waiting[target] = max(self._waiting.get(target, 0), info.counter)
+            self._unpersisted.add(info.path)
+
+        def go(unit) -> bool:  # a newer save of the same path supersedes it; a removed path is not written
+            with self._lock:
+                mine = (self._waiting.get(target) == info.counter and target not in self._removed
+                        and record_present(info.path))
+            return agree_all(mine)
+
+        def done(unit, infos, error):
+            with self._lock:
+                self._unpersisted.discard(info.path)
+                if self._waiting.get(target) == info.counter:
+                    del self._waiting[target]
+            landed(unit, infos, error)
+
+        def removed(path: str) -> bool:
+            with self._lock:
+                return path in self._removed
+
+        return PersistCommit(info, 0, [PathTier(target, info.path, removed)],
+                             lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io), go, done, retain)
+
+    # -- 5-7. listing, retention -------------------------------------------------
+    def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
+        return []  # read by path (load_path), never by the Checkpointer's load()
+
+    def retain(self, keep: int, in_flight: set) -> None:
+        """The memory tier's own keep (`keep`, the Checkpointer's, means nothing for named paths);
+        never a copy in flight or not yet persisted."""
+        with self._lock:
+            held = set(in_flight) | self._unpersisted
+        self.memory.retain(self.keep, held)
+
+    def retain_behind(self, in_flight: set) -> None:
+        self.retain(self.keep, in_flight)
+
+    def close(self) -> None:
+        self.memory.close()
+        self.disk.close()
+
+    # -- ByPath -----------------------------------------------------------------
+    def prepare_path(self, path: str) -> None:
+        self.disk.prepare_path(path)
+
+    def mark_durable(self, path: str) -> None:
+        pass
+
+    def size_of(self, path: str) -> Optional[int]:
+        source = None if is_remote(path) else self.source_of(local_path(path))
+        return source[0].files[0].bytes if source is not None else self.disk.size_of(path)
+
+    def copies_of(self, path: str, own_only: bool = False) -> list[tuple[CommitInfo, str, Optional[dict]]]:
+        """(record, file, PERSISTED note) of each committed memory copy of path, newest first (by
+        commit time), from this process's folder and (unless own_only) every other rank's folder
+        of this node."""
+        key = local_path(path)
+        folders = [self.memory]
+        if not own_only and os.path.isdir(self.memory.place):
+            for name in sorted(os.listdir(self.memory.place)):
+                m = RANK_RE.match(name)
+                if m and int(m.group(1)) != self.rank:
+                    folders.append(NodeTier(self.memory.place, int(m.group(1)), part_rank=0))
+        out = []
+        for tier in folders:
+            for info in tier.committed():
+                if _read_small(os.path.join(info.path, TARGET)) != key:
+                    continue
+                note = _read_small(os.path.join(info.path, PERSISTED))
+                try:
+                    stamp = json.loads(note) if note else None
+                except ValueError:
+                    stamp = None
+                out.append((info, os.path.join(info.path, info.files[0].name), stamp))
+        return sorted(out, key=lambda c: -c[0].time)
+
+    def source_of(self, key: str) -> Optional[tuple[CommitInfo, str]]:
+        """The memory copy to read for the path `key` (None: the path itself): the newest copy of it,
+        when it is a copy of the file at the path now (its PERSISTED note matches) or newer than that
+        file (a save of the path not yet persisted there, or whose copy was cut short)."""
+        now = _stamp(key)
+        for info, file, note in self.copies_of(key)[:1]:
+            same = now is not None and note is not None and {k: note.get(k) for k in now} == now
+            if same or now is None or info.time > now["mtime_ns"] / 1e9:
+                return info, file
+        return None
+
+    def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+                  mmap: Optional[bool] = None):
+        source = None if is_remote(path) else self.source_of(local_path(path))
+        if source is not None:
+            info, file = source
+            try:
+                state = load_file(file, map_location, True, weights_only, expect_crc=info.files[0].crc32)
+                self.reads.append(NamedRead(local_path(path), "memory", file))
+                return state
+            except (CorruptCheckpointError, OSError) as e:
+                warnings.warn(f"fastckpt: the memory tier's copy of {local_path(path)} ({file}) does not verify "
+                              f"({e}); reading {local_path(path)} instead", stacklevel=4)
+        self.reads.append(NamedRead(path, "disk", path))
+        return self.disk.load_path(path, rank, map_location, verify, weights_only, mmap)
+
+    def remove_path(self, path: str, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:
+        if not is_remote(path):
+            key = local_path(path)
+            with self._lock:
+                self._removed.add(key)
+                unpersisted = set(self._unpersisted)
+            for info, _, _ in self.copies_of(key, own_only=True):
+                if info.path in unpersisted:  # its copy to the path may be reading it: un-committed now
+                    CommittedUnder(self.memory.root).withdraw(info.path)  # (never served again), its
+                else:  # files removed by retention once the copy landed (and wrote nothing there)
+                    self.memory.remove(info.path)
+        self.disk.remove_path(path, later)
