@@ -200,7 +200,7 @@ class Checkpointer:
         counter = self._counter
         self._counter += 1
         self._saved_step = step
-        pending = Pending(step, counter, clock=clock, t0=t0)
+        pending = Pending(step, counter, clock=clock, t0=t0, placed_later=self._persists is not None)
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
@@ -324,11 +324,17 @@ class Checkpointer:
             self.stats["landed"] += 1
             if self.stats["timings_first"] is None:
                 self.stats["timings_first"] = timings
+        unit = None
         if pending.error is None and self._persists is not None:
-            unit = self.store.persist_unit(pending.info, self._persisted, self._retain_behind,
+            def persisted(unit, infos, error, pending=pending):
+                self._persisted(unit, infos, error)
+                pending.placed(error)
+            unit = self.store.persist_unit(pending.info, persisted, self._retain_behind,
                                            lambda ok: self._persist_agree.all_ok(ok, background=True))
             if unit is not None:  # issued here, in commit order (the same on every rank), and before
                 self._persists.issue(unit)  # it leaves the in-flight list: wait() then finds its copy
+        if unit is None:
+            pending.placed(pending.error)
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
 

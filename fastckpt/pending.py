@@ -13,13 +13,18 @@ class Pending:
     """A checkpoint being taken. done() / wait() -> CommitInfo; copied() for the gate."""
 
     def __init__(self, step: int, counter: int, skipped: bool = False, clock: Timings | None = None,
-                 t0: float | None = None):
-        """clock, t0: the phases timed so far, and when save() was called (time.monotonic())."""
+                 t0: float | None = None, placed_later: bool = False):
+        """clock, t0: the phases timed so far, and when save() was called (time.monotonic());
+        placed_later: its owner says when it is placed (a copy behind a memory tier may follow its
+        commit), not its commit."""
         self.step, self.counter = step, counter
         self.clock = clock if clock is not None else Timings()
         self.t0 = time.monotonic() if t0 is None else t0
         self._copied = threading.Event()
         self._done = threading.Event()
+        self._placed = threading.Event()  # durable where it was asked for (behind a memory tier: persisted)
+        self._placed_error: BaseException | None = None
+        self._placed_later = placed_later
         self._info: CommitInfo | None = None
         self._error: BaseException | None = None
         self.observed = False
@@ -33,6 +38,7 @@ class Pending:
         if skipped:
             self._copied.set()
             self._done.set()
+            self._placed.set()
 
     @property
     def timings(self) -> dict[str, float]:
@@ -114,9 +120,26 @@ class Pending:
         """True once committed, failed or skipped (False after `timeout`); raises nothing."""
         return self._done.wait(timeout)
 
+    def placed(self, error: BaseException | None = None) -> None:
+        """It is durable where its save asked (its path, its root), or never will be (error): set
+        by its owner once it landed, or, behind a memory tier, once its copy there landed."""
+        self._placed_error = error
+        self._placed.set()
+
+    def wait_placed(self, timeout: float | None = None) -> bool:
+        """True once placed (or failed to be); raises nothing (see placed_error)."""
+        return self._placed.wait(timeout)
+
+    @property
+    def placed_error(self) -> BaseException | None:
+        """Why it did not reach where its save asked (None: it did, or not known yet)."""
+        return self._placed_error
+
     def settle(self, info: CommitInfo | None, error: BaseException | None) -> None:
         """Its commit landed: committed (info) or failed (error). Called once, by the commit."""
         self._info, self._error = info, error
+        if error is not None or not self._placed_later:
+            self.placed(error)
         self._copied.set()
         self._done.set()
 

@@ -5,7 +5,8 @@ rank (some ranks may write none), each a fastckpt save in flight (a Pending). Se
 through the ordered commit (commit.ordered) in the order they were submitted, the same on
 every rank:
 
-  1. this rank's files of the set, durable (each waited for under the Deadline); `on_durable`
+  1. this rank's files of the set, durable (each waited for under the Deadline) at their paths
+     (behind a memory tier: persisted there, not only committed in memory); `on_durable`
      runs for each (a pool-backed file leaves its pointer where the framework looks);
   2. once every rank's files are durable, rank 0 writes the one record (commit.record.write:
      versioned JSON with its own CRC-32; each file's rank, size, CRC-32 and chunk CRCs) into
@@ -212,6 +213,11 @@ class FileSetCommit(CommitUnit):
             try:
                 s.deadline.wait(f"{path} of {self.label}", pending.wait_done, slack=s.slack_s)
                 info = pending.wait()
+                # behind a memory tier: the set's record vouches for files at their paths, so it waits
+                # until each was persisted there (not only committed in memory)
+                s.deadline.wait(f"{path} of {self.label}, persisted", pending.wait_placed, slack=s.slack_s)
+                if pending.placed_error is not None:
+                    raise pending.placed_error
                 if os.path.dirname(os.path.abspath(path)) != self.directory:
                     raise CheckpointWriteError(f"{path} is not a file of {self.directory}")
                 if s.on_durable is not None:

@@ -53,6 +53,24 @@ def test_a_path_is_read_from_the_memory_copy_of_the_file_there(tmp_path, memory)
         ("last.ckpt", "memory"), ("b.ckpt", "memory"), ("a.ckpt", "disk")]  # the memory tier keeps 2
 
 
+def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memory(tmp_path, memory, monkeypatch):
+    """What a DeepSpeed tag's record waits for (fastckpt.commit.file_sets): the file at its path.
+    The copy to the path is held; the save is committed (in memory) but not placed until it lands."""
+    import threading
+    from fastckpt.store import named_tiers
+    go, real = threading.Event(), named_tiers.copy_part
+    monkeypatch.setattr(named_tiers, "copy_part", lambda *a, **k: (go.wait(60), real(*a, **k)))
+    named = NamedCheckpoints({}, tiers=[memory])
+    pending = named.save(state(1), str(tmp_path / "last.ckpt"), 1)
+    assert pending.wait() is not None  # committed in memory
+    assert not pending.wait_placed(0.3) and not os.path.exists(tmp_path / "last.ckpt")
+    assert_same(state(1), named.load(str(tmp_path / "last.ckpt")))  # the newest save, from memory
+    go.set()
+    assert pending.wait_placed(60) and pending.placed_error is None
+    assert_same(state(1), fastckpt.load(str(tmp_path / "last.ckpt")))
+    named.close()
+
+
 def test_a_damaged_memory_copy_is_named_and_the_path_is_read(tmp_path, memory):
     named = NamedCheckpoints({}, tiers=[memory])
     saved(named, tmp_path, [(1, "last.ckpt")])
