@@ -77,10 +77,23 @@ def verify_file(path: str, entry: FileEntry | None = None, at: int | None = None
     return f"{path}: {n} records, {os.path.getsize(path)} bytes{note}"
 
 
-def bad_chunk(path: str, entry: FileEntry | None) -> str:
+def verify_as_recorded(path: str, entry: FileEntry, at: int | None = None) -> None:
+    """A file as its commit record's entry describes it: read as one archive (verify_file: every
+    record's CRC-32, its structure, its file CRC-32), or, for a layout of many archives (a DCP
+    rank file, fastckpt.dcp.layout), its size and whole-file CRC-32, which its entry holds.
+    at: where the caller holds the file's bytes (see verify_file)."""
+    try:
+        verify_file(path, entry, at=at)
+    except CorruptCheckpointError:
+        size = os.path.getsize(path)
+        if size != entry.bytes or range_crcs(path, [(0, size)], at=at)[0] != entry.crc32:
+            raise
+
+
+def bad_chunk(path: str, entry: FileEntry | None, at: int | None = None) -> str:
     if entry is None or not entry.spans:
         return ""
-    crcs = range_crcs(path, [(off, n) for _, off, n, _ in entry.spans])
+    crcs = range_crcs(path, [(off, n) for _, off, n, _ in entry.spans], at=at)
     for i, ((rec, off, n, want), got) in enumerate(zip(entry.spans, crcs)):
         if want != got:
             name = entry.records[rec] if rec < len(entry.records) else f"#{rec}"

@@ -13,6 +13,12 @@ is read by the restricted unpickler (fastckpt.dcp.metadata). A directory that DC
 (no record, and its `.metadata` not marked as fastckpt's) loads, with one warning that there is
 no commit record to check it against.
 
+With `tiers=[memory]` (the memory tier FastStorageWriter(tiers=...) wrote through), each file is
+read from its memory copy on this node, in any rank's folder there (a resharded load reads other
+ranks' files too) — when that copy is the file at its path (fastckpt.store.named_tiers), checked
+whole against the commit record's CRCs first; a copy that fails is named in a warning and the file
+is read. `reads` says where each file came from.
+
 read_data reads, per file, the items this rank needs: byte items as DCP wrote them, each one's
 pickle first run through the restricted unpickler (DCP's planner unpickles it with
 weights_only=False: nothing that names a global off the allowlist reaches it); each tensor
@@ -38,11 +44,12 @@ from torch.futures import Future
 
 from ..commit import record
 from ..commit.record import plain_name
-from ..errors import CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
+from ..errors import ConfigError, CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
 from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import read_index
 from ..fsutil import read_regular
+from ..verify import verify_as_recorded
 from . import in_place
 from . import metadata as md_file
 
@@ -55,9 +62,11 @@ class FastStorageReader(StorageReader):
         path: the checkpoint's directory (DCP's checkpoint_id may replace it).
         verify: check every item's CRC-32 as it is read (default).
         threads: parallel readers (default: the machine's hardware threads).
+        tiers: the memory tier its writer wrote through, e.g. ["/dev/shm/run7"]: files read from
+            their memory copies on this node where they verify.
     """
 
-    def __init__(self, path, verify: bool = True, threads: int | None = None):
+    def __init__(self, path, verify: bool = True, threads: int | None = None, tiers=None):
         super().__init__()
         if path is None:
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
@@ -65,6 +74,14 @@ class FastStorageReader(StorageReader):
         self.path, self.verify, self.threads = os.fspath(path), verify, threads
         self.storage_data: dict = {}
         self.commit = None
+        self.reads: list[tuple[str, str]] = []  # (where: "memory" | "disk", the file read)
+        self._memory = None
+        if tiers:
+            from ..store.named_tiers import NamedTiers
+            if len(tiers) != 1:
+                raise ConfigError(f"FastStorageReader(tiers=...) is the one memory tier its writer wrote through, "
+                                  f"got {list(tiers)!r}")
+            self._memory = NamedTiers(os.fspath(tiers[0]), 1, 0)
 
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -120,7 +137,10 @@ class FastStorageReader(StorageReader):
                 raise CorruptCheckpointError(f"{self.path}: DCP metadata has no storage for {item.storage_index.fqn}")
             per_file.setdefault(plain_name(info.relative_path, os.path.join(self.path, md_file.NAME)), []).append(item)
         for name, items in per_file.items():
-            self._read_file(os.path.join(self.path, name), items, planner)
+            path = os.path.join(self.path, name)
+            source = self._source(path)
+            self.reads.append(("disk" if source == path else "memory", source))
+            self._read_file(path, items, planner, source)
         future: Future = Future()
         future.set_result(None)
         return future
@@ -136,9 +156,28 @@ class FastStorageReader(StorageReader):
         except FileNotFoundError:
             return None
 
-    def _read_file(self, path: str, items: list, planner: LoadPlanner) -> None:
+    def _source(self, path: str) -> str:
+        """Where path's bytes are read from: its memory copy on this node when there is one that is
+        the file there and verifies whole against the commit record, else path."""
+        if self._memory is None or self.commit is None:
+            return path
+        copy = self._memory.copy_of(path)
+        entry = next((f for f in self.commit.files if f.name == os.path.basename(path)), None)
+        if copy is None or entry is None:
+            return path
+        try:
+            verify_as_recorded(copy, entry)
+        except (CorruptCheckpointError, OSError) as e:
+            warnings.warn(f"fastckpt: the memory tier's copy of {path} ({copy}) does not verify ({e}); "
+                          f"reading {path} instead", stacklevel=4)
+            return path
+        return copy
+
+    def _read_file(self, path: str, items: list, planner: LoadPlanner, source: str | None = None) -> None:
+        """path's items; its bytes read from source (its memory copy, or path itself)."""
         if self.commit is not None and os.path.basename(path) not in {f.name for f in self.commit.files}:
             raise CorruptCheckpointError(f"{path} is not a file of the committed checkpoint {self.path}")
+        path = source or path
         items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)  # the file read in order
         blobs = [i for i in items if i.type == LoadItemType.BYTE_IO]
         tensors = [i for i in items if i.type != LoadItemType.BYTE_IO]

@@ -83,15 +83,20 @@ class FastStorageWriter(StorageWriter):
         settings: the Checkpointer's settings (fastckpt.settings.CheckpointerConfig's fields
             but root, store, keep, distributed and model), checked here, e.g. strategy="c",
             writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
+        tiers: a memory tier in front of the checkpoint's files, e.g. ["/dev/shm/run7"] (tier_keep:
+            how many files each rank keeps there, [1] by default): each rank's file commits there
+            and is persisted to its path from that copy; the commit record is written once every
+            file is on disk; FastStorageReader(tiers=...) reads each file from its memory copy
+            on this node (fastckpt.store.named_tiers).
     """
 
-    def __init__(self, path, step: int = -1, settings=None, **kwargs):
+    def __init__(self, path, step: int = -1, settings=None, *, tiers=None, tier_keep=None, **kwargs):
         super().__init__()
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
         self.path = os.fspath(path)
         self.step = step
-        self.named = NamedCheckpoints(settings if settings is not None else kwargs)
+        self.named = NamedCheckpoints(settings if settings is not None else kwargs, tiers=tiers, tier_keep=tier_keep)
         self.config = self.named.config
         self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
@@ -207,6 +212,10 @@ class FastStorageWriter(StorageWriter):
         def landed() -> list:
             deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
             info = pending.wait()
+            # behind a memory tier: the record DCP's finish writes vouches for the file at its path
+            deadline.wait(f"{path} of the DCP checkpoint {directory}, persisted", pending.wait_placed)
+            if pending.placed_error is not None:
+                raise pending.placed_error
             torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
             if torn:  # FastStager's 'd': the snapshot was the live tensors until written
                 raise TornSnapshotError(f"{torn} was written in place while it was being written "

@@ -308,6 +308,17 @@ class NamedTiers(Store, ByPath):
                 out.append((info, os.path.join(info.path, info.files[0].name), stamp))
         return sorted(out, key=lambda c: -c[0].time)
 
+    def copy_of(self, path: str) -> Optional[str]:
+        """The memory copy (a file) that is the file at path now, byte for byte (its PERSISTED note
+        matches it); None when there is none on this node."""
+        now = _stamp(local_path(path))
+        if now is None:
+            return None
+        for _, file, note in self.copies_of(path):
+            if note is not None and {k: note.get(k) for k in now} == now:
+                return file
+        return None
+
     def source_of(self, key: str) -> Optional[tuple[CommitInfo, str]]:
         """The memory copy to read for the path `key` (None: the path itself): the newest copy of it,
         when it is a copy of the file at the path now (its PERSISTED note matches) or newer than that

@@ -1,5 +1,6 @@
 """One committed part copied from one tier to the next: checked against its record before a
-byte is written (a damaged memory copy never reaches the disk), then written durably
+byte is written (as one archive, or as a DCP rank file of many by its whole-file CRC-32: a damaged
+memory copy never reaches the disk), then written durably
 (O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: its bytes are
 checked and written where they lie in memory (the disk reads them straight from the mapping), no
 copy of them is made.
@@ -15,7 +16,7 @@ import numpy as np
 from .. import _native
 from ..commit_info import FileEntry
 from ..errors import CorruptCheckpointError
-from ..verify import verify_file
+from ..verify import verify_as_recorded, verify_file
 
 
 def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> None:
@@ -34,7 +35,7 @@ def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> N
     try:
         view = np.frombuffer(mapping, dtype=np.uint8)
         at = view.ctypes.data
-        verify_file(src, entry, at=at)
+        verify_as_recorded(src, entry, at=at)
         write_durably(dst, at, size, direct_io)
     finally:
         del view

@@ -12,6 +12,8 @@ fill: one writer saves step 1, 2, ... into DIR/step-N (a 1 MiB matrix sharded ov
 group: an async_save through FastStager with no process_group is refused on every rank ("rank R
       refused: ..."); with process_group=save_group() it saves ("rank R saved", waited for).
 load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader; "rank R EQUAL".
+With TIERS=MEMORY, save and load go through that memory tier (FastStorageWriter / FastStorageReader
+tiers=[MEMORY]); load then prints "rank R READ WHERE,..." (where each file came from).
 """
 import os
 import sys
@@ -74,8 +76,9 @@ def main() -> None:
         from torch.distributed.device_mesh import init_device_mesh
         mesh, rank = init_device_mesh("cpu", (dist.get_world_size(),)), dist.get_rank()
     from fastckpt.dcp import FastStorageReader, FastStorageWriter
+    tiers = [os.environ["TIERS"]] if os.environ.get("TIERS") else None
     if mode == "save":
-        writer = FastStorageWriter(directory, step=7, chunk_mb=1)
+        writer = FastStorageWriter(directory, step=7, chunk_mb=1, tiers=tiers)
         dcp.save(_sharded(full_state(), mesh, blank=False), storage_writer=writer)
         writer.close()
         print(f"rank {rank} SAVED", flush=True)
@@ -115,8 +118,11 @@ def main() -> None:
         print(f"rank {rank} EQUAL" if not bad else f"rank {rank} DIFFERS {bad}", flush=True)
     elif mode == "load":
         state = _sharded(full_state(), mesh, blank=True)
-        reader = dcp.FileSystemReader(directory) if os.environ.get("READER") == "stock" else FastStorageReader(directory)
+        reader = dcp.FileSystemReader(directory) if os.environ.get("READER") == "stock" else \
+            FastStorageReader(directory, tiers=tiers)
         dcp.load(state, storage_reader=reader)
+        if tiers:
+            print(f"rank {rank} READ {','.join(sorted({where for where, _ in reader.reads}))}", flush=True)
         bad = _equal(state, full_state())
         print(f"rank {rank} EQUAL" if not bad else f"rank {rank} DIFFERS {bad}", flush=True)
     if mesh is not None:

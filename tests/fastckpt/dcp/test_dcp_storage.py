@@ -263,3 +263,44 @@ def test_an_async_save_on_the_default_group_is_refused_in_one_line_and_save_grou
         assert f"rank {rank} saved" in out
     assert (newest_committed(tmp_path).step, newest_committed(tmp_path).by) == (1, "fastckpt")
     assert all(f"rank {r} EQUAL" in out for r, out in enumerate(run_ranks("load-step", tmp_path, 2, 1)))
+
+
+@pytest.mark.parametrize("loaded_on", [0, 2, 3])
+def test_through_a_memory_tier_each_file_is_persisted_and_a_resharded_load_reads_the_memory_copies(
+        tmp_path, shm, loaded_on):
+    """FastStorageWriter(tiers=[memory]) on 2 ranks: every rank's file commits in its memory folder and
+    is persisted to the checkpoint's directory before the record is written (the record's files are
+    there, and DCP's stock reader loads them); FastStorageReader(tiers=[memory]) on 1, 2 or 3 ranks
+    reads every file it needs (its own rank's and others') from its memory copy."""
+    memory = os.path.join(shm, "memory")
+    run_ranks("save", tmp_path / "c", 2, TIERS=memory)
+    info = record.read(str(tmp_path / "c"), RECORD, every_rank=False)
+    for f in info.files:
+        assert os.path.getsize(tmp_path / "c" / f.name) == f.bytes, f.name
+    assert sorted(os.listdir(memory)) == ["rank-0", "rank-1"]
+    for rank, out in enumerate(run_ranks("load", tmp_path / "c", loaded_on, TIERS=memory)):
+        assert f"rank {rank} EQUAL" in out and f"rank {rank} READ memory\n" in out, out[-3000:]
+
+
+def test_a_damaged_memory_copy_of_a_dcp_file_is_named_and_the_file_is_read(tmp_path, shm):
+    memory = os.path.join(shm, "memory")
+    run_ranks("save", tmp_path / "c", 2, TIERS=memory)
+    folder = os.path.join(memory, "rank-1")
+    (step,) = [n for n in os.listdir(folder) if n.startswith("step-")]
+    part = os.path.join(folder, step, "rank-0.pt")
+    with open(part, "r+b") as f:
+        f.seek(os.path.getsize(part) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    out, = run_ranks("load", tmp_path / "c", 0, TIERS=memory)
+    assert "rank 0 EQUAL" in out and "rank 0 READ disk,memory" in out, out[-3000:]
+    assert "does not verify" in out and part in out and "__1_0.distcp" in out, out[-3000:]
+
+
+def test_the_docs_dcp_tier_lines_are_the_ones_the_worker_runs():
+    """Every line of docs/tiers.md's DCP block is a line of tests/workers/dcp_worker.py."""
+    from support import readme_blocks
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of DCP's files", "",
+                                         os.path.join(WORKERS, "dcp_worker.py"))
+    assert not missing, missing
