@@ -301,6 +301,6 @@ def test_a_damaged_memory_copy_of_a_dcp_file_is_named_and_the_file_is_read(tmp_p
 def test_the_docs_dcp_tier_lines_are_the_ones_the_worker_runs():
     """Every line of docs/tiers.md's DCP block is a line of tests/workers/dcp_worker.py."""
     from support import readme_blocks
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of DCP's files", "",
+    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of DCP's files (FSDP2, torchtitan)", "",
                                          os.path.join(WORKERS, "dcp_worker.py"))
     assert not missing, missing
