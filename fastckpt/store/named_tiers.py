@@ -40,7 +40,7 @@ from ..commit.committed_under import CommittedUnder
 from ..commit.persist_unit import PersistCommit
 from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
-from ..errors import CheckpointWriteError, CorruptCheckpointError
+from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..format import load_file
 from ..fsutil import fsync_dir
 from .node_tier import RANK_RE, NodeTier
@@ -126,7 +126,7 @@ class NamedTiers(Store, ByPath):
     places_loosely = True
 
     def __init__(self, memory: str, keep: int, rank: int, direct_io: bool = True):
-        self.memory = NodeTier(memory, rank, part_rank=0)  # each process's checkpoint is its own: one part
+        self.memory = NodeTier(memory, rank)  # this process's folder (its checkpoints: one part each)
         self.disk = PathStore(per_rank=False)
         self.keep, self.rank, self.direct_io = keep, rank, direct_io
         self.reads: list[NamedRead] = []
@@ -140,9 +140,8 @@ class NamedTiers(Store, ByPath):
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "NamedTiers":
         if world_size > 1:
-            raise CheckpointWriteError("tiers in front of checkpoints that every rank saves together (per_rank) are "
-                                       "not supported; each process's own paths are (FastCheckpointIO without "
-                                       "per_rank, DeepSpeed)")
+            raise ConfigError("tiers in front of checkpoints that every rank saves together (per_rank) are not "
+                              "supported; each process's own paths are (FastCheckpointIO without per_rank, DeepSpeed)")
         import torch.distributed as dist
         global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         return cls(config.tiers[0], config.keep_on_tiers()[0], global_rank, config.direct_io)
@@ -294,7 +293,7 @@ class NamedTiers(Store, ByPath):
             for name in sorted(os.listdir(self.memory.place)):
                 m = RANK_RE.match(name)
                 if m and int(m.group(1)) != self.rank:
-                    folders.append(NodeTier(self.memory.place, int(m.group(1)), part_rank=0))
+                    folders.append(NodeTier(self.memory.place, int(m.group(1))))
         out = []
         for tier in folders:
             for info in tier.committed():

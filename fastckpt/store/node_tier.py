@@ -49,10 +49,9 @@ SPARE = ".spare"
 class NodeTier(RootStore):
     """The parts of one rank in a tier before the last; every rank commits and retains its own."""
 
-    def __init__(self, place: str, rank: int, spares: int = 3, part_rank: Optional[int] = None):
+    def __init__(self, place: str, rank: int, spares: int = 3):
         super().__init__(rank_folder(place, rank))
         self.place, self.rank, self.spares = os.path.abspath(os.fspath(place)), rank, spares
-        self.part_rank = rank if part_rank is None else part_rank  # whose part the records name (named paths: 0)
         self.recycled = 0  # parts written into a recycled file
         self._memory: Optional[bool] = None
 
@@ -126,7 +125,8 @@ class NodeTier(RootStore):
         """The record of folder, its own rank's file present with the size it says."""
         info = commit.read(folder, None, None, every_rank=True)
         if size_of is not None:
-            entry = info.entry_for(self.part_rank)
+            # a checkpoint of one process (named paths: fastckpt.store.named_tiers) has one part, rank 0's
+            entry = info.entry_for(self.rank if info.world_size > 1 else 0)
             size = size_of(os.path.join(folder, entry.name))
             if size is None:
                 raise CorruptCheckpointError(f"{folder}: file {entry.name} named by the commit record is missing")

@@ -80,7 +80,7 @@ class TieredStore(Store):
         self.first = 0  # the tier saves commit to (the last, once shrunk)
         self.reads: list[Read] = []
         self._lock = threading.Lock()
-        self._copying: set[str] = set()  # the first-tier folder being persisted behind it
+        self._copying: set[str] = set()  # folders of copies in progress: the source, and where it goes
         self._newest_handed = 0  # the counter of the newest checkpoint handed over to be persisted
         self._holders: dict[int, list[tuple[int, CommitInfo]]] = {}
         self.replicas = replicas
@@ -199,21 +199,24 @@ class TieredStore(Store):
             return None
         with self._lock:
             self._newest_handed = max(self._newest_handed, info.counter)
+        # its source, and the folders it is copied into (uncommitted until it lands: a save straight
+        # to the last tier meanwhile, after shrink() or hurry(), must not retain them away as dead)
+        held = {info.path} | {os.path.join(t.root, os.path.basename(info.path)) for t in behind}
 
         def go(unit) -> bool:
             with self._lock:
                 mine = self._newest_handed == info.counter and record_present(info.path)
                 if mine:
-                    self._copying.add(info.path)
+                    self._copying |= held
             if agree_all(mine):
                 return True
             with self._lock:
-                self._copying.discard(info.path)
+                self._copying -= held
             return False
 
         def done(unit, infos, error):
             with self._lock:
-                self._copying.discard(info.path)
+                self._copying -= held
             landed(unit, infos, error)
         return PersistCommit(info, self.rank, behind, lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io),
                              go, done, retain)
@@ -370,7 +373,9 @@ class TieredStore(Store):
         last tier) and on the first (what it held back while copying may go now)."""
         for tier in self.behind():
             if tier is not self.tiers[-1] or self.rank == 0:
-                tier.retain(self.keeps[self.tiers.index(tier)], set())
+                with self._lock:
+                    copying = set(self._copying)
+                tier.retain(self.keeps[self.tiers.index(tier)], copying)
         self.retain(self.keeps[-1], in_flight)
 
     def close(self) -> None:
