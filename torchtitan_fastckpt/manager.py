@@ -20,6 +20,9 @@ safetensors. What changes:
   once (policy 'wait' blocks for a slot, 'skip' skips the save on every rank), written one after
   another in order. An earlier save's failure is raised at the next save. The last step's save,
   `maybe_wait_for_saving()` and `close()` wait for every save in flight.
+- Tiers (`tiers=["/dev/shm/run7"]`): a memory tier in front of the folder (FastStorageWriter /
+  FastStorageReader's `tiers`): every rank's file commits in memory and is persisted to the
+  folder before the record is written; a load reads each file from its memory copy on the node.
 - Loading. "The newest" is fastckpt.dcp.newest_committed's: the newest step whose checkpoint a
   run can use, fastckpt's (committed) or DCP's own writer's (from before the switch: its
   `.metadata` and files' sizes checked) — one warning when it is DCP's, one naming the newer
@@ -74,21 +77,34 @@ class CheckpointManager(TitanCheckpointManager):
         policy: Literal["wait", "skip"] = D.policy
         """When `concurrency` saves are in flight: wait for one, or skip this save on every rank."""
 
+        tiers: list[str] | None = None
+        """A memory tier in front of the checkpoint folder, e.g. ["/dev/shm/run7"]: each rank's file
+        commits there and is persisted to the folder from that copy; loads read each file from its
+        memory copy on the node (docs/tiers.md). None: none."""
+
+        tier_keep: list[int] | None = None
+        """Files each rank keeps in the memory tier (None: 1)."""
+
         def __post_init__(self) -> None:
             TitanCheckpointManager.Config.__post_init__(self)
             self.fastckpt_settings()  # a bad value: one line (fastckpt.errors.ConfigError)
+            if self.tiers is not None:
+                CheckpointerConfig(store="path", tiers=self.tiers, tier_keep=self.tier_keep)
 
         def fastckpt_settings(self) -> CheckpointerConfig:
-            """The fields this Config adds to torchtitan's: fastckpt settings (defaults from fastckpt.settings)."""
+            """The fields this Config adds to torchtitan's but the tiers: fastckpt settings (defaults
+            from fastckpt.settings)."""
             ours = {f.name for f in dataclasses.fields(self)} - {f.name for f in dataclasses.fields(TitanCheckpointManager.Config)}
-            return CheckpointerConfig.from_dict({name: getattr(self, name) for name in ours})
+            return CheckpointerConfig.from_dict({name: getattr(self, name) for name in ours - {"tiers", "tier_keep"}})
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         if not self.enable:
             return
         settings = config.fastckpt_settings()
-        self.writer = FastStorageWriter(self.folder, settings=settings)
+        self.tiers = config.tiers
+        self.writer = FastStorageWriter(self.folder, settings=settings, tiers=config.tiers, tier_keep=config.tier_keep)
+        self.reads: list[tuple[str, str]] = []  # with tiers: where each file of the last load came from
         # torchtitan's _save makes a DefaultStager only while self.stager is None
         self.stager = FastStager(settings, writer=self.writer) if self.async_mode != AsyncMode.DISABLED else None
         self.in_flight: list[tuple[str, Future]] = []  # (checkpoint_id, upload future), oldest first
@@ -119,7 +135,9 @@ class CheckpointManager(TitanCheckpointManager):
     def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
         if from_hf:  # an initial load of HF safetensors: torchtitan's own reader
             return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
-        dcp.load(state_dict, storage_reader=FastStorageReader(checkpoint_id))
+        reader = FastStorageReader(checkpoint_id, tiers=self.tiers)
+        dcp.load(state_dict, storage_reader=reader)
+        self.reads = reader.reads
         if MODEL in self.states:  # torchtitan flattens the model's state into the top level
             self.states[MODEL].load_state_dict(state_dict)
 

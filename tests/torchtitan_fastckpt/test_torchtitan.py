@@ -90,6 +90,23 @@ def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference,
     assert [info.step for info in committed(ckpt)] == [5, 4, 3]  # keep_latest_k=3
 
 
+@pytest.mark.parametrize("mode", ["disabled", "async"])
+def test_through_a_memory_tier_saves_are_persisted_and_a_resume_reads_memory_bit_exact(tmp_path, shm, reference,
+                                                                                        mode):
+    """CheckpointManager.Config(tiers=[memory]): every step's checkpoint is committed in the folder
+    (each rank's file persisted there from its memory copy), and a resumed run loads step 3 from the
+    memory copies and trains on bit-exact."""
+    ckpt, memory = tmp_path / "ckpt", os.path.join(shm, "memory")
+    first = run("fast", mode, ckpt, tmp_path / "first", 3, TIERS=memory)
+    assert [info.step for info in committed(ckpt)] == [3, 2, 1] and "read nothing" in first
+    assert "closed, fastckpt threads left: []" in first
+    second = run("fast", mode, ckpt, tmp_path / "second", 5, TIERS=memory)
+    assert loaded_step(second) == 3 and "read memory\n" in second, second[-3000:]
+    assert equal(state(tmp_path / "second", "loaded.pt"), state(reference, "state-3.pt"))
+    for step in (4, 5):
+        assert equal(state(tmp_path / "second", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
+
+
 def test_a_save_does_not_wait_for_the_previous_one_and_two_stay_in_flight(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
     log = run("fast", "async_with_pinned_mem", ckpt, tmp_path / "held", 8, HOLD_FIRST_COMMIT="1")

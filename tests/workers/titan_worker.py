@@ -15,6 +15,8 @@ Usage: titan_worker.py MANAGER MODE CKPT OUT STEPS   (env: RANK, WORLD_SIZE, MAS
   After the manager's close(), rank 0 prints the names of the fastckpt threads still alive.
   env HOLD_FIRST_COMMIT=1: step 1's commit waits (at most 120 s) until OUT/release exists; after
   step 2's save call the worker prints "in flight N" (saves not yet done) and creates it.
+  env TIERS=MEMORY (fast): a memory tier in front of CKPT (the Config's tiers); after the load rank 0
+  prints "read WHERE,..." (where the files it read came from).
 One thread per process: every run computes each step with the same arithmetic.
 """
 import os
@@ -112,6 +114,9 @@ def main() -> None:
         from torchtitan_fastckpt import CheckpointManager  # torchtitan's own, through fastckpt.dcp
         config = CheckpointManager.Config(enable=True, folder=ckpt, interval=1, async_mode=mode, concurrency=2,
                                           keep_latest_k=3, last_save_model_only=False)
+        if os.environ.get("TIERS"):  # the tiers line of docs/tiers.md
+            config = CheckpointManager.Config(enable=True, folder=ckpt, interval=1, async_mode=mode, concurrency=2,
+                                              keep_latest_k=3, last_save_model_only=False, tiers=[os.environ["TIERS"]])
         kind = CheckpointManager
     else:  # torchtitan's own manager, or checkpointing off
         config = Stock.Config(enable=manager == "stock", folder=ckpt, interval=1, async_mode=mode, keep_latest_k=3,
@@ -125,6 +130,8 @@ def main() -> None:
     if rank == 0:
         keep(loaded, os.path.join(out, "loaded.pt"))
         print(f"loaded {train_state.step}", flush=True)
+        if os.environ.get("TIERS"):
+            print(f"read {','.join(sorted({where for where, _ in checkpointer.reads})) or 'nothing'}", flush=True)
     for step in range(train_state.step + 1, steps + 1):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
