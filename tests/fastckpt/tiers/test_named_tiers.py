@@ -5,7 +5,7 @@ DeepSpeed job with "tiers" in its entry.
 What a load of a path reads: the memory copy of the file at the path (every CRC checked), the
 path itself when the memory copy is damaged (named in a warning), older than the file there, or
 gone; the newest save of a path whose copy to it was cut short by a kill -9. Removal, and the
-settings that are refused.
+settings that are refused. (A kill -9 campaign: test_named_tiers_campaign.py.)
 """
 from __future__ import annotations
 
@@ -147,6 +147,7 @@ def test_bad_settings_are_one_line_errors(memory, make, says):
     assert "\n" not in str(got.value)
 
 
+@pytest.mark.slow
 def test_lightning_resumes_from_the_memory_copy_of_last_ckpt(tmp_path, memory):
     """A real Trainer with ModelCheckpoint (top-k + last) through FastCheckpointIO(tiers=...): the
     files Lightning expects are on disk; a resume from last.ckpt reads its memory copy and trains
@@ -181,6 +182,7 @@ def targets(memory: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_deepspeed_resumes_bit_exact_from_its_memory_tier_on_two_ranks(tmp_path, memory):
     """"tiers" in the DeepSpeed entry: every file of a tag is committed in its rank's memory
     folder, then persisted to the tag folder (an ordinary DeepSpeed tag on disk); a resume on two
