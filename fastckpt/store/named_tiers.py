@@ -7,16 +7,20 @@ TARGET file in it naming the path — at memory speed (fastckpt.store.node_tier:
 mapping on tmpfs, recycled files). Once committed there it is persisted to the path from that
 committed copy, checked against its record first (fastckpt.commit.persist_unit with a PathTier
 behind: as the path store writes, a hidden sibling renamed over the name once durable); the
-memory folder then gets a PERSISTED note — the inode, size and modification time of the file now
-at the path. A copy waiting its turn while a newer save of the *same* path waits is superseded;
-a save of another path never supersedes it (each name a framework saved must reach its disk).
+folder's index of persisted paths (`.persisted/`, one small file per path, its last few saves)
+notes, just before the rename, which save the path is about to hold — its commit time and
+counter — and that file: inode, size, modification time (a rename keeps them). Every save of a path is copied there, in order — none is superseded by a newer one
+(a DeepSpeed tag's or a DCP checkpoint's record waits for its files there, and each name a
+framework saved must reach its disk); a disk slower than the saves holds more copies in memory,
+which the memory bound counts.
 
 Loading: `load_path(path)` reads the newest committed memory copy of the path (in any rank's
-folder of this node) when it is a copy of the file at the path now (its PERSISTED note matches)
-or newer than that file (a save of the path whose copy there was cut short: the newest save of
-it); every CRC is checked, and one that fails is named in a warning and the path is read
-instead. Otherwise the path is read: a memory copy never stands in for a newer file (the path
-saved again by another writer). `reads` says where each load came from. (Frameworks that find
+folder of this node) when the file at the path is a save of this tier no newer than it (an index
+note matches the file) — the same save, or an older one whose newer saves were not yet copied
+there (cut short by a kill, or a disk behind) — or, when the file is none of this tier's, when the
+copy is newer than the file; every CRC is checked, and one that fails is named in a warning and
+the path is read instead. Otherwise the path is read: a memory copy never stands in for a newer
+file (the path saved again by another writer). `reads` says where each load came from. (Frameworks that find
 their checkpoints by listing the disk — Lightning's "last", DeepSpeed's `latest` — find a path
 only once it was persisted there.)
 
@@ -28,6 +32,7 @@ to their paths alone from then on, with one warning; after `hurry()` (a preempti
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -48,7 +53,7 @@ from .path_store import PathStore, is_remote, local_path
 from .protocol import ByPath, Store
 from .tier_copy import copy_part
 
-TARGET, PERSISTED = "TARGET", "PERSISTED"
+TARGET, PERSISTED = "TARGET", ".persisted"  # a copy's path; a folder's index of what each path holds
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,30 @@ def _stamp(path: str) -> Optional[dict]:
     return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _note_name(path: str) -> str:
+    """The index file of a path (its name hashed: any path, one flat folder)."""
+    return hashlib.sha1(path.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _matches(note: Optional[dict], stamp: Optional[dict]) -> bool:
+    return note is not None and stamp is not None and {k: note.get(k) for k in stamp} == stamp
+
+
+NOTES = 8  # saves an index file remembers per path
+
+
+def read_notes(index_file: str, path: str) -> list[dict]:
+    """The saves an index file notes for path (none when it is missing, unreadable or another's)."""
+    raw = _read_small(index_file)
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        return []
+    if not isinstance(body, dict) or body.get("path") != path or not isinstance(body.get("saves"), list):
+        return []
+    return [n for n in body["saves"] if isinstance(n, dict)]
+
+
 def _read_small(path: str) -> Optional[str]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -80,10 +109,10 @@ def _read_small(path: str) -> Optional[str]:
 class PathTier:
     """The caller's path as the tier behind one memory copy, as PersistCommit sees a tier: the part
     is copied into a hidden sibling folder, renamed over the path once durable (its folder
-    fsync'ed), and the memory copy noted as the path's (PERSISTED)."""
+    fsync'ed), and the memory folder's index notes which save the path now holds."""
 
-    def __init__(self, target: str, source: str, removed: Callable[[str], bool]):
-        self.target, self.source, self._removed = target, source, removed
+    def __init__(self, target: str, source: str, index: str, place: Callable[[str, str], bool]):
+        self.target, self.source, self.index, self._place = target, source, index, place
         self.root = target
         self._made: list[str] = []
 
@@ -96,16 +125,25 @@ class PathTier:
 
     def commit_rank(self, folder: str, info: CommitInfo) -> None:
         part = os.path.join(folder, info.files[0].name)
-        if self._removed(self.target):  # removed by its owner while being copied: nothing lands
+        # noted before the rename (the rename keeps the file's inode, size and mtime): a kill in
+        # between leaves a note no file matches, beside the older ones, one of which still does
+        stamp = _stamp(part)
+        if stamp is not None:
+            self._note(dict(stamp, time=info.time, counter=info.counter))
+        if not self._place(part, self.target):  # removed by its owner while being copied: nothing lands
             shutil.rmtree(folder, ignore_errors=True)
             return
-        os.replace(part, self.target)
         fsync_dir(os.path.dirname(self.target))
         shutil.rmtree(folder, ignore_errors=True)
-        stamp = _stamp(self.target)
-        if stamp is not None:
-            with open(os.path.join(self.source, PERSISTED), "w", encoding="utf-8") as f:
-                json.dump(dict(stamp, path=self.target), f)
+
+    def _note(self, save: dict) -> None:
+        """The path's index file: its last NOTES saves copied there, newest last."""
+        os.makedirs(self.index, exist_ok=True)
+        path = os.path.join(self.index, _note_name(self.target))
+        saves = read_notes(path, self.target)[-(NOTES - 1):] + [save]
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"path": self.target, "saves": saves}, f)
+        os.replace(path + ".tmp", path)
 
     def commit(self, info: CommitInfo) -> None:
         """Nothing more: the rename made it the path's."""
@@ -133,7 +171,6 @@ class NamedTiers(Store, ByPath):
         self.pointers = False  # ByPath's (pool pointers): nothing here
         self._to_disk = False  # hurried (a preemption) or shrunk (no room): saves go to their paths alone
         self._lock = threading.Lock()
-        self._waiting: dict[str, int] = {}  # path -> the counter of its newest copy handed over to persist
         self._unpersisted: set[str] = set()  # memory folders handed over, not landed: never retained
         self._removed: set[str] = set()  # paths removed since their last save
 
@@ -231,28 +268,30 @@ class NamedTiers(Store, ByPath):
         if not target:
             raise CheckpointWriteError(f"{info.path}: its {TARGET} file is missing: the path it is a copy of is unknown")
         with self._lock:
-            self._waiting[target] = max(self._waiting.get(target, 0), info.counter)
             self._unpersisted.add(info.path)
 
-        def go(unit) -> bool:  # a newer save of the same path supersedes it; a removed path is not written
+        def go(unit) -> bool:  # a path removed meanwhile is not written (its copy is un-committed)
             with self._lock:
-                mine = (self._waiting.get(target) == info.counter and target not in self._removed
-                        and record_present(info.path))
+                mine = target not in self._removed and record_present(info.path)
             return agree_all(mine)
 
         def done(unit, infos, error):
             with self._lock:
                 self._unpersisted.discard(info.path)
-                if self._waiting.get(target) == info.counter:
-                    del self._waiting[target]
             landed(unit, infos, error)
 
-        def removed(path: str) -> bool:
-            with self._lock:
-                return path in self._removed
-
-        return PersistCommit(info, 0, [PathTier(target, info.path, removed)],
+        return PersistCommit(info, 0, [PathTier(target, info.path, os.path.join(self.memory.root, PERSISTED),
+                                                self._place)],
                              lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io), go, done, retain)
+
+    def _place(self, part: str, target: str) -> bool:
+        """A durable copy renamed over its path — unless the path was removed meanwhile (False).
+        Under the lock remove_path holds: a removal and a copy landing never interleave."""
+        with self._lock:
+            if target in self._removed:
+                return False
+            os.replace(part, target)
+            return True
 
     # -- 5-7. listing, retention -------------------------------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
@@ -283,51 +322,60 @@ class NamedTiers(Store, ByPath):
         source = None if is_remote(path) else self.source_of(local_path(path))
         return source[0].files[0].bytes if source is not None else self.disk.size_of(path)
 
-    def copies_of(self, path: str, own_only: bool = False) -> list[tuple[CommitInfo, str, Optional[dict]]]:
-        """(record, file, PERSISTED note) of each committed memory copy of path, newest first (by
-        commit time), from this process's folder and (unless own_only) every other rank's folder
-        of this node."""
-        key = local_path(path)
+    def _folders(self, own_only: bool = False) -> list[NodeTier]:
+        """This process's memory folder, then (unless own_only) every other rank's on this node."""
         folders = [self.memory]
         if not own_only and os.path.isdir(self.memory.place):
             for name in sorted(os.listdir(self.memory.place)):
                 m = RANK_RE.match(name)
                 if m and int(m.group(1)) != self.rank:
                     folders.append(NodeTier(self.memory.place, int(m.group(1))))
+        return folders
+
+    def copies_of(self, path: str, own_only: bool = False) -> list[tuple[CommitInfo, str]]:
+        """(record, file) of each committed memory copy of path, newest first (by commit time)."""
+        key = local_path(path)
         out = []
-        for tier in folders:
+        for tier in self._folders(own_only):
             for info in tier.committed():
-                if _read_small(os.path.join(info.path, TARGET)) != key:
-                    continue
-                note = _read_small(os.path.join(info.path, PERSISTED))
-                try:
-                    stamp = json.loads(note) if note else None
-                except ValueError:
-                    stamp = None
-                out.append((info, os.path.join(info.path, info.files[0].name), stamp))
+                if _read_small(os.path.join(info.path, TARGET)) == key:
+                    out.append((info, os.path.join(info.path, info.files[0].name)))
         return sorted(out, key=lambda c: -c[0].time)
 
-    def copy_of(self, path: str) -> Optional[str]:
-        """The memory copy (a file) that is the file at path now, byte for byte (its PERSISTED note
-        matches it); None when there is none on this node."""
-        now = _stamp(local_path(path))
-        if now is None:
-            return None
-        for _, file, note in self.copies_of(path):
-            if note is not None and {k: note.get(k) for k in now} == now:
-                return file
+    def on_disk(self, key: str, stamp: Optional[dict]) -> Optional[dict]:
+        """The index note of the save of this tier that the file at key is now (None: it is none
+        of this tier's saves, or there is no file)."""
+        for tier in self._folders():
+            for note in read_notes(os.path.join(tier.root, PERSISTED, _note_name(key)), key):
+                if _matches(note, stamp):
+                    return note
         return None
 
+    def copy_of(self, path: str) -> Optional[str]:
+        """The memory copy (a file) that is the file at path now, byte for byte (the save the
+        index notes it holds); None when there is none on this node."""
+        key = local_path(path)
+        note = self.on_disk(key, _stamp(key))
+        if note is None:
+            return None
+        return next((file for info, file in self.copies_of(key)
+                     if info.time == note.get("time") and info.counter == note.get("counter")), None)
+
     def source_of(self, key: str) -> Optional[tuple[CommitInfo, str]]:
-        """The memory copy to read for the path `key` (None: the path itself): the newest copy of it,
-        when it is a copy of the file at the path now (its PERSISTED note matches) or newer than that
-        file (a save of the path not yet persisted there, or whose copy was cut short)."""
+        """The memory copy to read for the path `key` (None: the path itself): the newest copy of
+        it, when the file at the path is a save of this tier no newer than it, or none of this
+        tier's and older than it (see the module docstring)."""
+        copies = self.copies_of(key)
+        if not copies:
+            return None
+        info, file = copies[0]
         now = _stamp(key)
-        for info, file, note in self.copies_of(key)[:1]:
-            same = now is not None and note is not None and {k: note.get(k) for k in now} == now
-            if same or now is None or info.time > now["mtime_ns"] / 1e9:
-                return info, file
-        return None
+        if now is None:
+            return info, file
+        note = self.on_disk(key, now)
+        if note is not None:
+            return (info, file) if info.time >= note.get("time", float("inf")) else None
+        return (info, file) if info.time > now["mtime_ns"] / 1e9 else None
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):
@@ -347,12 +395,18 @@ class NamedTiers(Store, ByPath):
     def remove_path(self, path: str, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:
         if not is_remote(path):
             key = local_path(path)
-            with self._lock:
+            with self._lock:  # no copy lands at the path from here on (_place)
                 self._removed.add(key)
                 unpersisted = set(self._unpersisted)
-            for info, _, _ in self.copies_of(key, own_only=True):
+                self.disk.remove_path(path, later)
+            try:  # what the index says the path holds: nothing now
+                os.unlink(os.path.join(self.memory.root, PERSISTED, _note_name(key)))
+            except OSError:
+                pass
+            for info, _ in self.copies_of(key, own_only=True):
                 if info.path in unpersisted:  # its copy to the path may be reading it: un-committed now
                     CommittedUnder(self.memory.root).withdraw(info.path)  # (never served again), its
                 else:  # files removed by retention once the copy landed (and wrote nothing there)
                     self.memory.remove(info.path)
+            return
         self.disk.remove_path(path, later)

@@ -164,7 +164,7 @@ class NamedTiersPlace(LocalPath):
 
     def damage(self, ck, name="last"):
         ck.wait()  # persisted to the path too: every copy is damaged
-        for _, file, _ in ck.store.copies_of(self.target(name)):
+        for _, file in ck.store.copies_of(self.target(name)):
             _flip(file)
         _flip(self.target(name))
 

@@ -74,7 +74,7 @@ def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memor
 def test_a_damaged_memory_copy_is_named_and_the_path_is_read(tmp_path, memory):
     named = NamedCheckpoints({}, tiers=[memory])
     saved(named, tmp_path, [(1, "last.ckpt")])
-    (info, file, _), = named._store.copies_of(str(tmp_path / "last.ckpt"))
+    (info, file), = named._store.copies_of(str(tmp_path / "last.ckpt"))
     with open(file, "r+b") as f:
         f.seek(os.path.getsize(file) // 2)
         byte = f.read(1)
