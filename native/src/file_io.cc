@@ -2,6 +2,7 @@
 #include "fastckpt/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +57,20 @@ void pread_full(int fd, void* buf, size_t n, uint64_t off, const std::string& pa
 int open_or_throw(const std::string& path, int flags, mode_t mode) {
   int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
   if (fd < 0) throw_io("open", path, 0, errno);
+  return fd;
+}
+
+int open_cut_to(const std::string& path, int flags, uint64_t size) {
+  int fd = open_or_throw(path, flags | O_CREAT);
+  struct stat st {};
+  const char* failed = ::fstat(fd, &st) != 0 ? "fstat"
+      : static_cast<uint64_t>(st.st_size) > size && ::ftruncate(fd, static_cast<off_t>(size)) != 0 ? "ftruncate"
+      : nullptr;
+  if (failed != nullptr) {
+    const int err = errno;
+    ::close(fd);
+    throw_io(failed, path, size, err);
+  }
   return fd;
 }
 

@@ -29,11 +29,7 @@ void FileSink::open() {
   // Not truncated: a file already at path (a memory tier's recycled part) keeps the pages it holds,
   // which the write fills again (every byte of [0, size) is written: headers, records, padding);
   // beyond size, nothing is kept.
-  fd_ = open_or_throw(path_, O_WRONLY | O_CREAT);
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) throw_io("fstat", path_, 0, errno);
-  if (static_cast<uint64_t>(st.st_size) > size_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
-    throw_io("ftruncate", path_, size_, errno);
+  fd_ = open_cut_to(path_, O_WRONLY, size_);
   preallocate(fd_, size_, path_);
   if (direct_io_) {
     fd_direct_ = open_direct(path_);

@@ -34,11 +34,7 @@ void MemoryFileSink::close() {
 }
 
 void MemoryFileSink::open() {
-  fd_ = open_or_throw(path_, O_RDWR | O_CREAT);
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) throw_io("fstat", path_, 0, errno);
-  if (static_cast<uint64_t>(st.st_size) > size_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
-    throw_io("ftruncate", path_, size_, errno);
+  fd_ = open_cut_to(path_, O_RDWR, size_);
   if (size_ == 0) return;
   if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_)); rc != 0) throw_io("fallocate", path_, 0, rc);
   void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);

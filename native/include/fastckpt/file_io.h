@@ -55,6 +55,10 @@ class UniqueFd {
   int fd_;
 };
 
+// Opens (creating) a file that will hold `size` bytes, cut down to size when longer (a recycled
+// file keeps the pages it holds up to there; nothing beyond); throws an IoError naming the path.
+int open_cut_to(const std::string& path, int flags, uint64_t size);
+
 // Opens path a second time with O_DIRECT; -1 where the filesystem refuses it (EINVAL); throws
 // IoError on any other error.
 int open_direct(const std::string& path);

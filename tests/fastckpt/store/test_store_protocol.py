@@ -135,17 +135,12 @@ class LocalPath(Place):
         _flip(self.target(name))
 
 
-class NamedTiersPlace(LocalPath):
-    """A memory tier on /dev/shm in front of local paths (store 'path' with `tiers`)."""
+class WithMemoryTier:
+    """A place with a memory tier on /dev/shm in front of it: both copied into an image."""
 
     def __init__(self, where: str, memory: str):
         super().__init__(where)
         self.memory = memory
-
-    def checkpointer(self, **kw):
-        os.makedirs(self.where, exist_ok=True)
-        keep = {"tier_keep": (4,)} if kw.get("keep") == 0 else {}
-        return Checkpointer(store="path", tiers=[self.memory], **keep, **kw)
 
     def image(self):
         tag = uuid.uuid4().hex[:6]
@@ -153,6 +148,22 @@ class NamedTiersPlace(LocalPath):
         for src, dst in ((self.where, copy.where), (self.memory, copy.memory)):
             if os.path.exists(src):
                 shutil.copytree(src, dst)
+        return copy
+
+    def cleanup(self):
+        shutil.rmtree(self.memory, ignore_errors=True)
+
+
+class NamedTiersPlace(WithMemoryTier, LocalPath):
+    """A memory tier on /dev/shm in front of local paths (store 'path' with `tiers`)."""
+
+    def checkpointer(self, **kw):
+        os.makedirs(self.where, exist_ok=True)
+        keep = {"tier_keep": (4,)} if kw.get("keep") == 0 else {}
+        return Checkpointer(store="path", tiers=[self.memory], **keep, **kw)
+
+    def image(self):
+        copy = super().image()
         # each memory copy names the path it is a copy of: the image's copies name the image's paths
         # (a crash leaves both where they were)
         for folder, _, files in os.walk(copy.memory):
@@ -167,9 +178,6 @@ class NamedTiersPlace(LocalPath):
         for _, file in ck.store.copies_of(self.target(name)):
             _flip(file)
         _flip(self.target(name))
-
-    def cleanup(self):
-        shutil.rmtree(self.memory, ignore_errors=True)
 
 
 class MemoryUrl(LocalPath):
@@ -216,25 +224,13 @@ class Pool(Place):
         pool.view[current.desc.data_off + 100] ^= 0xFF
 
 
-class Tiers(Place):
+class Tiers(WithMemoryTier, Place):
     """A memory tier on /dev/shm in front of a root on disk (settings `tiers`)."""
-
-    def __init__(self, where: str, memory: str):
-        super().__init__(where)
-        self.memory = memory
 
     def checkpointer(self, **kw):
         # keep=0 (all kept): the memory tier keeps the suite's few saves too, not its newest alone
         keep = {"tier_keep": (4, 0)} if kw.get("keep") == 0 else {}
         return Checkpointer(tiers=[self.memory, self.where], **keep, **kw)
-
-    def image(self):
-        tag = uuid.uuid4().hex[:6]
-        copy = type(self)(f"{self.where}-image-{tag}", f"{self.memory}-image-{tag}")
-        for src, dst in ((self.where, copy.where), (self.memory, copy.memory)):
-            if os.path.exists(src):
-                shutil.copytree(src, dst)
-        return copy
 
     def damage(self, ck, name="last"):
         ck.wait()  # persisted behind the memory tier too: every copy is damaged
@@ -243,9 +239,6 @@ class Tiers(Place):
             for info in tier.committed():
                 if info.counter == step:
                     _flip(info.file_for(0))
-
-    def cleanup(self):
-        shutil.rmtree(self.memory, ignore_errors=True)
 
 
 def _flip(path: str) -> None:
