@@ -111,8 +111,8 @@ class PathTier:
     is copied into a hidden sibling folder, renamed over the path once durable (its folder
     fsync'ed), and the memory folder's index notes which save the path now holds."""
 
-    def __init__(self, target: str, source: str, index: str, place: Callable[[str, str], bool]):
-        self.target, self.source, self.index, self._place = target, source, index, place
+    def __init__(self, target: str, index: str, place: Callable[[str, str], bool]):
+        self.target, self.index, self._place = target, index, place
         self.root = target
         self._made: list[str] = []
 
@@ -280,8 +280,7 @@ class NamedTiers(Store, ByPath):
                 self._unpersisted.discard(info.path)
             landed(unit, infos, error)
 
-        return PersistCommit(info, 0, [PathTier(target, info.path, os.path.join(self.memory.root, PERSISTED),
-                                                self._place)],
+        return PersistCommit(info, 0, [PathTier(target, os.path.join(self.memory.root, PERSISTED), self._place)],
                              lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io), go, done, retain)
 
     def _place(self, part: str, target: str) -> bool:
