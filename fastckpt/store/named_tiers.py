@@ -49,7 +49,7 @@ from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..format import load_file
 from ..fsutil import fsync_dir
 from .node_tier import RANK_RE, NodeTier
-from .path_store import PathStore, is_remote, local_path
+from .path_store import PathStore, is_remote, local_path, local_target
 from .protocol import ByPath, Store
 from .tier_copy import copy_part
 
@@ -204,8 +204,7 @@ class NamedTiers(Store, ByPath):
             return True
         with self._lock:
             waiting = len(self._unpersisted)
-        need = (self.keep + concurrency + waiting + 1) * nbytes
-        return self.memory.free_bytes() + self.memory.used_bytes() >= need
+        return self.memory.has_room((self.keep + concurrency + waiting + 1) * nbytes)
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
         self._to_disk = True
@@ -230,12 +229,7 @@ class NamedTiers(Store, ByPath):
         if is_remote(target):
             raise CheckpointWriteError(f"a memory tier in front of a URL ({target}) is not supported; "
                                        "save to a local or mounted path")
-        target = local_path(target)
-        parent = os.path.dirname(target)
-        if not os.path.isdir(parent):
-            raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
-        if os.path.isdir(target):
-            raise IsADirectoryError(f"cannot save to {target!r}: it is a directory")
+        target = local_target(target)
         ckpt_id, part = self.memory.begin(step, counter, 0, fmt)
         with open(os.path.join(ckpt_id, TARGET), "w", encoding="utf-8") as f:
             f.write(target)

@@ -159,6 +159,11 @@ class NodeTier(RootStore):
                 rows.append(Listed(name, path, "invalid", str(e)))
         return rows
 
+    def has_room(self, need: int, sharing: int = 1) -> bool:
+        """Whether `need` bytes fit in the tier's filesystem beside what `sharing` ranks like this one
+        (the ranks of this node) hold there now: its free bytes and theirs, counted as this rank's."""
+        return self.free_bytes() + self.used_bytes() * sharing >= need
+
     def free_bytes(self) -> int:
         """Bytes the tier's filesystem can still take (for a save's memory bound)."""
         st = os.statvfs(self.place if os.path.isdir(self.place) else os.path.dirname(self.place) or ".")

@@ -54,6 +54,18 @@ def local_path(path) -> str:
     return os.path.abspath(p[len("file://"):] if p.startswith("file://") else p)
 
 
+def local_target(path) -> str:
+    """A local path one file is saved at: its directory exists and it is not a directory itself
+    (FileNotFoundError / IsADirectoryError naming it otherwise)."""
+    target = local_path(path)
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"cannot save to {target!r}: it is a directory")
+    return target
+
+
 def filesystem(url: str):
     import fsspec
     fs, _ = fsspec.core.url_to_fs(url)
@@ -168,11 +180,8 @@ class PathStore(Store, ByPath):
             makedirs_durable(target)
             stem, ext = RootStore.file_name(rank, fmt).rsplit(".", 1)
             return target, os.path.join(target, f"{stem}.{os.getpid()}-{counter}.{ext}")
+        target = local_target(target)
         parent, name = os.path.split(target)
-        if not os.path.isdir(parent):
-            raise FileNotFoundError(f"cannot save to {target!r}: directory {parent!r} does not exist")
-        if os.path.isdir(target):
-            raise IsADirectoryError(f"cannot save to {target!r}: it is a directory")
         _sweep_dead_tmp(parent)
         return target, os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")
 

@@ -139,7 +139,7 @@ class TieredStore(Store):
         tier = self.tiers[self.first]
         kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
         need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept * self.neighbours
-        return tier.free_bytes() + tier.used_bytes() * self.neighbours >= need
+        return tier.has_room(need, self.neighbours)
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
         """Saves go to the last tier alone; the warning that says so."""
