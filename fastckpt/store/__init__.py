@@ -11,6 +11,7 @@
                  each save persisted behind it (tier_copy.py) and read back from the fastest tier;
                  `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
   named_tiers.py `tiers` with store 'path': a memory tier in front of the caller's paths
+                 (path_tier.py: the path as the tier behind, and the index of what each path holds)
 """
 from __future__ import annotations
 

@@ -32,10 +32,7 @@ to their paths alone from then on, with one warning; after `hurry()` (a preempti
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
 import threading
 import warnings
 from dataclasses import dataclass
@@ -47,9 +44,9 @@ from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..format import load_file
-from ..fsutil import fsync_dir
 from .node_tier import RANK_RE, NodeTier
 from .path_store import PathStore, is_remote, local_path, local_target
+from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
 from .protocol import ByPath, Store
 from .tier_copy import copy_part
 
@@ -63,94 +60,6 @@ class NamedRead:
     path: str
     tier: str
     file: str
-
-
-def _stamp(path: str) -> Optional[dict]:
-    """What identifies the file at path now (None: there is none)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _note_name(path: str) -> str:
-    """The index file of a path (its name hashed: any path, one flat folder)."""
-    return hashlib.sha1(path.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _matches(note: Optional[dict], stamp: Optional[dict]) -> bool:
-    return note is not None and stamp is not None and {k: note.get(k) for k in stamp} == stamp
-
-
-NOTES = 8  # saves an index file remembers per path
-
-
-def read_notes(index_file: str, path: str) -> list[dict]:
-    """The saves an index file notes for path (none when it is missing, unreadable or another's)."""
-    raw = _read_small(index_file)
-    try:
-        body = json.loads(raw) if raw else None
-    except ValueError:
-        return []
-    if not isinstance(body, dict) or body.get("path") != path or not isinstance(body.get("saves"), list):
-        return []
-    return [n for n in body["saves"] if isinstance(n, dict)]
-
-
-def _read_small(path: str) -> Optional[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(1 << 16)
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-class PathTier:
-    """The caller's path as the tier behind one memory copy, as PersistCommit sees a tier: the part
-    is copied into a hidden sibling folder, renamed over the path once durable (its folder
-    fsync'ed), and the memory folder's index notes which save the path now holds."""
-
-    def __init__(self, target: str, index: str, place: Callable[[str, str], bool]):
-        self.target, self.index, self._place = target, index, place
-        self.root = target
-        self._made: list[str] = []
-
-    def new_dir(self, step: int, counter: int) -> str:
-        parent, name = os.path.split(self.target)
-        folder = os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")  # swept if we die
-        os.makedirs(folder, exist_ok=True)
-        self._made.append(folder)
-        return folder
-
-    def commit_rank(self, folder: str, info: CommitInfo) -> None:
-        part = os.path.join(folder, info.files[0].name)
-        # noted before the rename (the rename keeps the file's inode, size and mtime): a kill in
-        # between leaves a note no file matches, beside the older ones, one of which still does
-        stamp = _stamp(part)
-        if stamp is not None:
-            self._note(dict(stamp, time=info.time, counter=info.counter))
-        if not self._place(part, self.target):  # removed by its owner while being copied: nothing lands
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        fsync_dir(os.path.dirname(self.target))
-        shutil.rmtree(folder, ignore_errors=True)
-
-    def _note(self, save: dict) -> None:
-        """The path's index file: its last NOTES saves copied there, newest last."""
-        os.makedirs(self.index, exist_ok=True)
-        path = os.path.join(self.index, _note_name(self.target))
-        saves = read_notes(path, self.target)[-(NOTES - 1):] + [save]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"path": self.target, "saves": saves}, f)
-        os.replace(path + ".tmp", path)
-
-    def commit(self, info: CommitInfo) -> None:
-        """Nothing more: the rename made it the path's."""
-
-    def abort(self, folder, part, rank: int, stuck: bool = False) -> None:
-        for made in self._made:
-            shutil.rmtree(made, ignore_errors=True)
 
 
 class NamedTiers(Store, ByPath):
@@ -258,7 +167,7 @@ class NamedTiers(Store, ByPath):
         """The copy of a memory copy to its path; None for a save that went to its path directly."""
         if not self._in_memory(info.path):
             return None
-        target = _read_small(os.path.join(info.path, TARGET))
+        target = read_small(os.path.join(info.path, TARGET))
         if not target:
             raise CheckpointWriteError(f"{info.path}: its {TARGET} file is missing: the path it is a copy of is unknown")
         with self._lock:
@@ -331,16 +240,16 @@ class NamedTiers(Store, ByPath):
         out = []
         for tier in self._folders(own_only):
             for info in tier.committed():
-                if _read_small(os.path.join(info.path, TARGET)) == key:
+                if read_small(os.path.join(info.path, TARGET)) == key:
                     out.append((info, os.path.join(info.path, info.files[0].name)))
         return sorted(out, key=lambda c: -c[0].time)
 
-    def on_disk(self, key: str, stamp: Optional[dict]) -> Optional[dict]:
+    def on_disk(self, key: str, now: Optional[dict]) -> Optional[dict]:
         """The index note of the save of this tier that the file at key is now (None: it is none
         of this tier's saves, or there is no file)."""
         for tier in self._folders():
-            for note in read_notes(os.path.join(tier.root, PERSISTED, _note_name(key)), key):
-                if _matches(note, stamp):
+            for note in read_notes(os.path.join(tier.root, PERSISTED, note_name(key)), key):
+                if matches(note, now):
                     return note
         return None
 
@@ -348,7 +257,7 @@ class NamedTiers(Store, ByPath):
         """The memory copy (a file) that is the file at path now, byte for byte (the save the
         index notes it holds); None when there is none on this node."""
         key = local_path(path)
-        note = self.on_disk(key, _stamp(key))
+        note = self.on_disk(key, stamp(key))
         if note is None:
             return None
         return next((file for info, file in self.copies_of(key)
@@ -362,7 +271,7 @@ class NamedTiers(Store, ByPath):
         if not copies:
             return None
         info, file = copies[0]
-        now = _stamp(key)
+        now = stamp(key)
         if now is None:
             return info, file
         note = self.on_disk(key, now)
@@ -393,7 +302,7 @@ class NamedTiers(Store, ByPath):
                 unpersisted = set(self._unpersisted)
                 self.disk.remove_path(path, later)
             try:  # what the index says the path holds: nothing now
-                os.unlink(os.path.join(self.memory.root, PERSISTED, _note_name(key)))
+                os.unlink(os.path.join(self.memory.root, PERSISTED, note_name(key)))
             except OSError:
                 pass
             for info, _ in self.copies_of(key, own_only=True):
