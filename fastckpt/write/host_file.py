@@ -7,7 +7,9 @@
   d  writers write straight from the live tensors; the gate holds until written.
 A held write (layer-wise, c and d) moves nothing until records are released.
 A MemoryFileSink (a file on tmpfs) is written the same way, its bytes stored through a mapping
-of the file instead of write() (the native MemoryFileSink).
+of the file instead of write() (the native MemoryFileSink), except that c stages nothing: the
+store into the mapping is itself the copy the gate waits for (staging first would copy every
+byte twice, and on a machine whose cores training fills the second copy is what a step pays).
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ class HostFileWrite(JobWrite):
         if strategy == "g":
             with self.clock.phase("copy"):
                 pieces = [(self._host_copy(src, n), n, off, i) for src, n, off, i in pieces]
-        source = _native.Source.Staged if strategy == "c" else _native.Source.Direct
+        # c into memory: the store into the mapping is the copy (no staging chunk in between)
+        source = _native.Source.Staged if strategy == "c" and not memory else _native.Source.Direct
         self._job = engine.submit(sink.path, pieces, plan.data_begin, plan.data_end, plan.file_size, source,
                                   sink.direct_io and not memory, len(plan.records), held, memory)
 
