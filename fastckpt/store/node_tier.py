@@ -15,8 +15,11 @@ memory filesystem costs the kernel a fresh zeroed page for every page written; a
 costs the copy alone.
 
 On a memory filesystem (tmpfs) a part is written through a mapping of its file
-(fastckpt.write.host_memory_file: one copy, the CRC in the same pass, no staging); elsewhere (a
-node-local SSD in front of a shared disk) as any file.
+(fastckpt.write.host_file over the native MemoryFileSink: one copy, no staging, the CRC after it on
+a writer thread); elsewhere (a node-local SSD in front of a shared disk) as any file. The process
+keeps each part's mapping from one save to the next (the native memory_maps.h: the copy to the
+disk reads it there, a later save recycling the file writes into it again); a deleted file's
+mapping goes at the next save or room check, and every unused one when the tier is closed.
 """
 from __future__ import annotations
 
@@ -159,6 +162,10 @@ class NodeTier(RootStore):
                 rows.append(Listed(name, path, "invalid", str(e)))
         return rows
 
+    def close(self) -> None:
+        super().close()
+        _native.purge_memory_maps(True)  # mappings held for the next save: there is none
+
     def has_room(self, need: int, sharing: int = 1) -> bool:
         """Whether `need` bytes fit in the tier's filesystem beside what `sharing` ranks like this one
         (the ranks of this node) hold there now: its free bytes and theirs, counted as this rank's."""
@@ -166,6 +173,7 @@ class NodeTier(RootStore):
 
     def free_bytes(self) -> int:
         """Bytes the tier's filesystem can still take (for a save's memory bound)."""
+        _native.purge_memory_maps()  # a deleted part still mapped holds its pages until unmapped
         st = os.statvfs(self.place if os.path.isdir(self.place) else os.path.dirname(self.place) or ".")
         return st.f_bavail * st.f_frsize
 

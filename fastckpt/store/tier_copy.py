@@ -3,7 +3,8 @@ byte is written (as one archive, or as a DCP rank file of many by its whole-file
 memory copy never reaches the disk), then written durably
 (O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: its bytes are
 checked and written where they lie in memory (the disk reads them straight from the mapping), no
-copy of them is made.
+copy of them is made. A part this process just wrote into a memory tier is read through the
+mapping its save left held (the native memory_maps.h), without mapping it again.
 """
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> N
     if size == 0:
         verify_file(src, entry)
         open(dst, "wb").close()
+        return
+    held = _native.find_memory_map(src, size)  # the mapping its save left held (memory_maps.h)
+    if held:
+        try:
+            verify_as_recorded(src, entry, at=held)
+            write_durably(dst, held, size, direct_io)
+        finally:
+            _native.give_back_memory_map(held)
         return
     with open(src, "rb") as f:  # one mapping, its pages faulted in at once: checked, then written from
         mapping = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),

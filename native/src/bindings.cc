@@ -10,6 +10,7 @@
 #include "fastckpt/engine.h"
 #include "fastckpt/file_io.h"
 #include "fastckpt/memory_file_sink.h"
+#include "fastckpt/memory_maps.h"
 #include "fastckpt/pmem_pool.h"
 #include "fastckpt/reader.h"
 #include "fastckpt/tensor_io.h"
@@ -71,6 +72,14 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("features", &features);
   m.def("on_memory_filesystem", &on_memory_filesystem, py::arg("path"));
+  // memory_maps.h: a memory-tier file's mapping held from one save to the next (0: none held).
+  m.def("find_memory_map", [](const std::string& path, uint64_t size) {
+    return reinterpret_cast<uintptr_t>(find_memory_map(path, size));
+  }, py::arg("path"), py::arg("size"));
+  m.def("give_back_memory_map", [](uintptr_t addr) { give_back_memory_map(reinterpret_cast<uint8_t*>(addr)); },
+        py::arg("addr"));
+  m.def("purge_memory_maps", &purge_memory_maps, py::arg("everything") = false);
+  m.def("held_memory_maps", &held_memory_maps);
   m.def("crc32", [](uintptr_t addr, uint64_t n, uint32_t crc) {
     py::gil_scoped_release nogil;
     return crc32_update(crc, reinterpret_cast<const void*>(addr), n);

@@ -2,7 +2,6 @@
 #include "fastckpt/memory_file_sink.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <stdexcept>
 
 #include "fastckpt/file_io.h"
+#include "fastckpt/memory_maps.h"
 
 namespace fastckpt {
 
@@ -27,7 +27,7 @@ void MemoryFileSink::check_extent(uint64_t, uint64_t end, uint64_t file_size) co
 }
 
 void MemoryFileSink::close() {
-  if (map_ != nullptr) ::munmap(map_, size_);
+  if (map_ != nullptr) give_back_memory_map(map_);
   if (fd_ >= 0) ::close(fd_);
   map_ = nullptr;
   fd_ = -1;
@@ -36,10 +36,7 @@ void MemoryFileSink::close() {
 void MemoryFileSink::open() {
   fd_ = open_cut_to(path_, O_RDWR, size_);
   if (size_ == 0) return;
-  if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_)); rc != 0) throw_io("fallocate", path_, 0, rc);
-  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
-  if (p == MAP_FAILED) throw_io("mmap", path_, 0, errno);
-  map_ = static_cast<uint8_t*>(p);
+  map_ = take_memory_map(fd_, path_, size_);
 }
 
 void MemoryFileSink::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
@@ -48,7 +45,7 @@ void MemoryFileSink::finish(const std::vector<std::pair<uint64_t, std::string>>&
     if (off > size_ || bytes.size() > size_ - off) throw std::invalid_argument("a header blob past end of file");
     std::memcpy(map_ + off, bytes.data(), bytes.size());
   }
-  if (map_ != nullptr && ::munmap(map_, size_) != 0) throw_io("munmap", path_, 0, errno);
+  if (map_ != nullptr) give_back_memory_map(map_);  // held on: the copy to the disk reads it there
   map_ = nullptr;
   if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
   fdatasync_or_throw(fd_, path_);

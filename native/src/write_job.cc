@@ -84,7 +84,8 @@ uint64_t WriteJob::chunk_len(size_t c) const {
   return std::min(chunk_bytes_, data_end_ - chunk_begin(c));
 }
 
-// Opening the sink (creating and reserving a file) is the writers' job, off the caller's thread.
+// Opening the sink (creating and reserving a file) is off the caller's thread: on a writer, or on a
+// copy thread for a sink the copy threads put into.
 void WriteJob::open_sink() {
   try {
     PhaseTimer t(timings_.open);
@@ -110,7 +111,9 @@ void WriteJob::start() {
   auto self = shared_from_this();
   if (sink_->needs_open()) {
     begin_task();
-    w_.writers->submit([self] { self->open_sink(); });  // FIFO: before any write of this job
+    // FIFO: before any put of this job. A sink the copy threads put into is opened on them too: the
+    // gate waits for its open, and the writers (niced) may be starved by training.
+    (sink_->put_on_copy_thread() ? w_.copiers : w_.writers)->submit([self] { self->open_sink(); });
   }
   if (!held_ && source_ != Source::External)
     for (size_t u = 0; u < unit_state_.size(); ++u) submit_unit(u);
@@ -341,6 +344,8 @@ void WriteJob::put_chunk(size_t c, int slot) {
 // (the pwrite is the copy), on a copy thread for a mapped region. The caller's tensor is free
 // once the span is put; persisting runs on the same thread where the sink needs it (a fence:
 // non-temporal stores are ordered per thread), else is left to a writer thread (an msync).
+// A sink that can show where a span landed (a tmpfs file's mapping) gets the store alone on the
+// copy thread; a writer sums the span there afterwards (sum_stored), off the gate.
 void WriteJob::put_span(size_t i) {
   bool copied = false;
   try {
@@ -348,6 +353,21 @@ void WriteJob::put_span(size_t i) {
       const Span& sp = spans_[i];
       const void* src = reinterpret_cast<const void*>(sp.src);
       const bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
+      if (sink_->put_on_copy_thread() && sink_->stored_at(sp.file_off) != nullptr) {
+        {  // the store alone: a writer sums the bytes where they landed, the gate waits for this
+          PhaseTimer t(timings_.put);
+          sink_->put(src, sp.len, sp.file_off, false);
+        }
+        if (sink_->persist_with_put()) {
+          PhaseTimer t(timings_.persist);
+          sink_->persist(sp.file_off, sp.len);
+        }
+        count_copied(i);
+        copied = true;
+        auto self = shared_from_this();
+        w_.writers->submit([self, i] { self->sum_stored(i); });
+        return;
+      }
       if (sink_->put_on_copy_thread()) {  // the CRC and the store in one pass: timed as the put
         PhaseTimer t(timings_.put);
         span_crc_[i] = put_with_crc(reinterpret_cast<const uint8_t*>(sp.src), sp.len, sp.file_off);
@@ -376,6 +396,24 @@ void WriteJob::put_span(size_t i) {
     fail(e);
   }
   if (!copied) count_copied(i);
+  count_written();
+}
+
+void WriteJob::sum_stored(size_t i) {
+  try {
+    const Span& sp = spans_[i];
+    {
+      PhaseTimer t(timings_.crc);
+      span_crc_[i] = crc32_update(0, sink_->stored_at(sp.file_off), sp.len);
+    }
+    if (!sink_->persist_with_put()) {
+      PhaseTimer t(timings_.persist);
+      sink_->persist(sp.file_off, sp.len);
+    }
+    bytes_written_ += sp.len;
+  } catch (const std::exception& e) {
+    fail(e);
+  }
   count_written();
 }
 

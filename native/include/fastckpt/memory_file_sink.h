@@ -1,13 +1,15 @@
 // memory_file_sink.h — a file on a memory filesystem (tmpfs: a memory tier's part) as a write
 // job's sink (sink.h). open() creates it (or takes the recycled file already there, cut down to
-// the size it will have, never truncated to nothing), reserves every page (fallocate: a full tier
-// is an error here, never a SIGBUS at a store), and maps it once with its pages faulted in.
+// the size it will have, never truncated to nothing) and takes a mapping of it from the process's
+// registry (memory_maps.h): every page reserved (a full tier is an error here, never a SIGBUS at a
+// store) and present — for a recycled file, the mapping its last save left there.
 // Bytes are then stored into the mapping with a memcpy instead of a write(): from staging chunks on
-// the writer threads, or straight from the caller's memory on the copy threads, the CRC in the same
-// pass (write_job.cc). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top
-// of the copy; the mapping costs the copy alone.
-// finish(): the header blobs, unmapped, the final size, fdatasync. Definitions:
-// src/memory_file_sink.cc.
+// the writer threads, or straight from the caller's memory on the copy threads (stored_at(): the
+// job sums them afterwards where they landed, on a writer thread, so that the gate waits for the
+// copy alone). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top of the
+// copy; the mapping costs the copy alone.
+// finish(): the header blobs, the mapping given back (held on for the copy to the disk), the final
+// size, fdatasync. Definitions: src/memory_file_sink.cc.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -33,6 +35,7 @@ class MemoryFileSink final : public Sink {
   bool put_on_copy_thread() const override { return true; }
   void persist(uint64_t, uint64_t) override {}  // memory: nothing below it to reach
   bool persist_with_put() const override { return true; }
+  const uint8_t* stored_at(uint64_t off) const override { return map_ + off; }
   void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) override;
 
  private:

@@ -30,6 +30,10 @@ class Sink {
   // bytes (a store fence); otherwise it may be left to a writer thread (msync).
   virtual void persist(uint64_t off, uint64_t len) = 0;
   virtual bool persist_with_put() const = 0;
+  // Where the byte at file offset off lies once put, when a writer thread may read it back there
+  // (a file's mapping): the job then sums what a copy thread put on a writer thread, after the
+  // copy, rather than in the same pass. nullptr: summed in the same pass as the put.
+  virtual const uint8_t* stored_at(uint64_t) const { return nullptr; }
   // After every put: the header blobs at their offsets, the final size, all durable.
   virtual void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) = 0;
   // Whether some block went through O_DIRECT; whether O_DIRECT was asked for and the kernel

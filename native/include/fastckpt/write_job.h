@@ -138,6 +138,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void put_chunk(size_t c, int slot);
   void put_span(size_t i);
   void persist_span(size_t i);
+  void sum_stored(size_t i);  // a span's CRC read back where the sink stored it (Sink::stored_at)
   bool per_span() const { return source_ == Source::Direct; }
   void fill_chunk(size_t c, uint8_t* buf);
   // A Direct span into a sink that stores on the copy thread (a mapped region), with its CRC

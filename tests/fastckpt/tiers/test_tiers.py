@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import types
 import warnings
 
 import pytest
 import torch
 
 import fastckpt
+from fastckpt import _native
 from fastckpt.errors import ConfigError
 from fastckpt.settings import CheckpointerConfig
+from fastckpt.store import tier_copy
 from fastckpt.store.node_tier import SPARE
 from support.states import assert_same, state_matrix
 
@@ -80,6 +83,37 @@ def test_the_memory_tier_is_recycled_and_a_recycled_part_holds_no_byte_of_the_ol
     assert len(a) == len(b)
     stale = [i for i in range(len(a)) if (a[i], b[i]) == (0xA5, 0x5A)]
     assert stale == [], f"bytes {stale[:8]} were never written"
+
+
+def test_parts_are_persisted_and_recycled_through_the_mappings_their_saves_left_held(tiers, monkeypatch):
+    """A memory tier's part files stay mapped from one save to the next (the native memory_maps.h):
+    the copy to the disk reads each part where its save wrote it (it maps nothing itself), a recycled
+    part is written into the mapping it already had, a wiped tier's mappings go at the next room
+    check (their memory freed), and none is held once the checkpointer is closed."""
+    mapped = []
+    real = tier_copy.mmap
+    monkeypatch.setattr(tier_copy, "mmap", types.SimpleNamespace(
+        mmap=lambda *a, **k: mapped.append(a) or real.mmap(*a, **k), MAP_SHARED=real.MAP_SHARED,
+        MAP_POPULATE=getattr(real, "MAP_POPULATE", 0), PROT_READ=real.PROT_READ))
+    _native.purge_memory_maps(True)
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1]) as ck:
+        for step in range(1, 6):
+            ck.save(state(step), step)
+            ck.wait()  # persisted
+            part = ck.store.tiers[0].committed()[0].file_for(0)
+            at = _native.find_memory_map(part, os.path.getsize(part))
+            assert at, f"step {step}: its part is not held mapped"
+            _native.give_back_memory_map(at)
+        assert ck.stats["persisted"] == 5 and mapped == []
+        assert ck.store.tiers[0].recycled >= 3
+        assert 1 <= _native.held_memory_maps() <= 2  # the part in memory and its spare: recycled, not new
+        assert_same(state(5), ck.load())
+        shutil.rmtree(tiers[0])
+        ck.store.tiers[0].free_bytes()
+        assert _native.held_memory_maps() == 0
+        ck.save(state(6), 6).wait()
+        assert _native.held_memory_maps() == 1
+    assert _native.held_memory_maps() == 0
 
 
 def test_a_memory_tier_without_room_degrades_to_the_disk_with_one_warning(tiers):
