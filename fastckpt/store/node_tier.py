@@ -12,7 +12,9 @@ Memory is recycled: a removed checkpoint's part file is kept aside (`.spare/`, a
 the next checkpoint's part is written into it in place (the file sink does not truncate a file it
 writes: every byte up to its new size is written again, what lies beyond is cut). A new file on a
 memory filesystem costs the kernel a fresh zeroed page for every page written; a recycled one
-costs the copy alone.
+costs the copy alone. Never a checkpoint a load has mapped (its folder holds `LENT`, made before
+the mapping): a private mapping shows what is later written into its file, so the loaded tensors
+would change under the caller; that folder's files are deleted instead.
 
 On a memory filesystem (tmpfs) a part is written through a mapping of its file
 (fastckpt.write.host_file over the native MemoryFileSink: one copy, no staging, the CRC after it on
@@ -47,6 +49,19 @@ def rank_folder(place: str, rank: int) -> str:
 
 
 SPARE = ".spare"
+LENT = "LENT"  # in a checkpoint folder: a load mapped its files, which are deleted, never written over
+
+
+def lend(folder: str) -> None:
+    """Before a load maps the files of a memory tier's checkpoint folder (any process's): they are
+    never recycled (written over by a later save, which a private mapping would show); once
+    removed, they are deleted, and the load's pages stay its own. The load then checks the folder
+    is still committed (`still_committed`): a removal that withdrew it first may have recycled them."""
+    open(os.path.join(folder, LENT), "ab").close()
+
+
+def still_committed(folder: str) -> bool:
+    return commit.present(folder) is not None
 
 
 class NodeTier(RootStore):
@@ -88,6 +103,9 @@ class NodeTier(RootStore):
             CommittedUnder(self.root).withdraw(path)
         except OSError:
             pass
+        if os.path.exists(os.path.join(path, LENT)):  # checked after the withdrawal: see lend()
+            shutil.rmtree(path, ignore_errors=True)
+            return
         spare_dir = os.path.join(self.root, SPARE)
         try:
             names = [n for n in os.listdir(path) if n.startswith("rank-")]

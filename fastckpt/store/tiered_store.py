@@ -42,7 +42,7 @@ from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..format import load_file
 from ..verify import verify_file
-from .node_tier import NodeTier
+from .node_tier import NodeTier, lend, still_committed
 from .partners import node_name, partners, wards
 from .protocol import Store
 from .replicas import Replicas
@@ -325,8 +325,13 @@ class TieredStore(Store):
         if copy is None:
             return None
         path = copy.file_for(rank)
+        memory = i < len(self.tiers) - 1
         try:
+            if memory:
+                lend(copy.path)  # its files mapped: never written over by a later save
             state = load_file(path, expect_crc=copy.entry_for(rank).crc32 if ask["verify"] else None, **ask)
+            if memory and not still_committed(copy.path):
+                raise CorruptCheckpointError(f"{copy.path} was removed while it was read")
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {rank}'s part of step {info.step} in the tier {self.places[i]} ({path}) does not "
                        f"verify: {e}; trying the next copy", tried, f"{self.places[i]}: {e}")
@@ -338,6 +343,7 @@ class TieredStore(Store):
     def _read_replica(self, info: CommitInfo, path: str, partner: int, tried: list, ask: dict):
         """The part the partner sent, now at path in this rank's memory tier (None: it does not verify)."""
         try:
+            lend(os.path.dirname(path))  # its files mapped: never written over by a later save
             state = load_file(path, expect_crc=info.entry_for(self.rank).crc32 if ask["verify"] else None, **ask)
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {self.rank}'s part of step {info.step}, the replica kept by rank {partner} in its "

@@ -53,6 +53,23 @@ def test_a_path_is_read_from_the_memory_copy_of_the_file_there(tmp_path, memory)
         ("last.ckpt", "memory"), ("b.ckpt", "memory"), ("a.ckpt", "disk")]  # the memory tier keeps 2
 
 
+def test_a_state_loaded_from_a_memory_copy_never_changes_when_later_saves_recycle_its_file(tmp_path, memory):
+    """A load maps the memory copy (zero-copy views); later saves remove it and recycle part files.
+    The loaded tensors keep their bytes: a lent copy's file is deleted, never written over."""
+    named = NamedCheckpoints({}, tiers=[memory], tier_keep=[1])
+    named.save(state(1), str(tmp_path / "last.ckpt"), 1)
+    named.wait()
+    loaded = named.load(str(tmp_path / "last.ckpt"))
+    assert named.reads[-1].tier == "memory"
+    for step in range(2, 6):
+        named.save(state(step), str(tmp_path / "last.ckpt"), step)
+        named.wait()
+    recycled = named._ck.store.memory.recycled
+    named.close()
+    assert recycled >= 2  # later parts were recycled: just not the loaded one
+    assert_same(state(1), loaded)
+
+
 def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memory(tmp_path, memory, monkeypatch):
     """What a DeepSpeed tag's record waits for (fastckpt.commit.file_sets): the file at its path.
     The copy to the path is held; the save is committed (in memory) but not placed until it lands."""

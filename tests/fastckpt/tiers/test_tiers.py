@@ -116,6 +116,22 @@ def test_parts_are_persisted_and_recycled_through_the_mappings_their_saves_left_
     assert _native.held_memory_maps() == 0
 
 
+def test_a_state_loaded_from_memory_never_changes_when_later_saves_recycle_its_file(tiers):
+    """load() maps a memory-tier copy (zero-copy views of a private mapping); the saves after it
+    remove that checkpoint and recycle part files. The loaded tensors must not see those writes:
+    the loaded checkpoint's files are deleted, never written over."""
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1]) as ck:
+        ck.save(state(1), 1)
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1]) as ck:
+        loaded = ck.load()
+        assert ck.store.reads[-1].tier == os.path.abspath(tiers[0])
+        for step in range(2, 6):
+            ck.save(state(step), step)
+            ck.wait()
+        assert ck.store.tiers[0].recycled >= 2  # later parts were recycled: just not the loaded one
+        assert_same(state(1), loaded)
+
+
 def test_a_memory_tier_without_room_degrades_to_the_disk_with_one_warning(tiers):
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
