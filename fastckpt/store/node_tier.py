@@ -88,14 +88,18 @@ class NodeTier(RootStore):
 
     def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
         ckpt_id, part = super().begin(step, counter, rank, fmt, target, plan, meta)
+        self.recycle_into(part)
+        return ckpt_id, part
+
+    def recycle_into(self, path: str) -> None:
+        """A spare file (a removed part's) put at path, to be written over, when there is one."""
         spare = self._take_spare()
         if spare is not None:
             try:
-                os.rename(spare, part)
+                os.rename(spare, path)
                 self.recycled += 1
             except OSError:
                 pass
-        return ckpt_id, part
 
     def remove(self, path: str) -> None:
         """Withdrawn first (as the root store does), its files kept aside to be written over."""

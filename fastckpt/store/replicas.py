@@ -10,10 +10,14 @@ Owns the bytes that move between partners (fastckpt.store.partners says who keep
   memory-tier copy is gone or bad ask their partners, who send the replicas they keep; the bytes
   are written into the asking rank's memory tier (which so holds that checkpoint again once it
   verifies) and read back, CRC-checked.
-Parts are sent from a mapping of the file (no copy of their own) as uint8 tensors.
+Parts are sent from a mapping of the file (no copy of their own) as uint8 tensors: on a memory
+filesystem the mapping the part's save left held (the native memory_maps.h). There, a ward's part
+is also received straight into its file's mapping (a removed part's file recycled, its mapping
+held on for the next): no buffer, no write() of it, no fresh zeroed pages per save.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -23,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import _native
 from ..commit import record as commit
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
@@ -40,6 +45,42 @@ def mapped(path: str) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(path, False, size))
 
 
+def at_address(at: int, size: int) -> torch.Tensor:
+    """size bytes at address `at` (a held mapping) as a uint8 tensor, nothing copied."""
+    return torch.frombuffer((ctypes.c_uint8 * size).from_address(at), dtype=torch.uint8)
+
+
+class HeldParts:
+    """Tensors over memory-tier files' held mappings, given back together (`with`)."""
+
+    def __init__(self):
+        self._held: list[int] = []
+
+    def __enter__(self) -> "HeldParts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for at in self._held:
+            _native.give_back_memory_map(at)
+        self._held.clear()
+
+    def sent(self, path: str) -> torch.Tensor:
+        """A part to send: over the mapping its save left held, else a mapping of its own."""
+        size = os.path.getsize(path)
+        at = _native.find_memory_map(path, size) if size else 0
+        if not at:
+            return mapped(path)
+        self._held.append(at)
+        return at_address(at, size)
+
+    def received(self, path: str, size: int) -> tuple[torch.Tensor, int]:
+        """Where a part sent here lands: its file at path (created, or a recycled one cut to size),
+        reserved and mapped; (the tensor over it, its address)."""
+        at = _native.take_memory_map(path, size)
+        self._held.append(at)
+        return at_address(at, size), at
+
+
 class Replicas:
     """This rank's side of the replicas: tier is its memory-tier folder (a NodeTier)."""
 
@@ -52,15 +93,37 @@ class Replicas:
     def exchange(self, folder: str, info: CommitInfo) -> None:
         """Every part durable (record() of the commit): this rank's part to its partner, its
         wards' parts kept in folder, each checked."""
-        mine = mapped(os.path.join(folder, info.entry_for(self.rank).name))
-        bufs = {w: torch.empty(info.entry_for(w).bytes, dtype=torch.uint8) for w in self.wards}
-        self.agree.exchange([(mine, self.partner)], [(b, w) for w, b in bufs.items()], background=True)
-        for ward, buf in bufs.items():
+        with HeldParts() as held:
+            self._exchange(folder, info, held)
+
+    def _exchange(self, folder: str, info: CommitInfo, held: HeldParts) -> None:
+        mine = held.sent(os.path.join(folder, info.entry_for(self.rank).name))
+        in_place = self.tier.sink_kind == "memory"  # received straight into the file's mapping
+        bufs, failed = {}, {}
+        for w in self.wards:
+            entry = info.entry_for(w)
+            path = os.path.join(folder, entry.name)
+            try:
+                if in_place and entry.bytes:
+                    self.tier.recycle_into(path)
+                    bufs[w] = held.received(path, entry.bytes)
+                else:
+                    buf = torch.empty(entry.bytes, dtype=torch.uint8)
+                    bufs[w] = (buf, buf.data_ptr())
+            except OSError as e:  # no room for it here: received, then dropped
+                failed[w] = e
+                buf = torch.empty(entry.bytes, dtype=torch.uint8)
+                bufs[w] = (buf, buf.data_ptr())
+        self.agree.exchange([(mine, self.partner)], [(b, w) for w, (b, _) in bufs.items()], background=True)
+        for ward, (buf, at) in bufs.items():
             entry = info.entry_for(ward)
             path = os.path.join(folder, entry.name)
             try:
-                write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
-                verify_file(path, entry, at=buf.data_ptr())  # the CRCs over the bytes as received
+                if ward in failed:
+                    raise failed[ward]
+                if not (in_place and entry.bytes):
+                    write_durably(path, at, buf.numel(), direct_io=False)
+                verify_file(path, entry, at=at)  # the CRCs over the bytes as received
             except (CorruptCheckpointError, OSError) as e:
                 _drop(path)
                 say = (f"the replica of rank {ward}'s part of step {info.step} failed its check on arrival in "

@@ -72,9 +72,15 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("features", &features);
   m.def("on_memory_filesystem", &on_memory_filesystem, py::arg("path"));
-  // memory_maps.h: a memory-tier file's mapping held from one save to the next (0: none held).
+  // memory_maps.h: a memory-tier file's mapping held from one save to the next: take (the file
+  // created or cut to size, reserved and mapped), find (0: none held), give back.
   m.def("find_memory_map", [](const std::string& path, uint64_t size) {
     return reinterpret_cast<uintptr_t>(find_memory_map(path, size));
+  }, py::arg("path"), py::arg("size"));
+  m.def("take_memory_map", [](const std::string& path, uint64_t size) {
+    py::gil_scoped_release nogil;
+    UniqueFd fd(open_cut_to(path, O_RDWR, size));  // the registry keeps its own descriptor
+    return reinterpret_cast<uintptr_t>(take_memory_map(fd.get(), path, size));
   }, py::arg("path"), py::arg("size"));
   m.def("give_back_memory_map", [](uintptr_t addr) { give_back_memory_map(reinterpret_cast<uint8_t*>(addr)); },
         py::arg("addr"));

@@ -7,7 +7,10 @@ comma-joined, a partner's replica as "replica_of_rank_P";
 EXACT: 1 when the state equals what that step saved, bit for bit; WARNED: warnings the load gave),
 or "resumed 0 - 1 0" when there is nothing; then "ready", then saves a step at a time forever,
 printing "committed STEP" once a save is committed (on the memory tier). IDLE=N: after N saves,
-waits until every one is durable on the disk too (wait()), prints "idle" and sleeps."""
+waits until every one is durable on the disk too (wait()), prints "idle HELD" (HELD: 1 when its
+partner's part in the newest checkpoint was received straight into a held mapping of its file)
+and sleeps."""
+import os
 import time
 import sys
 import warnings
@@ -16,11 +19,23 @@ import torch
 import torch.distributed as dist
 
 import fastckpt
+from fastckpt import _native
 
 
 def state_for(rank: int, step: int) -> dict:
     g = torch.Generator().manual_seed(1000 * rank + step)
     return {"w": torch.randn(256, 1024, generator=g), "rank": rank, "step": step}
+
+
+def held_replica(ck, ward: int) -> int:
+    """1 when the ward's replica in the newest checkpoint of this rank's memory tier lies in a
+    mapping this process holds (received straight into its file: the native memory_maps.h)."""
+    newest = ck.store.tiers[0].committed()[0]
+    entry = newest.entry_for(ward)
+    at = _native.find_memory_map(os.path.join(newest.path, entry.name), entry.bytes)
+    if at:
+        _native.give_back_memory_map(at)
+    return int(at != 0)
 
 
 def main() -> None:
@@ -53,7 +68,7 @@ def main() -> None:
         if idle and saves == idle:
             ck.wait()
             print(f"committed {step}", flush=True)
-            print("idle", flush=True)
+            print(f"idle {held_replica(ck, 1 - rank)}", flush=True)
             time.sleep(3600)
         step, saves = step + 1, saves + 1
         pending.append(ck.save(state_for(rank, step), step=step))

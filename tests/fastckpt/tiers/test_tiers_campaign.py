@@ -210,7 +210,9 @@ def _copy_of(memory: str, keeper: int, part: int, step: int) -> str:
 def test_a_bad_memory_copy_or_replica_is_named_and_skipped_to_the_next_tier(tmp_path, shm, bad):
     memory, disk = os.path.join(shm, "memory-tier"), str(tmp_path / "disk")
     rng = random.Random(0)
-    round_of(memory, disk, rng, lambda: None, idle=3)  # steps 1-3 durable on both tiers, then killed
+    _, _, first = round_of(memory, disk, rng, lambda: None, idle=3)  # steps 1-3 durable on both tiers, then killed
+    # each rank received its partner's part straight into the mapping of the replica's file
+    assert all("idle 1\n" in first[r] for r in (0, 1)), first
     own, replica = _copy_of(memory, 1, 1, 3), _copy_of(memory, 0, 1, 3)
     if bad in ("own copy", "own copy and replica"):
         _flip(own)
