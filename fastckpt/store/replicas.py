@@ -158,18 +158,11 @@ class Replicas:
             for ward in self.wards:
                 if asking[ward]:
                     sends.append((self._kept_part(here, info, ward), ward))
-        buf = torch.empty(info.entry_for(self.rank).bytes, dtype=torch.uint8) if asking[self.rank] else None
-        self.agree.exchange(sends, [(buf, self.partner)] if buf is not None else [])
-        if buf is None:
+        with HeldParts() as held:
+            landed = self._received(info, asking[self.rank], sends, held, tried)
+        if landed is None:
             return None
-        folder = self.tier.new_dir(info.step, info.counter)
-        path = os.path.join(folder, info.entry_for(self.rank).name)
-        try:
-            write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
-        except OSError as e:
-            tried.append(f"replica of rank {self.partner}: {e}")
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
+        folder, path = landed
         state = read(info, path, self.partner, tried, ask)
         if state is None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -180,6 +173,37 @@ class Replicas:
             log.warning("fastckpt: could not keep the part its partner sent in %s: %s", folder, e)
         return state
 
+
+    def _received(self, info: CommitInfo, asking: bool, sends: list, held: HeldParts, tried: list):
+        """The exchange of fetch(): this rank's part, when it asked for it, lands in a new folder of
+        its memory tier — on tmpfs straight into its file's mapping — (folder, path); else None."""
+        size = info.entry_for(self.rank).bytes
+        folder = path = None
+        buf, failed = None, None
+        if asking:
+            folder = self.tier.new_dir(info.step, info.counter)
+            path = os.path.join(folder, info.entry_for(self.rank).name)
+            try:
+                if self.tier.sink_kind == "memory" and size:
+                    self.tier.recycle_into(path)
+                    buf, _ = held.received(path, size)
+            except OSError as e:  # no room here: received all the same (the exchange is collective)
+                failed = e
+            if buf is None:
+                buf = torch.empty(size, dtype=torch.uint8)
+        self.agree.exchange(sends, [(buf, self.partner)] if asking else [])
+        if not asking:
+            return None
+        try:
+            if failed is not None:
+                raise failed
+            if not (self.tier.sink_kind == "memory" and size):
+                write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
+        except OSError as e:
+            tried.append(f"replica of rank {self.partner}: {e}")
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return folder, path
 
     @staticmethod
     def _kept_part(here: Optional[CommitInfo], info: CommitInfo, ward: int) -> torch.Tensor:
