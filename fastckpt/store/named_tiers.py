@@ -285,8 +285,9 @@ class NamedTiers(Store, ByPath):
         if source is not None:
             info, file = source
             try:
-                lend(info.path)  # its file mapped: never written over by a later save
-                state = load_file(file, map_location, True, weights_only, expect_crc=info.files[0].crc32)
+                lent = lend(info.path)  # its file mapped: never written over by a later save (else copied)
+                state = load_file(file, map_location, True, weights_only, expect_crc=info.files[0].crc32,
+                                  mmap=None if lent else False)
                 if not still_committed(info.path):
                     raise CorruptCheckpointError(f"{info.path} was removed while it was read")
                 self.reads.append(NamedRead(local_path(path), "memory", file))

@@ -52,12 +52,17 @@ SPARE = ".spare"
 LENT = "LENT"  # in a checkpoint folder: a load mapped its files, which are deleted, never written over
 
 
-def lend(folder: str) -> None:
+def lend(folder: str) -> bool:
     """Before a load maps the files of a memory tier's checkpoint folder (any process's): they are
     never recycled (written over by a later save, which a private mapping would show); once
     removed, they are deleted, and the load's pages stay its own. The load then checks the folder
-    is still committed (`still_committed`): a removal that withdrew it first may have recycled them."""
-    open(os.path.join(folder, LENT), "ab").close()
+    is still committed (`still_committed`): a removal that withdrew it first may have recycled them.
+    False when the folder cannot be marked (read-only to this process): the load copies instead."""
+    try:
+        open(os.path.join(folder, LENT), "ab").close()
+        return True
+    except PermissionError:
+        return False
 
 
 def still_committed(folder: str) -> bool:

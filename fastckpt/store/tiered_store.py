@@ -327,8 +327,8 @@ class TieredStore(Store):
         path = copy.file_for(rank)
         memory = i < len(self.tiers) - 1
         try:
-            if memory:
-                lend(copy.path)  # its files mapped: never written over by a later save
+            if memory and not lend(copy.path):  # its files mapped: never written over by a later save
+                ask = dict(ask, mmap=False)  # or, not marked, copied
             state = load_file(path, expect_crc=copy.entry_for(rank).crc32 if ask["verify"] else None, **ask)
             if memory and not still_committed(copy.path):
                 raise CorruptCheckpointError(f"{copy.path} was removed while it was read")
@@ -343,7 +343,8 @@ class TieredStore(Store):
     def _read_replica(self, info: CommitInfo, path: str, partner: int, tried: list, ask: dict):
         """The part the partner sent, now at path in this rank's memory tier (None: it does not verify)."""
         try:
-            lend(os.path.dirname(path))  # its files mapped: never written over by a later save
+            if not lend(os.path.dirname(path)):  # its files mapped: never written over by a later save
+                ask = dict(ask, mmap=False)  # or, not marked, copied
             state = load_file(path, expect_crc=info.entry_for(self.rank).crc32 if ask["verify"] else None, **ask)
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {self.rank}'s part of step {info.step}, the replica kept by rank {partner} in its "
