@@ -26,6 +26,7 @@ mapping goes at the next save or room check, and every unused one when the tier 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -61,8 +62,10 @@ def lend(folder: str) -> bool:
     try:
         open(os.path.join(folder, LENT), "ab").close()
         return True
-    except PermissionError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return False
+        raise
 
 
 def still_committed(folder: str) -> bool:

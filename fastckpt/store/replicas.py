@@ -60,6 +60,9 @@ class HeldParts:
         return self
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is not None:  # a transfer may still write there: never given back (never unmapped)
+            self._held.clear()
+            return
         for at in self._held:
             _native.give_back_memory_map(at)
         self._held.clear()
@@ -181,9 +184,9 @@ class Replicas:
         folder = path = None
         buf, failed = None, None
         if asking:
-            folder = self.tier.new_dir(info.step, info.counter)
-            path = os.path.join(folder, info.entry_for(self.rank).name)
-            try:
+            try:  # inside: every rank still joins the exchange below
+                folder = self.tier.new_dir(info.step, info.counter)
+                path = os.path.join(folder, info.entry_for(self.rank).name)
                 if self.tier.sink_kind == "memory" and size:
                     self.tier.recycle_into(path)
                     buf, _ = held.received(path, size)
@@ -201,7 +204,8 @@ class Replicas:
                 write_durably(path, buf.data_ptr(), buf.numel(), direct_io=False)
         except OSError as e:
             tried.append(f"replica of rank {self.partner}: {e}")
-            shutil.rmtree(folder, ignore_errors=True)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
             return None
         return folder, path
 
