@@ -43,8 +43,7 @@ from ..commit.persist_unit import PersistCommit
 from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
-from ..format import load_file
-from .node_tier import RANK_RE, NodeTier, lend, still_committed
+from .node_tier import RANK_RE, NodeTier, load_lent
 from .path_store import PathStore, is_remote, local_path, local_target
 from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
 from .protocol import ByPath, Store
@@ -285,11 +284,8 @@ class NamedTiers(Store, ByPath):
         if source is not None:
             info, file = source
             try:
-                lent = lend(info.path)  # its file mapped: never written over by a later save (else copied)
-                state = load_file(file, map_location, True, weights_only, expect_crc=info.files[0].crc32,
-                                  mmap=None if lent else False)
-                if not still_committed(info.path):
-                    raise CorruptCheckpointError(f"{info.path} was removed while it was read")
+                state = load_lent(info.path, file, map_location=map_location, verify=True, weights_only=weights_only,
+                                  expect_crc=info.files[0].crc32)
                 self.reads.append(NamedRead(local_path(path), "memory", file))
                 return state
             except (CorruptCheckpointError, OSError) as e:

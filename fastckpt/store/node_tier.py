@@ -37,6 +37,7 @@ from ..commit import record as commit
 from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
+from ..format import load_file
 from ..write.protocol import FileSink, MemoryFileSink
 from .protocol import Listed
 from .root_store import DIR_RE, RootStore
@@ -57,7 +58,7 @@ def lend(folder: str) -> bool:
     """Before a load maps the files of a memory tier's checkpoint folder (any process's): they are
     never recycled (written over by a later save, which a private mapping would show); once
     removed, they are deleted, and the load's pages stay its own. The load then checks the folder
-    is still committed (`still_committed`): a removal that withdrew it first may have recycled them.
+    is still committed (`load_lent` does both): a removal that withdrew it first may have recycled them.
     False when the folder cannot be marked (read-only to this process): the load copies instead."""
     try:
         open(os.path.join(folder, LENT), "ab").close()
@@ -68,8 +69,16 @@ def lend(folder: str) -> bool:
         raise
 
 
-def still_committed(folder: str) -> bool:
-    return commit.present(folder) is not None
+def load_lent(folder: str, path: str, committed: bool = True, **how):
+    """The file at path, of the memory tier's checkpoint folder, loaded (fastckpt.format.load_file,
+    `how` its arguments): mapped once the folder is lent (`lend`), else copied; committed: checked
+    still committed afterwards (a removal that withdrew it first may have recycled the file)."""
+    if how.get("mmap") is not False and not lend(folder):
+        how = dict(how, mmap=False)
+    state = load_file(path, **how)
+    if committed and commit.present(folder) is None:
+        raise CorruptCheckpointError(f"{folder} was removed while it was read")
+    return state
 
 
 class NodeTier(RootStore):

@@ -42,7 +42,7 @@ from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..format import load_file
 from ..verify import verify_file
-from .node_tier import NodeTier, lend, still_committed
+from .node_tier import NodeTier, load_lent
 from .partners import node_name, partners, wards
 from .protocol import Store
 from .replicas import Replicas
@@ -325,13 +325,12 @@ class TieredStore(Store):
         if copy is None:
             return None
         path = copy.file_for(rank)
-        memory = i < len(self.tiers) - 1
+        crc = copy.entry_for(rank).crc32 if ask["verify"] else None
         try:
-            if memory and not lend(copy.path):  # its files mapped: never written over by a later save
-                ask = dict(ask, mmap=False)  # or, not marked, copied
-            state = load_file(path, expect_crc=copy.entry_for(rank).crc32 if ask["verify"] else None, **ask)
-            if memory and not still_committed(copy.path):
-                raise CorruptCheckpointError(f"{copy.path} was removed while it was read")
+            if i < len(self.tiers) - 1:  # a memory tier: its file is written over once recycled
+                state = load_lent(copy.path, path, expect_crc=crc, **ask)
+            else:
+                state = load_file(path, expect_crc=crc, **ask)
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {rank}'s part of step {info.step} in the tier {self.places[i]} ({path}) does not "
                        f"verify: {e}; trying the next copy", tried, f"{self.places[i]}: {e}")
@@ -343,9 +342,8 @@ class TieredStore(Store):
     def _read_replica(self, info: CommitInfo, path: str, partner: int, tried: list, ask: dict):
         """The part the partner sent, now at path in this rank's memory tier (None: it does not verify)."""
         try:
-            if not lend(os.path.dirname(path)):  # its files mapped: never written over by a later save
-                ask = dict(ask, mmap=False)  # or, not marked, copied
-            state = load_file(path, expect_crc=info.entry_for(self.rank).crc32 if ask["verify"] else None, **ask)
+            state = load_lent(os.path.dirname(path), path, committed=False,  # committed once read
+                              expect_crc=info.entry_for(self.rank).crc32 if ask["verify"] else None, **ask)
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {self.rank}'s part of step {info.step}, the replica kept by rank {partner} in its "
                        f"memory tier {self.places[0]}, does not verify: {e}; trying the next copy", tried,

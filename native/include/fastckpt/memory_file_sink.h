@@ -35,7 +35,7 @@ class MemoryFileSink final : public Sink {
   bool put_on_copy_thread() const override { return true; }
   void persist(uint64_t, uint64_t) override {}  // memory: nothing below it to reach
   bool persist_with_put() const override { return true; }
-  const uint8_t* stored_at(uint64_t off) const override { return map_ + off; }
+  const uint8_t* stored_at(uint64_t off) const override { return map_ != nullptr ? map_ + off : nullptr; }
   void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) override;
 
  private:
