@@ -75,6 +75,7 @@ PYBIND11_MODULE(_native, m) {
   // memory_maps.h: a memory-tier file's mapping held from one save to the next: take (the file
   // created or cut to size, reserved and mapped), find (0: none held), give back.
   m.def("find_memory_map", [](const std::string& path, uint64_t size) {
+    py::gil_scoped_release nogil;  // it may unmap a deleted file's mapping (milliseconds)
     return reinterpret_cast<uintptr_t>(find_memory_map(path, size));
   }, py::arg("path"), py::arg("size"));
   m.def("take_memory_map", [](const std::string& path, uint64_t size) {
@@ -82,9 +83,14 @@ PYBIND11_MODULE(_native, m) {
     UniqueFd fd(open_cut_to(path, O_RDWR, size));  // the registry keeps its own descriptor
     return reinterpret_cast<uintptr_t>(take_memory_map(fd.get(), path, size));
   }, py::arg("path"), py::arg("size"));
-  m.def("give_back_memory_map", [](uintptr_t addr) { give_back_memory_map(reinterpret_cast<uint8_t*>(addr)); },
-        py::arg("addr"));
-  m.def("purge_memory_maps", &purge_memory_maps, py::arg("everything") = false);
+  m.def("give_back_memory_map", [](uintptr_t addr) {
+    py::gil_scoped_release nogil;
+    give_back_memory_map(reinterpret_cast<uint8_t*>(addr));
+  }, py::arg("addr"));
+  m.def("purge_memory_maps", [](bool everything) {
+    py::gil_scoped_release nogil;
+    return purge_memory_maps(everything);
+  }, py::arg("everything") = false);
   m.def("held_memory_maps", &held_memory_maps);
   m.def("crc32", [](uintptr_t addr, uint64_t n, uint32_t crc) {
     py::gil_scoped_release nogil;

@@ -1,14 +1,18 @@
 // test_memory_maps.cc — the registry of memory-tier mappings (on /dev/shm, where it belongs): a
 // file's mapping is found again through a rename and reused by a later take of the same file, a
 // deleted file's mapping is dropped, a file cut shorter is mapped afresh, at most kMaxMaps stay
-// held, and everything unused goes on request. The registry is the process's: counts are deltas.
+// held, everything unused goes on request, and a forked child inherits no mapping nor descriptor.
+// The registry is the process's: counts are deltas.
 #include <doctest/doctest.h>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,25 @@ uint8_t* write_through(const std::string& path, uint64_t size, char fill) {
   give_back_memory_map(at);
   ::close(fd);
   return at;
+}
+
+// Whether this process has path open (any descriptor) or mapped (/proc/self).
+bool holds(const std::string& path) {
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    bool found = false;
+    while (dirent* e = ::readdir(d)) {
+      char link[4096];
+      const std::string fd = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = ::readlink(fd.c_str(), link, sizeof link - 1);
+      if (n > 0 && std::string(link, n).rfind(path, 0) == 0) found = true;
+    }
+    ::closedir(d);
+    if (found) return true;
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(path) != std::string::npos) return true;
+  return false;
 }
 
 }  // namespace
@@ -107,4 +130,36 @@ TEST_CASE("a full memory filesystem fails the take with ENOSPC naming the file, 
   }
   ::close(fd);
   ::unlink(p.c_str());
+}
+
+TEST_CASE("a forked child (a DataLoader worker) inherits no held mapping nor descriptor, and can take its own") {
+  if (::access("/dev/shm", W_OK) != 0) return;
+  purge_memory_maps(true);
+  const std::string p = shm_path("fork");
+  write_through(p, 1 << 20, 'f');
+  REQUIRE(held_memory_maps() == 1);
+  REQUIRE(holds(p));  // the parent keeps it: mapped, and a descriptor open
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // no doctest macros here: exit codes tell the parent
+    if (held_memory_maps() != 0) ::_exit(2);
+    if (holds(p)) ::_exit(3);  // it would keep the file's pages allocated after the parent deletes it
+    const std::string q = p + "-child";
+    write_through(q, 4096, 'c');  // the registry (and its lock) work in the child
+    const int held = static_cast<int>(held_memory_maps());
+    purge_memory_maps(true);
+    ::unlink(q.c_str());
+    ::_exit(held == 1 ? 0 : 4);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(held_memory_maps() == 1);  // the parent's is untouched
+  uint8_t* at = find_memory_map(p, 1 << 20);
+  REQUIRE(at != nullptr);
+  CHECK(at[0] == 'f');
+  give_back_memory_map(at);
+  ::unlink(p.c_str());
+  purge_memory_maps(true);
 }

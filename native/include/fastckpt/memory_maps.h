@@ -10,6 +10,8 @@
 // matter. A file that was deleted (no link left) is unmapped at the next take, find or purge, once
 // no one uses its mapping: its memory is freed then, not at the unlink. At most kMaxMaps mappings
 // stay held; beyond that the least recently used, unused one goes.
+// A forked child (a DataLoader's workers) inherits none of these mappings nor descriptors: the
+// child's registry starts empty, so it never keeps a deleted part's pages allocated.
 // Definitions: src/memory_maps.cc.
 #pragma once
 #include <cstddef>

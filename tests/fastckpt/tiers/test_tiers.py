@@ -116,6 +116,43 @@ def test_parts_are_persisted_and_recycled_through_the_mappings_their_saves_left_
     assert _native.held_memory_maps() == 0
 
 
+class _WhatIHold(torch.utils.data.Dataset):
+    """Each item: the files under `under` that the process serving it holds open or mapped."""
+
+    def __init__(self, under: str):
+        self.under = os.path.realpath(under)
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        held = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        with open("/proc/self/maps") as maps:
+            held.update(line.split(None, 5)[-1].strip() for line in maps if len(line.split(None, 5)) == 6)
+        return sorted(h for h in held if h.startswith(self.under))
+
+
+def test_a_forked_data_loader_worker_holds_no_memory_tier_file(tiers):
+    """The parts' mappings (and the descriptors that pin their files) are held from one save to the
+    next; a process forked meanwhile (a DataLoader's worker, alive for the whole run) must inherit
+    neither, or every part the tier deletes stays allocated in memory until the worker exits."""
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1]) as ck:
+        for step in range(1, 4):
+            ck.save(state(step), step).wait()
+        assert _native.held_memory_maps() >= 1
+        assert _WhatIHold(tiers[0])[0], "this process holds its parts (else the test proves nothing)"
+        loader = torch.utils.data.DataLoader(_WhatIHold(tiers[0]), batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork")
+        assert list(loader) == [[]]
+        ck.save(state(4), 4).wait()  # the registry still serves this process after the fork
+        assert ck.store.tiers[0].recycled >= 1
+
+
 def test_a_state_loaded_from_memory_never_changes_when_later_saves_recycle_its_file(tiers):
     """load() maps a memory-tier copy (zero-copy views of a private mapping); the saves after it
     remove that checkpoint and recycle part files. The loaded tensors must not see those writes:
