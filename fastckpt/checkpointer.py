@@ -24,6 +24,7 @@ from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
+from .commit.persist_cadence import PersistCadence
 from .commit.persist_unit import Superseded
 from .commit_info import CommitInfo
 from .settings import CheckpointerConfig, given_one_way
@@ -106,6 +107,8 @@ class Checkpointer:
             agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
             self._persists = OrderedCommits(agree, self._deadline, c.commit_timeout_s, name="fastckpt-persist")
             self._persist_agree = agree
+        # persist_every > 1 (a TieredStore's: the settings refuse it elsewhere): which are persisted
+        self._cadence = PersistCadence(c.persist_every) if c.persist_every > 1 else None
         self._persist_errors: list[BaseException] = []
         self._fitted = False
         self._saved_step = None  # the step of the newest save issued (at_step_end promotes it)
@@ -123,7 +126,7 @@ class Checkpointer:
         self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
                       "slot_waits": 0, "persisted": 0, "persist_failed": 0,
-                      "persist_superseded": 0, "loaded_from": None}
+                      "persist_superseded": 0, "persist_skipped": 0, "loaded_from": None}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
 
@@ -329,14 +332,26 @@ class Checkpointer:
             def persisted(unit, infos, error, pending=pending):
                 self._persisted(unit, infos, error)
                 pending.placed(error)
-            unit = self.store.persist_unit(pending.info, persisted, self._retain_behind,
-                                           lambda ok: self._persist_agree.all_ok(ok, background=True))
-            if unit is not None:  # issued here, in commit order (the same on every rank), and before
-                self._persists.issue(unit)  # it leaves the in-flight list: wait() then finds its copy
+            # the same answer on every rank: commit order
+            if self._cadence is None or self._cadence.due(pending.info, on_last_tier=not self.store.behind()):
+                unit = self._persist(pending.info, persisted)
+            else:
+                with self._lock:
+                    self.stats["persist_skipped"] += 1  # in memory alone until a newer one replaces it
         if unit is None:
             pending.placed(pending.error)
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
+
+    def _persist(self, info, landed):
+        """The copy of a checkpoint committed on the memory tier to the tiers behind it, issued
+        in commit order (the same on every rank) and before it leaves the in-flight list (wait()
+        then finds its copy); None when there is nothing behind."""
+        unit = self.store.persist_unit(info, landed, self._retain_behind,
+                                       lambda ok: self._persist_agree.all_ok(ok, background=True))
+        if unit is not None:
+            self._persists.issue(unit)
+        return unit
 
     def _persisted(self, unit, infos, error) -> None:
         """A checkpoint's copy behind the memory tier landed (its commit thread)."""
@@ -498,11 +513,15 @@ class Checkpointer:
 
     # -- closing ---------------------------------------------------------
     def close(self) -> None:
-        """Waits for everything in flight, then releases staging memory and threads."""
+        """Waits for everything in flight (with tiers and persist_every > 1, the newest checkpoint
+        left in memory alone is persisted first), then releases staging memory and threads."""
         if self._closed:
             return
         try:
             self.wait()
+            owed = self._cadence.owed() if self._cadence is not None else None
+            if owed is not None and self._persist(owed, self._persisted) is not None:
+                self.wait()  # the newest checkpoint persist_every left in memory alone, persisted
         finally:
             self._closed = True
             _open_checkpointers.discard(self)

@@ -80,6 +80,10 @@ class CheckpointerConfig:
     memory tier, e.g. ('/dev/shm/run7',): the caller's paths are the last tier. None: no tiers."""
     tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
     """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
+    persist_every: int = field(default=1, metadata=_PLACED)
+    """With tiers: every n-th checkpoint committed on the memory tier is persisted behind it; the others
+    live in memory alone (and in a partner's, with replicas=1) until a newer one replaces them. close() and
+    a preemption persist the newest. 1: every one. Checkpoints named by path are each persisted."""
     replicas: int = field(default=0, metadata=_PLACED)
     """1: each rank's memory-tier part is also kept in a partner rank's memory tier, on another node when
     there is one (sent over the job's process group, CRC-checked on arrival); 0: none. Needs tiers."""
@@ -163,8 +167,13 @@ class CheckpointerConfig:
                 raise ConfigError(f"preempt_signal {self.preempt_signal!r} is not a signal a handler can catch")
         if self.replicas not in (0, 1) or isinstance(self.replicas, bool):
             raise ConfigError(f"replicas must be 0 or 1, got {self.replicas!r}")
+        if not isinstance(self.persist_every, int) or isinstance(self.persist_every, bool) or self.persist_every < 1:
+            raise ConfigError(f"persist_every must be an integer >= 1 (1: every checkpoint persisted behind the "
+                              f"memory tier), got {self.persist_every!r}")
         if self.tiers is not None:
             self._check_tiers()
+        elif self.persist_every != 1:
+            raise ConfigError("persist_every needs tiers (the places, fastest first)")
         elif self.tier_keep is not None or self.replicas:
             raise ConfigError(f"{'tier_keep' if self.tier_keep is not None else 'replicas'} needs tiers "
                               "(the places, fastest first)")
@@ -206,6 +215,9 @@ class CheckpointerConfig:
         if self.replicas:
             raise ConfigError("replicas need store='root' (checkpoints named by fastckpt, saved by every rank "
                               "together); checkpoints named by path are each process's own")
+        if self.persist_every != 1:
+            raise ConfigError("persist_every needs store='root' (checkpoints named by fastckpt): a checkpoint "
+                              "named by path is always persisted to its path")
 
 
 PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))

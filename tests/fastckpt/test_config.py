@@ -42,10 +42,10 @@ def test_overrides(tmp_path, overrides, expect):
 def test_tiers_replicas_and_the_preemption_signal_from_hydra_overrides(tmp_path, shm):
     memory, disk = os.path.join(shm, "run"), str(tmp_path / "disk")
     ck = instantiate(make([f"tiers=[{memory},{disk}]", "tier_keep=[1,3]", "replicas=1", "preempt_signal=SIGTERM",
-                           "preempt_grace_s=45"]))
+                           "preempt_grace_s=45", "persist_every=4"]))
     try:
         c = ck.config
-        assert (c.tiers, c.root, c.tier_keep, c.replicas) == ((memory, disk), disk, (1, 3), 1)
+        assert (c.tiers, c.root, c.tier_keep, c.replicas, c.persist_every) == ((memory, disk), disk, (1, 3), 1, 4)
         assert (c.preempt_signal, c.preempt_grace_s) == (15, 45)
         assert ck.save({"w": torch.ones(3)}, 1).wait().step == 1
         assert ck.store.holding()[1][0] == memory  # committed on the memory tier first

@@ -1,10 +1,10 @@
 """One rank of the preemption tests (2 gloo ranks). Usage: preempt_worker.py MEMORY DISK EVERY MB
-(env: RANK, WORLD_SIZE, MASTER_*).
+[PERSIST_EVERY] (env: RANK, WORLD_SIZE, MASTER_*).
 
 A training loop with a Checkpointer (tiers=[MEMORY, DISK], preempt_signal=SIGTERM,
 preempt_grace_s=20): each step's state is derived from the step (tests/workers: state_for), saved
 every EVERY steps (about MB MiB per rank), and Checkpointer.at_step_end(step, state) is called
-after every step. Prints "saving STEP" as a save is issued and "step STEP" once a step ended.
+after every step; PERSIST_EVERY (default 1): the Checkpointer's persist_every. Prints "saving STEP" as a save is issued and "step STEP" once a step ended.
 It never stops by itself: SIGTERM ends it."""
 import signal
 import sys
@@ -23,10 +23,12 @@ def state_for(rank: int, step: int, mb: int) -> dict:
 
 def main() -> None:
     memory, disk, every, mb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    persist_every = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=4, tier_keep=[2, 3],
-                               preempt_signal=signal.SIGTERM, preempt_grace_s=20, commit_timeout_s=30)
+                               preempt_signal=signal.SIGTERM, preempt_grace_s=20, commit_timeout_s=30,
+                               persist_every=persist_every)
     step = 0
     while True:
         step += 1

@@ -5,7 +5,8 @@ preempt_signal=SIGTERM, preempt_grace_s=20).
   tier (straight there, not through memory first, unless its save was already issued), and exit
   with SIGTERM's status well within the grace period; that step is the disk's newest, the same
   record for both ranks, the first step to end after the signal, bit-exact;
-- SIGTERM to both while a save is being written: the same;
+- SIGTERM to both while a save is being written: the same; with persist_every so large that no
+  save is persisted, that save is persisted from memory as the process ends;
 - a second SIGTERM right after the first: both end at once; whatever is the disk's newest then is
   whole and bit-exact (the previous checkpoint, or the new one if it landed), never torn.
 """
@@ -35,14 +36,14 @@ GRACE_S = 20
 class Job(Output):
     """Both ranks of preempt_worker.py, their output read as it comes."""
 
-    def __init__(self, memory: str, disk: str, every: int, mb: int):
+    def __init__(self, memory: str, disk: str, every: int, mb: int, persist_every: int = 1):
         port = free_port()
         procs = []
         for rank in (0, 1):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONPATH=python_path(ROOT, WORKERS))
             procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "preempt_worker.py"), memory, disk,
-                                     str(every), str(mb)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     str(every), str(mb), str(persist_every)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, env=env, start_new_session=True))
         super().__init__(procs)
 
@@ -99,6 +100,25 @@ def test_sigterm_during_a_save_checkpoints_and_exits(places):
     info, states = newest_on_disk(disk)
     assert info is not None and info.step == job.last_step(0) == job.last_step(1)
     assert exact(info, states, 48)
+
+
+def test_sigterm_persists_the_save_that_persist_every_left_in_memory_alone(places):
+    """persist_every=1000: no save is persisted by the cadence. The signal comes as a save is issued:
+    that step is the one checkpointed (its save promoted), and it is durable on the disk when both
+    ranks exit: persisted from its memory copy at close."""
+    memory, disk = places
+    job = Job(memory, disk, every=4, mb=8, persist_every=1000)
+    job.wait_for(0, "saving")
+    for p in job.procs:
+        os.kill(p.pid, signal.SIGTERM)
+    codes = job.ended(GRACE_S)
+    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
+    info, states = newest_on_disk(disk)
+    assert info is not None and info.step == job.last_step(0) == job.last_step(1), job.text()
+    assert info.step % 4 == 0 and glob.glob(os.path.join(memory, "rank-*", f"step-{info.step:08d}.*")), info
+    with fastckpt.Checkpointer(disk) as ck:
+        assert [i.step for i in ck.list()] == [info.step]  # the cadence persisted none before it
+    assert exact(info, states, 8)
 
 
 def test_a_second_sigterm_ends_at_once_and_leaves_no_torn_checkpoint(places):

@@ -54,6 +54,27 @@ def test_a_save_commits_on_the_memory_tier_and_is_persisted_to_the_disk_byte_for
         assert_same(state(5), disk_only.load())
 
 
+def test_persist_every_persists_every_nth_memory_checkpoint_and_close_persists_the_newest(tiers):
+    """persist_every=3: each save commits on the memory tier; steps 3 and 6 are persisted (the
+    counting is in commit order), the others stay in memory alone; close() persists the newest
+    (7), which the cadence had left in memory."""
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[10, 10], persist_every=3) as ck:
+        for step in range(1, 8):
+            ck.save(state(step), step).wait()
+            ck.wait()  # its copy behind, when it has one, landed
+        held = ck.store.holding()
+        assert [s for s, places in held.items() if tiers[0] in places] == [7, 6, 5, 4, 3, 2, 1]
+        assert [s for s, places in held.items() if tiers[1] in places] == [6, 3]
+        assert (ck.stats["persisted"], ck.stats["persist_skipped"]) == (2, 5)
+    with fastckpt.Checkpointer(tiers[1]) as disk_only:
+        assert [i.step for i in disk_only.list()] == [7, 6, 3]
+        assert_same(state(7), disk_only.load())
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[10, 10], persist_every=3) as ck:
+        ck.save(state(8), 8).wait()  # the count starts afresh: 8 is owed, then persisted at close
+    with fastckpt.Checkpointer(tiers[1]) as disk_only:
+        assert disk_only.latest().step == 8
+
+
 def test_a_first_tier_on_a_disk_is_written_as_any_file(tmp_path):
     """A node-local disk in front of a shared one: its parts are files, O_DIRECT where it takes it."""
     with fastckpt.Checkpointer(tiers=[str(tmp_path / "local"), str(tmp_path / "shared")]) as ck:
@@ -210,6 +231,10 @@ def test_a_state_that_outgrows_the_memory_tier_later_degrades_to_the_disk_at_tha
     ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": [0, 1]}, "tier_keep"),
     ({"replicas": 1}, "replicas needs tiers"),
     ({"tiers": ["/dev/shm/x", "/d"], "replicas": 2}, "replicas must be 0 or 1"),
+    ({"tiers": ["/dev/shm/x", "/d"], "persist_every": 0}, "persist_every must be an integer >= 1"),
+    ({"tiers": ["/dev/shm/x", "/d"], "persist_every": True}, "persist_every must be an integer >= 1"),
+    ({"persist_every": 2}, "persist_every needs tiers"),
+    ({"tiers": ["/dev/shm/x"], "store": "path", "persist_every": 2}, "always persisted to its path"),
     ({"preempt_signal": "SIGNOPE"}, "preempt_signal must be a signal"),
     ({"preempt_signal": 9}, "not a signal a handler can catch"),
     ({"preempt_grace_s": 0}, "preempt_grace_s"),
