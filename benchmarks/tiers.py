@@ -12,8 +12,9 @@ figures), on 2 gloo ranks of this machine, each started fresh as a restarted job
   durable checkpoint on the disk (the step checked there).
 - Cost per step: a fixed step (about 40 ms of compute a rank, the ranks kept in step), a save of
   --step-mb MiB per rank every 5 steps, through no checkpoint, the disk alone (a root store), the
-  memory tier, and the memory tier + replica; the same run measures a memcpy and an O_DIRECT write
-  of one rank's state. Then no checkpoint, the disk and the memory tier again with one rank (a
+  memory tier (each save persisted to the disk), the memory tier persisting every 4th save
+  (persist_every=4: the others in memory alone), and the memory tier + replica; the same run
+  measures a memcpy and an O_DIRECT write of one rank's state. Then no checkpoint, the disk and the memory tier again with one rank (a
   core to spare, as beside a GPU's training: the copy behind the memory tier runs on idle CPU).
 - Goodput (fastckpt.tools.goodput, PCcheck's replay) on the AWS spot trace, disk alone vs the memory
   tier, from the costs above (the memory tier's recovery: read from memory; the disk's: from disk).
@@ -46,7 +47,8 @@ from fastckpt.tools import goodput as gp  # noqa: E402
 CHILD = os.path.join(HERE, "helpers", "tiers_child.py")
 FAILURES = {"process killed": "memory tier alive", "node lost": "rank 1's memory tier wiped",
             "memory tier lost": "the whole memory tier wiped"}
-CONTENDERS = ("none", "disk", "tiers", "tiers+replica")
+EVERY_N = 4  # the persist_every of the contender that persists every n-th memory-tier checkpoint
+CONTENDERS = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}", "tiers+replica")
 ALONE = ("none", "disk", "tiers")  # one rank, a core to spare: the copy behind the memory tier runs on idle CPU
 EVERY = 5
 SIGNAL_AT = 15  # the step after which the SIGTERM is sent (a save at 10 in flight or persisted)
@@ -218,6 +220,7 @@ def plot(res: dict, path: str) -> None:
     ax[1].bar(CONTENDERS, [med(res["per_step"][c], "step_s") * 1e3 for c in CONTENDERS])
     ax[1].set_ylabel("step (ms)")
     ax[1].set_title("cost per step")
+    ax[1].tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -276,6 +279,8 @@ def goodput(res: dict, trace: str) -> dict:
     systems = []
     for name, contender, failure, write_s in (
             ("disk alone", "disk", "memory tier lost", res["bound"]["direct_write_s"] * 2),
+            (f"memory tier, persist_every={EVERY_N}", f"tiers, persist_every={EVERY_N}", "process killed",
+             res["bound"]["memcpy_s"] * 2),
             ("memory tier + replica", "tiers+replica", "process killed", res["bound"]["memcpy_s"] * 2)):
         stall = max(0.0, med(res["per_step"][contender], "step_s") - base) * EVERY
         systems.append(gp.System(name, base, stall, write_s, 2, med(r[failure], "load_s") * scale, start_s))

@@ -9,7 +9,8 @@ restarted job would be.
                                            preempt_signal=SIGTERM until a SIGTERM ends it
   tiers_child.py train MEMORY DISK MB CONTENDER STEPS EVERY
                                            STEPS steps of a fixed compute, a save every EVERY steps
-                                           through CONTENDER (none | disk | tiers | tiers+replica):
+                                           through CONTENDER (none | disk | tiers | "tiers,
+                                           persist_every=4" | tiers+replica):
                                            "steps T0 T1 ..." (each step's seconds), "final_wait S"
 """
 import os
@@ -71,6 +72,7 @@ def main() -> None:
         contender, steps, every = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
         ck = {"none": lambda: None, "disk": lambda: fastckpt.Checkpointer(disk, keep=1, concurrency=2),
               "tiers": lambda: checkpointer(memory, disk, replicas=0),
+              "tiers, persist_every=4": lambda: checkpointer(memory, disk, replicas=0, persist_every=4),
               "tiers+replica": lambda: checkpointer(memory, disk)}[contender]()
         state = state_for(rank, mb)
         a = torch.randn(512, 512)
