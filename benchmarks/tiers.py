@@ -14,8 +14,9 @@ figures), on 2 gloo ranks of this machine, each started fresh as a restarted job
   --step-mb MiB per rank every 5 steps, through no checkpoint, the disk alone (a root store), the
   memory tier (each save persisted to the disk), the memory tier persisting every 4th save
   (persist_every=4: the others in memory alone), and the memory tier + replica; the same run
-  measures a memcpy and an O_DIRECT write of one rank's state. Then no checkpoint, the disk and the memory tier again with one rank (a
-  core to spare, as beside a GPU's training: the copy behind the memory tier runs on idle CPU).
+  measures a memcpy and an O_DIRECT write of one rank's state. Then no checkpoint, the disk and
+  both memory-tier contenders again with one rank (a core to spare, as beside a GPU's training:
+  the copy behind the memory tier runs on idle CPU).
 - Goodput (fastckpt.tools.goodput, PCcheck's replay) on the AWS spot trace, disk alone vs the memory
   tier, from the costs above (the memory tier's recovery: read from memory; the disk's: from disk).
 NVIDIA's resiliency extension (nvidia-resiliency-ext 0.4.1, local checkpointing) is not a contender
@@ -49,7 +50,7 @@ FAILURES = {"process killed": "memory tier alive", "node lost": "rank 1's memory
             "memory tier lost": "the whole memory tier wiped"}
 EVERY_N = 4  # the persist_every of the contender that persists every n-th memory-tier checkpoint
 CONTENDERS = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}", "tiers+replica")
-ALONE = ("none", "disk", "tiers")  # one rank, a core to spare: the copy behind the memory tier runs on idle CPU
+ALONE = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}")  # one rank, a core to spare: the copy behind the memory tier runs on idle CPU
 EVERY = 5
 SIGNAL_AT = 15  # the step after which the SIGTERM is sent (a save at 10 in flight or persisted)
 
