@@ -1,5 +1,5 @@
-"""One rank of the tiers campaign (2 gloo ranks). Usage: tiers_worker.py MEMORY DISK [IDLE]
-(env: RANK, WORLD_SIZE, MASTER_*).
+"""One rank of the tiers campaign (2 gloo ranks). Usage: tiers_worker.py MEMORY DISK [IDLE
+[PERSIST_EVERY]] (env: RANK, WORLD_SIZE, MASTER_*; PERSIST_EVERY: the Checkpointer's, default 1).
 
 Resumes from the newest step every rank can get (a Checkpointer with tiers=[MEMORY, DISK] and
 replicas=1), prints "resumed STEP TIERS EXACT WARNED" (TIERS: where its part was read from,
@@ -41,10 +41,11 @@ def held_replica(ck, ward: int) -> int:
 def main() -> None:
     memory, disk = sys.argv[1], sys.argv[2]
     idle = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    persist_every = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ck = fastckpt.Checkpointer(tiers=[memory, disk], concurrency=2, chunk_mb=1, tier_keep=[2, 2], replicas=1,
-                               commit_timeout_s=30)
+                               commit_timeout_s=30, persist_every=persist_every)
     step = 0
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")

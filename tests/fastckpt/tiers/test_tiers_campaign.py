@@ -14,7 +14,8 @@ a step at a time; both are killed (SIGKILL) at a random moment. Before the next 
 Every round: the resume is bit-exact on both ranks, both resume the same step, never one older
 than the newest every rank still holds (checked here from the records themselves), and never
 older than the last step reported committed when the memory tier survived. 21 rounds; 201 with
---many.
+--many. Run again with persist_every=2 (every other save persisted to the disk, the others in
+memory alone: a wiped memory tier falls back further, to what the disk holds).
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int) -> tuple[list[str], int]:
+def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int,
+             persist_every: int = 1) -> tuple[list[str], int]:
     """Both ranks, killed at a random moment after both said ready (idle: once they made that
     many saves durable on both tiers and stopped); (each rank's resume line, the last step rank 0
     reported committed)."""
@@ -104,7 +106,7 @@ def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int) ->
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONPATH=python_path(ROOT, WORKERS), FASTCKPT_NODE=f"node-{rank}")
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "tiers_worker.py"), memory, disk,
-                                 str(idle)],
+                                 str(idle), str(persist_every)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True))
     resumed, ready, committed, lines = [None, None], [threading.Event(), threading.Event()], [0], [[], []]
@@ -149,8 +151,9 @@ def round_of(memory: str, disk: str, rng: random.Random, on_ready, idle: int) ->
     return resumed, committed[0], lines
 
 
-def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
-    rounds = 201 if many else 21
+@pytest.mark.parametrize("persist_every", [1, 2])
+def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many, persist_every):
+    rounds = (201 if persist_every == 1 else 101) if many else 21
     rng = random.Random(45)
     memory, disk = os.path.join(shm, "memory-tier"), str(tmp_path / "disk")
     mode, expect, told, flipped = "kill", 0, 0, []
@@ -160,10 +163,11 @@ def test_kill9_campaign_over_a_memory_tier_and_the_disk(tmp_path, shm, many):
         in_memory = [steps_in(os.path.join(memory, f"rank-{r}"), r) for r in (0, 1)]
         in_partner = [steps_in(os.path.join(memory, f"rank-{1 - r}"), r) for r in (0, 1)]  # replicas kept
         on_disk = [steps_in(disk, r) for r in (0, 1)]
-        # every third round stops once its saves are durable on both tiers, so that the next resume
-        # (after a plain kill) finds its step on the disk too: reading it there would show
-        idle = 3 if i % 3 == 0 and i > 0 else 0
-        resumed, last, lines = round_of(memory, disk, rng, lambda: put_back(flipped), idle)
+        # every third round stops once its saves are durable on both tiers (the last of them one
+        # the cadence persists), so that the next resume (after a plain kill) finds its step on the
+        # disk too: reading it there would show
+        idle = 3 * persist_every if i % 3 == 0 and i > 0 else 0
+        resumed, last, lines = round_of(memory, disk, rng, lambda: put_back(flipped), idle, persist_every)
         where = f"round {i} (after {mode}): " + " | ".join("".join(x)[-1500:] for x in lines)
         steps = [int(r[1]) for r in resumed]
         assert steps[0] == steps[1], f"{where}: the ranks resumed different steps {steps}"
