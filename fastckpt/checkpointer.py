@@ -24,8 +24,7 @@ from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
-from .commit.persist_cadence import PersistCadence
-from .commit.persist_unit import Superseded
+from .commit.persisting import Persisting
 from .commit_info import CommitInfo
 from .settings import CheckpointerConfig, given_one_way
 from .errors import CheckpointWriteError
@@ -100,16 +99,9 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._inflight = InFlight(self._deadline, c.commit_timeout_s)
         self._commits = OrderedCommits(self._agree, self._deadline, c.commit_timeout_s)
-        # tiers: each committed save persisted behind the memory tier, in issue order on every rank,
-        # with collectives of its own (groups apart from the commits')
-        self._persists = None
-        if c.tiers:
-            agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
-            self._persists = OrderedCommits(agree, self._deadline, c.commit_timeout_s, name="fastckpt-persist")
-            self._persist_agree = agree
-        # persist_every > 1 (a TieredStore's: the settings refuse it elsewhere): which are persisted
-        self._cadence = PersistCadence(c.persist_every) if c.persist_every > 1 else None
-        self._persist_errors: list[BaseException] = []
+        # tiers: committed saves persisted behind the memory tier (fastckpt.commit.persisting)
+        self._persisting = Persisting(self.store, self._deadline, c, self._count, self._retain_behind) \
+            if c.tiers else None
         self._fitted = False
         self._saved_step = None  # the step of the newest save issued (at_step_end promotes it)
         self._preempt = PreemptSignal(c.preempt_signal, c.preempt_grace_s) if c.preempt_signal is not None else None
@@ -203,7 +195,7 @@ class Checkpointer:
         counter = self._counter
         self._counter += 1
         self._saved_step = step
-        pending = Pending(step, counter, clock=clock, t0=t0, placed_later=self._persists is not None)
+        pending = Pending(step, counter, clock=clock, t0=t0, placed_later=self._persisting is not None)
         write, error = None, None
         ckpt_id, file_path = None, None
         try:
@@ -327,44 +319,15 @@ class Checkpointer:
             self.stats["landed"] += 1
             if self.stats["timings_first"] is None:
                 self.stats["timings_first"] = timings
-        unit = None
-        if pending.error is None and self._persists is not None:
-            def persisted(unit, infos, error, pending=pending):
-                self._persisted(unit, infos, error)
-                pending.placed(error)
-            # the same answer on every rank: commit order
-            if self._cadence is None or self._cadence.due(pending.info, on_last_tier=not self.store.behind()):
-                unit = self._persist(pending.info, persisted)
-            else:
-                with self._lock:
-                    self.stats["persist_skipped"] += 1  # in memory alone until a newer one replaces it
-        if unit is None:
+        copying = pending.error is None and self._persisting is not None and self._persisting.landed(pending)
+        if not copying:  # else placed once its copy behind the memory tier lands
             pending.placed(pending.error)
         self._inflight.landed(pending)
         self._slots.give_back(slot)  # before retention: deleting old files must not delay the next save
 
-    def _persist(self, info, landed):
-        """The copy of a checkpoint committed on the memory tier to the tiers behind it, issued
-        in commit order (the same on every rank) and before it leaves the in-flight list (wait()
-        then finds its copy); None when there is nothing behind."""
-        unit = self.store.persist_unit(info, landed, self._retain_behind,
-                                       lambda ok: self._persist_agree.all_ok(ok, background=True))
-        if unit is not None:
-            self._persists.issue(unit)
-        return unit
-
-    def _persisted(self, unit, infos, error) -> None:
-        """A checkpoint's copy behind the memory tier landed (its commit thread)."""
+    def _count(self, key: str) -> None:
         with self._lock:
-            if error is None:
-                self.stats["persisted"] += 1
-            elif isinstance(error, Superseded):  # a newer one was copied instead
-                self.stats["persist_superseded"] += 1
-            else:
-                self.stats["persist_failed"] += 1
-                self._persist_errors.append(CheckpointWriteError(
-                    f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
-                    "copy there stays the latest on disk"))
+            self.stats[key] += 1
 
     def _retain_behind(self) -> None:
         """Retention once a copy behind the memory tier landed, on every tier."""
@@ -444,8 +407,8 @@ class Checkpointer:
     def wait(self) -> None:
         """Blocks until every checkpoint in flight is committed; raises the first error."""
         self._inflight.wait()
-        if self._persists is not None:
-            self._persists.join()
+        if self._persisting is not None:
+            self._persisting.join()
         self._raise_background_errors()
 
     def in_flight(self) -> list[Pending]:
@@ -458,9 +421,7 @@ class Checkpointer:
             warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=3)
         for error in self._inflight.unseen_errors():
             self.report_failure(error)
-        with self._lock:
-            errors, self._persist_errors = self._persist_errors, []
-        for error in errors:
+        for error in self._persisting.errors() if self._persisting is not None else ():
             self.report_failure(error)
 
     def report_failure(self, error: BaseException) -> None:
@@ -519,8 +480,7 @@ class Checkpointer:
             return
         try:
             self.wait()
-            owed = self._cadence.owed() if self._cadence is not None else None
-            if owed is not None and self._persist(owed, self._persisted) is not None:
+            if self._persisting is not None and self._persisting.issue_owed():
                 self.wait()  # the newest checkpoint persist_every left in memory alone, persisted
         finally:
             self._closed = True
@@ -530,8 +490,8 @@ class Checkpointer:
                 self._staging.close()
                 self._staging, self._engine = None, None
             self._agree.close()
-            if self._persists is not None:
-                self._persist_agree.close()
+            if self._persisting is not None:
+                self._persisting.close()
             if self._preempt is not None:
                 self._preempt.uninstall()  # its previous handler back, unless the signal came
 
