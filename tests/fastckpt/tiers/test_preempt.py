@@ -89,25 +89,14 @@ def test_sigterm_to_one_rank_checkpoints_one_agreed_step_on_every_rank_and_exits
     print(f"\nSIGTERM to rank 1 after step {before}: step {info.step} durable on disk, both exited in {took:.2f} s")
 
 
-def test_sigterm_during_a_save_checkpoints_and_exits(places):
+@pytest.mark.parametrize("mb, persist_every", [(48, 1), (8, 1000)], ids=["during a save", "persist_every=1000"])
+def test_sigterm_as_a_save_is_issued_checkpoints_that_step_durably_and_exits(places, mb, persist_every):
+    """SIGTERM to both ranks as a save is issued: that step is the one checkpointed (its save
+    promoted), durable on the disk when both exit. 48 MiB a rank: the signal lands while it is
+    written. persist_every=1000: the cadence persists no save, so the step is persisted from its
+    memory copy at close, and it is the only one on the disk."""
     memory, disk = places
-    job = Job(memory, disk, every=4, mb=48)  # 48 MiB a rank: the signal lands while it is written
-    job.wait_for(0, "saving")
-    for p in job.procs:
-        os.kill(p.pid, signal.SIGTERM)
-    codes = job.ended(GRACE_S)
-    assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
-    info, states = newest_on_disk(disk)
-    assert info is not None and info.step == job.last_step(0) == job.last_step(1)
-    assert exact(info, states, 48)
-
-
-def test_sigterm_persists_the_save_that_persist_every_left_in_memory_alone(places):
-    """persist_every=1000: no save is persisted by the cadence. The signal comes as a save is issued:
-    that step is the one checkpointed (its save promoted), and it is durable on the disk when both
-    ranks exit: persisted from its memory copy at close."""
-    memory, disk = places
-    job = Job(memory, disk, every=4, mb=8, persist_every=1000)
+    job = Job(memory, disk, every=4, mb=mb, persist_every=persist_every)
     job.wait_for(0, "saving")
     for p in job.procs:
         os.kill(p.pid, signal.SIGTERM)
@@ -115,10 +104,11 @@ def test_sigterm_persists_the_save_that_persist_every_left_in_memory_alone(place
     assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     info, states = newest_on_disk(disk)
     assert info is not None and info.step == job.last_step(0) == job.last_step(1), job.text()
-    assert info.step % 4 == 0 and glob.glob(os.path.join(memory, "rank-*", f"step-{info.step:08d}.*")), info
-    with fastckpt.Checkpointer(disk) as ck:
-        assert [i.step for i in ck.list()] == [info.step]  # the cadence persisted none before it
-    assert exact(info, states, 8)
+    assert exact(info, states, mb)
+    if persist_every > 1:
+        assert info.step % 4 == 0 and glob.glob(os.path.join(memory, "rank-*", f"step-{info.step:08d}.*")), info
+        with fastckpt.Checkpointer(disk) as ck:
+            assert [i.step for i in ck.list()] == [info.step]
 
 
 def test_a_second_sigterm_ends_at_once_and_leaves_no_torn_checkpoint(places):
