@@ -1,9 +1,12 @@
 // test_memory_file_sink.cc — the memory file sink alone (on /dev/shm, where it belongs): blocks
 // land at their offsets through the mapping, headers and the final size come last, a longer file
 // already there (a recycled part) is cut and every byte up to the new size is the new one's, and
-// a bad path fails with the path named.
+// a bad path fails with the path named, and a process forked while it is written holds no
+// descriptor of it.
 #include <doctest/doctest.h>
 
+#include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -59,4 +62,36 @@ TEST_CASE("a memory file in a missing folder fails naming the path") {
 
 TEST_CASE("a disk is not a memory filesystem") {
   CHECK_FALSE(on_memory_filesystem("/proc/self/no-such-path"));
+}
+
+TEST_CASE("a process forked while a memory file is written holds no descriptor of it") {
+  if (::access("/dev/shm", W_OK) != 0) return;
+  const std::string path = "/dev/shm/fastckpt-native-memsink-fork-" + std::to_string(::getpid());
+  MemoryFileSink file(path, 8192);
+  file.open();
+  file.put(std::string(8192, 'x').data(), 8192, 0, false);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // a DataLoader worker forked mid-save: it must not pin the file once deleted
+    int held = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) {
+        char link[4096];
+        const std::string fd = std::string("/proc/self/fd/") + e->d_name;
+        const ssize_t n = ::readlink(fd.c_str(), link, sizeof link - 1);
+        held += n > 0 && std::string(link, n).rfind(path, 0) == 0;
+      }
+      ::closedir(d);
+    }
+    ::_exit(held == 0 ? 0 : 3);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  file.finish({}, 8192);
+  const auto got = read_all(path);
+  ::unlink(path.c_str());
+  REQUIRE(got.size() == 8192);
+  CHECK(got.front() == 'x');
 }

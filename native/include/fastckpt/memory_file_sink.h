@@ -8,8 +8,9 @@
 // job sums them afterwards where they landed, on a writer thread, so that the gate waits for the
 // copy alone). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top of the
 // copy; the mapping costs the copy alone.
+// No descriptor stays open once the file is mapped (a forked child must not inherit one).
 // finish(): the header blobs, the mapping given back (held on for the copy to the disk), the final
-// size, fdatasync. Definitions: src/memory_file_sink.cc.
+// size. Definitions: src/memory_file_sink.cc.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -42,7 +43,7 @@ class MemoryFileSink final : public Sink {
   void close();
   std::string path_;
   uint64_t size_;
-  int fd_ = -1;
+  bool opened_ = false;
   uint8_t* map_ = nullptr;
 };
 
