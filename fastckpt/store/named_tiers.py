@@ -174,8 +174,17 @@ class NamedTiers(Store, ByPath):
 
         def go(unit) -> bool:  # a path removed meanwhile is not written (its copy is un-committed)
             with self._lock:
-                mine = target not in self._removed and record_present(info.path)
-            return agree_all(mine)
+                removed = target in self._removed
+            there = record_present(info.path)
+            if agree_all(there and not removed) or removed:
+                return not removed
+            # not removed by its owner, yet not copied: the path never gets this save. Never silent
+            # (a superseded copy is counted, not reported): the checkpoint it was is lost on disk.
+            raise CheckpointWriteError(
+                f"the save of {target} was not persisted: "
+                + ("its memory copy at " + info.path + " was gone before its turn" if not there else
+                   "another rank no longer had its memory copy, or had removed the path")
+                + "; the path keeps what it held before")
 
         def done(unit, infos, error):
             with self._lock:

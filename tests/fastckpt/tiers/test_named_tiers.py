@@ -88,6 +88,22 @@ def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memor
     named.close()
 
 
+def test_a_save_whose_memory_copy_is_gone_before_its_copy_to_the_path_is_a_loud_error(tmp_path, memory, monkeypatch):
+    """Not removed by its owner, yet not copied to its path: the path never gets that save. That is
+    reported (a write error naming the path), never counted away as a superseded copy."""
+    from fastckpt.store import named_tiers
+    monkeypatch.setattr(named_tiers, "record_present", lambda folder: None)  # the copy vanished meanwhile
+    named = NamedCheckpoints({}, tiers=[memory])
+    target = str(tmp_path / "epoch=1-step=9.ckpt")
+    pending = named.save(state(1), target, 1)
+    assert pending.wait_placed(60)
+    assert isinstance(pending.placed_error, fastckpt.CheckpointWriteError)
+    assert target in str(pending.placed_error) and "was gone" in str(pending.placed_error)
+    with pytest.raises(fastckpt.CheckpointWriteError, match="was not persisted"):
+        named.close()
+    assert not os.path.exists(target)
+
+
 def test_a_damaged_memory_copy_is_named_and_the_path_is_read(tmp_path, memory):
     named = NamedCheckpoints({}, tiers=[memory])
     saved(named, tmp_path, [(1, "last.ckpt")])
