@@ -173,11 +173,14 @@ class NamedTiers(Store, ByPath):
             self._unpersisted.add(info.path)
 
         def go(unit) -> bool:  # a path removed meanwhile is not written (its copy is un-committed)
-            with self._lock:
+            with self._lock:  # both under the lock: a removal marks the path, then withdraws the copy
                 removed = target in self._removed
-            there = record_present(info.path)
-            if agree_all(there and not removed) or removed:
-                return not removed
+                there = record_present(info.path)
+            if agree_all(there and not removed):
+                return True
+            with self._lock:
+                if removed or target in self._removed:  # its owner removed the path: nothing to write
+                    return False
             # not removed by its owner, yet not copied: the path never gets this save. Never silent
             # (a superseded copy is counted, not reported): the checkpoint it was is lost on disk.
             raise CheckpointWriteError(
