@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import types
 import warnings
 
@@ -194,33 +195,17 @@ def test_a_state_loaded_from_memory_never_changes_when_later_saves_recycle_its_f
         assert_same(state(1), loaded)
 
 
-@pytest.fixture
-def read_only_later(tmp_path):
-    """A tmpfs of its own (mounting needs root and CAP_SYS_ADMIN: skipped without), and a function
-    that remounts it read-only."""
-    import subprocess
-    place = tmp_path / "tmpfs"
-    place.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(place)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
-    try:
-        yield str(place), lambda: subprocess.run(["mount", "-o", "remount,ro", str(place)], check=True)
-    finally:
-        subprocess.run(["umount", "-l", str(place)], check=False)
-
-
 def test_a_memory_copy_on_a_read_only_tier_is_loaded_as_a_copy_and_a_save_there_is_a_one_line_error(
-        tmp_path, read_only_later):
+        tmp_path, mount_tmpfs):
     """load() maps a memory copy only after marking its folder LENT (so that no later save writes
     over it); where the tier cannot be written (remounted read-only) the copy is read into memory
     instead — still from the memory tier, bit-exact, no file of it mapped — and saving there fails
     with one clear line, nothing lost."""
-    place, make_read_only = read_only_later
+    place = mount_tmpfs(64 << 20)  # a tmpfs of its own (conftest: skipped where mounting is not allowed)
     tiers = [os.path.join(place, "memory"), str(tmp_path / "disk")]
     with fastckpt.Checkpointer(tiers=tiers) as ck:
         ck.save(state(1), 1)
-    make_read_only()
+    subprocess.run(["mount", "-o", "remount,ro", place], check=True)
     with fastckpt.Checkpointer(tiers=tiers) as ck:
         loaded = ck.load()
         assert ck.store.reads[-1].tier == os.path.abspath(tiers[0])
