@@ -1,5 +1,7 @@
-// scratch.h — a temporary directory per test case and small file helpers for the native tests.
+// scratch.h — a temporary directory per test case and small file helpers for the native tests
+// (what this process holds of a file: a forked child's inheritance).
 #pragma once
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,6 +53,29 @@ inline std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
     b = static_cast<uint8_t>(x);
   }
   return out;
+}
+
+// Whether this process has a descriptor open on a file whose path starts with `path`.
+inline bool holds_open(const std::string& path) {
+  bool found = false;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      char link[4096];
+      const std::string fd = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = ::readlink(fd.c_str(), link, sizeof link - 1);
+      if (n > 0 && std::string(link, n).rfind(path, 0) == 0) found = true;
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+// Whether this process maps a file whose path contains `path`.
+inline bool holds_mapped(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(path) != std::string::npos) return true;
+  return false;
 }
 
 }  // namespace fastckpt_test

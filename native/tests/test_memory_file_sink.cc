@@ -5,7 +5,6 @@
 // descriptor of it.
 #include <doctest/doctest.h>
 
-#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,17 +72,7 @@ TEST_CASE("a process forked while a memory file is written holds no descriptor o
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {  // a DataLoader worker forked mid-save: it must not pin the file once deleted
-    int held = 0;
-    if (DIR* d = ::opendir("/proc/self/fd")) {
-      while (dirent* e = ::readdir(d)) {
-        char link[4096];
-        const std::string fd = std::string("/proc/self/fd/") + e->d_name;
-        const ssize_t n = ::readlink(fd.c_str(), link, sizeof link - 1);
-        held += n > 0 && std::string(link, n).rfind(path, 0) == 0;
-      }
-      ::closedir(d);
-    }
-    ::_exit(held == 0 ? 0 : 3);
+    ::_exit(fastckpt_test::holds_open(path) ? 3 : 0);
   }
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);

@@ -5,21 +5,22 @@
 // The registry is the process's: counts are deltas.
 #include <doctest/doctest.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "fastckpt/file_io.h"
 #include "fastckpt/memory_maps.h"
+#include "scratch.h"
 
 using namespace fastckpt;
+using fastckpt_test::holds_mapped;
+using fastckpt_test::holds_open;
 
 namespace {
 
@@ -38,23 +39,7 @@ uint8_t* write_through(const std::string& path, uint64_t size, char fill) {
 }
 
 // Whether this process has path open (any descriptor) or mapped (/proc/self).
-bool holds(const std::string& path) {
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    bool found = false;
-    while (dirent* e = ::readdir(d)) {
-      char link[4096];
-      const std::string fd = std::string("/proc/self/fd/") + e->d_name;
-      const ssize_t n = ::readlink(fd.c_str(), link, sizeof link - 1);
-      if (n > 0 && std::string(link, n).rfind(path, 0) == 0) found = true;
-    }
-    ::closedir(d);
-    if (found) return true;
-  }
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);)
-    if (line.find(path) != std::string::npos) return true;
-  return false;
-}
+bool holds(const std::string& path) { return holds_open(path) || holds_mapped(path); }
 
 }  // namespace
 
