@@ -2,7 +2,8 @@
 
   posix   buffered pwrite/pread from the native core (through the page cache)
   direct  O_DIRECT from/to an aligned bounce buffer in the native core (bypasses the cache)
-  numpy   numpy.save / numpy.load (allow_pickle=False) of the payload's bytes
+  numpy   numpy.save of the payload's bytes; read back by numpy.lib.format's .npy header reader
+          (one thread at a time: see _read_npy), the bytes straight into the tensor
   torch   torch.save / torch.load(weights_only=True) of the payload's bytes
   kvikio  kvikio.CuFile (GPU Direct Storage, or kvikio's compat mode) for CUDA tensors
 
@@ -118,13 +119,7 @@ def read_tensor(path: str, device=None, verify: bool = True, header: dict | None
         if n:
             (_native.read_direct if tool == "direct" else _native.read_buffered)(path, tf.HEADER, b.data_ptr(), n)
     elif tool == "numpy":
-        with open(path, "rb") as f:
-            f.seek(tf.HEADER)
-            try:
-                arr = np.load(f, allow_pickle=False)
-            except (ValueError, EOFError, OSError) as e:
-                raise CorruptCheckpointError(f"{path}: numpy payload unreadable ({e})") from None
-        b = torch.from_numpy(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        b = _read_npy(path, n)
     elif tool == "torch":
         with open(path, "rb") as f:
             f.seek(tf.HEADER)
@@ -140,6 +135,38 @@ def read_tensor(path: str, device=None, verify: bool = True, header: dict | None
     if verify and crc_of(b) != h["crc32"]:
         raise CorruptCheckpointError(f"{path}: tensor data fails its CRC-32 check")
     return rebuild(b.to(device) if device is not None else b, h, path)
+
+
+# numpy parses a .npy header with ast.literal_eval, and CPython 3.11 cannot build an AST on two
+# threads at once: the constructor's recursion count is the interpreter's, not the thread's, so a
+# thread switch inside one (a collection running a finalizer) fails the other with "SystemError:
+# AST constructor recursion depth mismatch" (seen in CI on 3.11.7). Offload reads from several
+# I/O threads, so a header is parsed by one thread at a time; the bytes after it are read outside.
+_NPY_HEADER = threading.Lock()
+_NPY_VERSIONS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _read_npy(path: str, n: int) -> torch.Tensor:
+    """The n-byte payload of a file the numpy tool wrote: numpy.save's one flat uint8 array after
+    the tensor file's header (tensor_file.py); CorruptCheckpointError for anything else."""
+    with open(path, "rb") as f:
+        f.seek(tf.HEADER)
+        try:
+            with _NPY_HEADER:
+                version = np.lib.format.read_magic(f)
+                if version not in _NPY_VERSIONS:
+                    raise ValueError(f"format version {version} is not one numpy.save writes for bytes")
+                shape, _, dtype = _NPY_VERSIONS[version](f)
+        except (ValueError, EOFError, OSError, SyntaxError) as e:
+            raise CorruptCheckpointError(f"{path}: numpy payload unreadable ({e})") from None
+        if dtype != np.uint8 or tuple(shape) != (n,):
+            raise CorruptCheckpointError(f"{path}: numpy payload is an array of {dtype} of shape {shape}, not the "
+                                         f"{n} flat bytes the file's header says")
+        b = torch.empty(n, dtype=torch.uint8)
+        got = f.readinto(b.numpy()) if n else 0
+    if got != n:
+        raise CorruptCheckpointError(f"{path}: numpy payload is cut short: {got} of {n} bytes")
+    return b
 
 
 def kvikio_or_why():

@@ -173,6 +173,73 @@ def test_damaged_files_are_detected(tmp_path):
         read_tensor(str(tmp_path / "short.fct"))
 
 
+def test_crafted_numpy_payloads_are_one_line_errors(tmp_path):
+    """A numpy-tool file whose .npy part holds another array than the flat bytes its header
+    promises (objects, another dtype or shape, cut short, not .npy at all) is refused by name,
+    before anything is allocated for it and without unpickling."""
+    import numpy as np
+    from fastckpt.offload import tensor_file as tf
+    t = torch.arange(1000, dtype=torch.int32)
+    path = str(tmp_path / "n.fct")
+    cases = {"objects": lambda f: np.save(f, np.array([{"a": 1}], dtype=object), allow_pickle=True),
+             "another dtype": lambda f: np.save(f, np.zeros(4000, dtype=np.int8)),
+             "another shape": lambda f: np.save(f, np.zeros((2, 2000), dtype=np.uint8)),
+             "huge": lambda f: f.write(np.lib.format.magic(1, 0) + b"\x76\x00{'descr': '|u1', 'fortran_order': "
+                                       b"False, 'shape': (1099511627776,), }" + b" " * 54 + b"\n"),
+             "not npy": lambda f: f.write(b"PK\x03\x04" + bytes(4000))}
+    for name, payload in cases.items():
+        write_tensor(t, path, "numpy")
+        with open(path, "r+b") as f:
+            f.seek(tf.HEADER)
+            f.truncate()
+            payload(f)
+        with pytest.raises(CorruptCheckpointError, match="numpy payload") as e:
+            read_tensor(path)
+        assert "\n" not in str(e.value), (name, str(e.value))
+    write_tensor(t, path, "numpy")
+    os.truncate(path, os.path.getsize(path) - 10)
+    with pytest.raises(CorruptCheckpointError, match="cut short"):
+        read_tensor(path)
+
+
+def test_numpy_headers_are_parsed_one_thread_at_a_time(tmp_path, monkeypatch):
+    """numpy parses a .npy header with ast.literal_eval, which CPython 3.11 cannot run on two
+    threads at once (a SystemError, "AST constructor recursion depth mismatch", failed this
+    suite's probe threads once in CI). Offload reads from several I/O threads: here eight read
+    numpy-tool files together, each header parse made to last 20 ms, and no two overlap."""
+    import ast
+    real, inside, most, lock = ast.literal_eval, [0], [0], threading.Lock()
+
+    def slow_literal_eval(text):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)  # a window the other threads would fall into
+        with lock:
+            inside[0] -= 1
+        return real(text)
+    paths = [str(tmp_path / f"{i}.fct") for i in range(8)]
+    for i, path in enumerate(paths):
+        write_tensor(torch.full((100 + i,), i, dtype=torch.int16), path, "numpy")
+    monkeypatch.setattr(ast, "literal_eval", slow_literal_eval)
+    start, got, errors = threading.Barrier(len(paths)), {}, []
+
+    def read(i):
+        try:
+            start.wait()
+            got[i] = read_tensor(paths[i])
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(paths))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert most[0] == 1, f"{most[0]} threads parsed a .npy header at once"
+    assert all(torch.equal(got[i], torch.full((100 + i,), i, dtype=torch.int16)) for i in range(len(paths)))
+
+
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
 def test_save_with_tool_auto_learns_per_size_and_writes_a_normal_checkpoint(tmp_path, fmt):
     from fastckpt.offload import plan_writer
