@@ -19,9 +19,12 @@ figures), on 2 gloo ranks of this machine, each started fresh as a restarted job
   the copy behind the memory tier runs on idle CPU).
 - Goodput (fastckpt.tools.goodput, PCcheck's replay) on the AWS spot trace, disk alone vs the memory
   tier, from the costs above (the memory tier's recovery: read from memory; the disk's: from disk).
-NVIDIA's resiliency extension (nvidia-resiliency-ext 0.4.1, local checkpointing) is not a contender
-here: its BasicTensorAwareStateDict asserts every tensor is on CUDA and its async save calls
-torch.cuda.synchronize(); this machine has no GPU.
+- NVIDIA's resiliency extension (nvidia-resiliency-ext from the registry; helpers/nvrx_child.py):
+  its local checkpointing (LocalCheckpointManager, each rank's folder on the memory tier's
+  filesystem standing for its node's, CliqueReplicationStrategy pairing the 2 ranks) through the
+  same three failures, and as a contender per step. On a host only its synchronous save runs (its
+  asynchronous one calls torch.cuda.synchronize()); a failure it cannot recover from here is
+  recorded with the error it raised. Skipped, and said so, where it is not installed.
 Medians of --runs. Prints a table, writes JSON + PNG, and its section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
@@ -46,10 +49,12 @@ import fastckpt  # noqa: E402
 from fastckpt.tools import goodput as gp  # noqa: E402
 
 CHILD = os.path.join(HERE, "helpers", "tiers_child.py")
+NVRX_CHILD = os.path.join(HERE, "helpers", "nvrx_child.py")
 FAILURES = {"process killed": "memory tier alive", "node lost": "rank 1's memory tier wiped",
             "memory tier lost": "the whole memory tier wiped"}
 EVERY_N = 4  # the persist_every of the contender that persists every n-th memory-tier checkpoint
-CONTENDERS = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}", "tiers+replica")
+NVRX = "NVRx local + replica (sync)"  # NVIDIA's resiliency extension, as it runs on a host
+CONTENDERS = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}", "tiers+replica", NVRX)
 ALONE = ("none", "disk", "tiers", f"tiers, persist_every={EVERY_N}")  # one rank, a core to spare: the copy behind the memory tier runs on idle CPU
 EVERY = 5
 SIGNAL_AT = 15  # the step after which the SIGTERM is sent (a save at 10 in flight or persisted)
@@ -61,9 +66,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ranks(*args: str, world: int = 2) -> list[subprocess.Popen]:
+def has_nvrx() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("nvidia_resiliency_ext") is not None
+
+
+def ranks(*args: str, world: int = 2, child: str = CHILD) -> list[subprocess.Popen]:
     port = free_port()
-    return [subprocess.Popen([sys.executable, CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return [subprocess.Popen([sys.executable, child, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True,
                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                       MASTER_PORT=str(port), FASTCKPT_NODE=f"node-{r}", OMP_NUM_THREADS="1"))
@@ -120,6 +130,52 @@ def recovery(failure: str, memory: str, disk: str, mb: int) -> dict:
             "from": [x[2] for x in lines]}
 
 
+def nvrx_recovery(failure: str, local: str, mb: int) -> dict:
+    """recovery() through NVIDIA's resiliency extension's local checkpointing: its folders under
+    `local` (node-R for rank R) are what is left or wiped. A rank that fails to resume: its
+    error, and the extension's frame it was raised from."""
+    shutil.rmtree(local, ignore_errors=True)
+    saving = ranks("save", local, str(mb), child=NVRX_CHILD)
+    save_s = max(float(wait_line(p, "saved").split()[1]) for p in saving)
+    kill(saving)
+    if failure == "node lost":
+        shutil.rmtree(os.path.join(local, "node-1"))
+    elif failure == "memory tier lost":
+        shutil.rmtree(local)
+    t0 = time.perf_counter()
+    resuming = ranks("resume", local, str(mb), child=NVRX_CHILD)
+    out = [finished(p) for p in resuming]
+    total = time.perf_counter() - t0
+    shutil.rmtree(local, ignore_errors=True)
+    if any(p.returncode != 0 for p in resuming):
+        text = next(o for p, o in zip(resuming, out) if p.returncode != 0)
+        return {"error": raised(text), "save_s": save_s}
+    lines = [next(x for x in o.splitlines() if x.startswith("resumed")).split() for o in out]
+    return {"to_resumed_s": total, "load_s": max(float(x[1]) for x in lines), "from": [x[2] for x in lines],
+            "save_s": save_s}
+
+
+def finished(p: subprocess.Popen, timeout: float = 300) -> str:
+    """Its output once it exited; killed after timeout (a rank left waiting for a partner that died)."""
+    try:
+        return p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        kill([p])
+        return p.communicate()[0] + f"\nTimeoutError: no exit within {timeout:.0f} s"
+
+
+def raised(text: str) -> str:
+    """The last error line of a traceback, and the extension's deepest frame and line of code."""
+    lines = [x.split("]:", 1)[-1].rstrip() for x in text.splitlines()]
+    error = next((x.strip() for x in reversed(lines) if "Error" in x and not x.strip().startswith("File")), "?")
+    at = [i for i, x in enumerate(lines) if "nvidia_resiliency_ext" in x and x.strip().startswith("File")]
+    if not at:
+        return error
+    frame, code = lines[at[-1]].strip(), lines[at[-1] + 1].strip() if at[-1] + 1 < len(lines) else ""
+    where = frame.split("nvidia_resiliency_ext/", 1)[-1].replace('", line', ":").replace(", in ", " ")
+    return f"{error} (in {where}: `{code}`)"
+
+
 def sigterm(memory: str, disk: str, mb: int) -> dict:
     for d in (memory, disk):
         shutil.rmtree(d, ignore_errors=True)
@@ -144,8 +200,12 @@ def sigterm(memory: str, disk: str, mb: int) -> dict:
 def per_step(contender: str, memory: str, disk: str, mb: int, steps: int, world: int = 2) -> dict:
     for d in (memory, disk):
         shutil.rmtree(d, ignore_errors=True)
-    job = ranks("train", memory, disk, str(mb), contender, str(steps), str(EVERY), world=world)
+    if contender == NVRX:
+        job = ranks("train", memory + "-nvrx", str(mb), str(steps), str(EVERY), world=world, child=NVRX_CHILD)
+    else:
+        job = ranks("train", memory, disk, str(mb), contender, str(steps), str(EVERY), world=world)
     out = [p.communicate()[0] for p in job]
+    shutil.rmtree(memory + "-nvrx", ignore_errors=True)
     assert all(p.returncode == 0 for p in job), out
     times = [[float(t) for t in next(x for x in o.splitlines() if x.startswith("steps ")).split()[1:]] for o in out]
     waits = [float(next(x for x in o.splitlines() if x.startswith("final_wait")).split()[1]) for o in out]
@@ -169,6 +229,16 @@ def table(res: dict) -> str:
                            for x in rows[0]["from"])
         lines.append(f"| {failure} | {FAILURES[failure]} | {where} | {med(rows, 'to_resumed_s'):.2f} | "
                      f"{med(rows, 'load_s'):.3f} |")
+    for failure, rows in res["nvrx_recovery"].items():
+        failed = [x["error"] for x in rows if "error" in x]
+        if failed:
+            lines.append(f"| {failure}, NVRx | {FAILURES[failure]} | does not resume here: {failed[0]} | – | – |")
+        elif "none" in rows[0]["from"]:
+            lines.append(f"| {failure}, NVRx | {FAILURES[failure]} | nothing local: find_latest() found no "
+                         "checkpoint (the job's global one is outside the extension) | – | – |")
+        else:
+            lines.append(f"| {failure}, NVRx | {FAILURES[failure]} | {' / '.join(rows[0]['from'])} | "
+                         f"{med(rows, 'to_resumed_s'):.2f} | {med(rows, 'load_s'):.3f} |")
     r = res["recovery"]
     lines += ["", f"load() from memory is **{med(r['memory tier lost'], 'load_s') / med(r['process killed'], 'load_s'):.1f}x** "
               f"faster than from disk; from the partner's replica "
@@ -185,7 +255,7 @@ def table(res: dict) -> str:
               f"(memcpy of it {b['memcpy_s'] * 1e3:.1f} ms, O_DIRECT write {b['direct_write_s'] * 1e3:.1f} ms, "
               "measured in this run):", "",
               "| contender | step (ms) | over no checkpoint | wait at the end (s) |", "|---|---:|---:|---:|"]
-    for c in CONTENDERS:
+    for c in res["per_step"]:
         rows = res["per_step"][c]
         lines.append(f"| {c} | {med(rows, 'step_s') * 1e3:.1f} | {100 * (med(rows, 'step_s') / base - 1):+.1f} % | "
                      f"{med(rows, 'final_wait_s'):.2f} |")
@@ -213,9 +283,27 @@ def table(res: dict) -> str:
               "| system | best interval | goodput (it/s) | of ideal |", "|---|---:|---:|---:|"]
     for name, row in g["best"].items():
         lines.append(f"| {name} | {row['interval']} | {row['goodput']:.2f} | {100 * row['goodput'] * g['step_s']:.1f} % |")
-    lines += ["", "NVIDIA's resiliency extension is not run: its local checkpointing needs CUDA tensors "
-              "(BasicTensorAwareStateDict asserts it) and calls torch.cuda.synchronize(); no GPU here."]
+    lines += ["", nvrx_note(res)]
     return "\n".join(lines)
+
+
+def nvrx_note(res: dict) -> str:
+    """What the NVRx rows above measured, and what they could not."""
+    n = res["nvrx_recovery"]
+    if not n:
+        return "NVIDIA's resiliency extension was not run: nvidia-resiliency-ext is not installed here."
+    ok = n["process killed"] and all("error" not in x for x in n["process killed"])
+    saved = statistics.median(x["save_s"] for rows in n.values() for x in rows)
+    text = (f"**NVIDIA's resiliency extension** (nvidia-resiliency-ext {res.get('nvrx_version', '?')}, local "
+            "checkpointing with a clique of the 2 ranks as replicas; rows marked NVRx): on a host only its "
+            f"synchronous save runs, and it blocked training {saved:.2f} s for the {res['args']['mb']} MiB per rank "
+            "above (the exchange of the replicas, then torch.save of both parts, with no fsync and no checksum).")
+    if ok:
+        text += (f" After a killed process it loaded its own copy in {med(n['process killed'], 'load_s'):.3f} s "
+                 f"against fastckpt's {med(res['recovery']['process killed'], 'load_s'):.3f} s (every CRC checked).")
+    return text + (" A rank whose copy is gone must be sent its part by the partner, which that code does through "
+                   "CUDA only (the error above), and with every local copy gone it finds nothing and leaves the "
+                   "job to its global checkpoint, outside the extension: fastckpt reads the disk tier.")
 
 
 def plot(res: dict, path: str) -> None:
@@ -227,7 +315,7 @@ def plot(res: dict, path: str) -> None:
     ax[0].bar(names, [med(res["recovery"][n], "load_s") for n in names])
     ax[0].set_ylabel("load() (s)")
     ax[0].set_title("recovery")
-    ax[1].bar(CONTENDERS, [med(res["per_step"][c], "step_s") * 1e3 for c in CONTENDERS])
+    ax[1].bar(list(res["per_step"]), [med(rows, "step_s") * 1e3 for rows in res["per_step"].values()])
     ax[1].set_ylabel("step (ms)")
     ax[1].set_title("cost per step")
     ax[1].tick_params(axis="x", labelrotation=20)
@@ -252,15 +340,24 @@ def main() -> None:
     res = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "args": vars(args),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
            "memory": args.memory, "disk": disk, "recovery": {f: [] for f in FAILURES}, "sigterm": [],
-           "per_step": {c: [] for c in CONTENDERS}, "alone": {c: [] for c in ALONE}}
+           "per_step": {c: [] for c in CONTENDERS if c != NVRX or has_nvrx()}, "alone": {c: [] for c in ALONE},
+           "nvrx_recovery": {f: [] for f in FAILURES} if has_nvrx() else {}}
+    if has_nvrx():
+        from importlib.metadata import version
+        res["nvrx_version"] = version("nvidia-resiliency-ext")
+    else:
+        print("nvidia-resiliency-ext is not installed (pip install nvidia-resiliency-ext): its rows are skipped")
     try:
         for run in range(args.runs):
             for failure in FAILURES:
                 res["recovery"][failure].append(recovery(failure, args.memory, disk, args.mb))
                 print(run, failure, res["recovery"][failure][-1], flush=True)
+                if failure in res["nvrx_recovery"]:
+                    res["nvrx_recovery"][failure].append(nvrx_recovery(failure, args.memory + "-nvrx", args.mb))
+                    print(run, failure, "NVRx", res["nvrx_recovery"][failure][-1], flush=True)
             res["sigterm"].append(sigterm(args.memory, disk, args.mb))
             print(run, "sigterm", res["sigterm"][-1], flush=True)
-            for c in CONTENDERS:
+            for c in res["per_step"]:
                 res["per_step"][c].append(per_step(c, args.memory, disk, args.step_mb, args.steps))
                 print(run, c, res["per_step"][c][-1], flush=True)
             for c in ALONE:
@@ -268,8 +365,8 @@ def main() -> None:
                 print(run, "alone", c, res["alone"][c][-1], flush=True)
         res["bound"] = bounds.for_checkpoint(args.step_mb << 20, args.work)
     finally:
-        shutil.rmtree(args.memory, ignore_errors=True)
-        shutil.rmtree(disk, ignore_errors=True)
+        for d in (args.memory, args.memory + "-nvrx", disk):
+            shutil.rmtree(d, ignore_errors=True)
     res["goodput"] = goodput(res, args.trace)
     text = table(res)
     print(text)

@@ -29,6 +29,13 @@ def state_for(rank: int, mb: int) -> dict:
     return {"w": torch.randn(mb, 256 * 1024, generator=g), "rank": rank}
 
 
+def fixed_step(a: torch.Tensor) -> torch.Tensor:
+    """The step's compute (about 40 ms on one thread here)."""
+    for _ in range(12):
+        a = torch.tanh(a @ a * 0.01)
+    return a
+
+
 def checkpointer(memory, disk, replicas=1, **kw):
     return fastckpt.Checkpointer(tiers=[memory, disk], tier_keep=[1, 1], replicas=replicas, concurrency=2,
                                  commit_timeout_s=120, **kw)
@@ -79,8 +86,7 @@ def main() -> None:
         times = []
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
-            for _ in range(12):  # the step's compute (about 40 ms on one thread here)
-                a = torch.tanh(a @ a * 0.01)
+            a = fixed_step(a)
             state["w"][0, 0] = step
             dist.barrier()  # ranks in step, as a gradient all-reduce keeps them
             if ck is not None and step % every == 0:
