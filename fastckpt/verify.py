@@ -34,18 +34,19 @@ def verify_file(path: str, entry: FileEntry | None = None, at: int | None = None
     """Raises CorruptCheckpointError naming the damage; returns a one-line summary. An intact
     file whose pickle names a global off the allowlist is not damaged: its line says UNSAFE.
     at: the address where the caller holds the file's bytes (mapped or received, the file's
-    whole size): its records are checked there, none read again."""
-    fmt = sniff(path)
+    whole size): its records, index and structure are read there, the file never opened (a
+    child forked meanwhile inherits no descriptor of it)."""
+    fmt = sniff(path, at)
     if fmt == "torch":
         from .format.torch_format import check_crcs, check_structure
         from .format.zip_reader import read_index
-        idx = read_index(path)
+        idx = read_index(path, at=at)
         order = idx.ordered()
         crcs = range_crcs(path, [(e.data_off, e.size) for e in order], at=at)
         try:
-            check_crcs(path, idx, order, crcs)
+            check_crcs(path, idx, order, crcs, at)
         except CorruptCheckpointError as e:
-            raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry)}") from None
+            raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry, at)}") from None
         file_crc, n = idx.file_crc, len(order)
         if entry is not None and file_crc is None:
             raise CorruptCheckpointError(f"{path}: the commit record names a fastckpt file but its "
@@ -54,10 +55,10 @@ def verify_file(path: str, entry: FileEntry | None = None, at: int | None = None
             raise CorruptCheckpointError(
                 f"{path}: file CRC-32 {file_crc:08x} differs from the commit record ({entry.crc32:08x})")
         note = "" if file_crc is not None else " (written by torch.save: record CRCs only)"
-        structure = lambda: check_structure(path, idx)  # noqa: E731
+        structure = lambda: check_structure(path, idx, at=at)  # noqa: E731
     else:
         from .format.safetensors_format import check_crcs, check_structure, entry_spans, has_checksums, read_header
-        header, data_begin, head = read_header(path)
+        header, data_begin, head = read_header(path, at)
         meta = header.get("__metadata__", {})
         names, spans = entry_spans(header)
         crcs = range_crcs(path, [(data_begin + off, k) for off, k in spans], at=at)
@@ -66,7 +67,7 @@ def verify_file(path: str, entry: FileEntry | None = None, at: int | None = None
             try:
                 check_crcs(path, meta, head, names, crcs, [k for _, k in spans], entry.crc32 if entry else None)
             except CorruptCheckpointError as e:
-                raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry)}") from None
+                raise CorruptCheckpointError(f"{e}{bad_chunk(path, entry, at)}") from None
         else:
             note = " (safetensors file without fastckpt checksums: structure checked only)"
         structure = lambda: check_structure(path, header, head)  # noqa: E731

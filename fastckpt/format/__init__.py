@@ -5,6 +5,8 @@ picking the reader from the file's own bytes (zip or safetensors).
 """
 from __future__ import annotations
 
+import os
+
 from ..errors import ConfigError
 from .plan import FilePlan
 
@@ -23,10 +25,13 @@ def plan_file(state, fmt: str = "torch", allow_pickle: bool = False) -> FilePlan
     raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def sniff(path: str) -> str:
+def sniff(path: str, at: int | None = None) -> str:
+    """"torch" or "safetensors", from the file's first bytes (at: where the caller holds the
+    whole file's bytes: read there, the file not opened)."""
     from ..fsutil import read_regular
+    from .reading import held_bytes
     try:
-        head = read_regular(path, 9)
+        head = read_regular(path, 9) if at is None else held_bytes(at, 0, min(9, os.path.getsize(path)))
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
     except IsADirectoryError:

@@ -9,6 +9,7 @@ owns (a load's own destination), CRC'd while hot.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -17,6 +18,12 @@ from .. import _native
 from ..machine import hardware_threads
 
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
+
+
+def held_bytes(at: int, off: int, n: int) -> bytes:
+    """n bytes at offset off of a file whose whole bytes the caller holds at address `at` (a
+    mapping): read there, the file itself never opened (the caller checks the bounds)."""
+    return ctypes.string_at(at + off, n) if n > 0 else b""
 
 
 def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bool = True,

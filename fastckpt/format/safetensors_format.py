@@ -21,7 +21,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import skeleton
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import read_records
+from .reading import held_bytes, read_records
 from .views import check_view
 
 ST_DTYPES = {
@@ -132,18 +132,25 @@ def _bad(path: str, why: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"{path}: not a valid safetensors checkpoint ({why})")
 
 
-def read_header(path: str) -> tuple[dict, int, bytes]:
-    """Validates the header against the file size before anything is allocated."""
+def read_header(path: str, at: int | None = None) -> tuple[dict, int, bytes]:
+    """Validates the header against the file size before anything is allocated. at: where the
+    caller holds the whole file's bytes (read there, the file not opened)."""
     size = os.path.getsize(path)
+    if at is not None:
+        return _header_of(path, size, lambda off, n: held_bytes(at, off, n))
     with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise _bad(path, "shorter than 8 bytes (truncated?)")
-        (hlen,) = struct.unpack("<Q", head)
-        if hlen > MAX_HEADER or 8 + hlen > size:
-            raise _bad(path, f"header length {hlen} does not fit a {size}-byte file")
-        raw = f.read(hlen)
-    return parse_header(head + raw, size, path)
+        return _header_of(path, size, lambda off, n: os.pread(f.fileno(), n, off))
+
+
+def _header_of(path: str, size: int, read) -> tuple[dict, int, bytes]:
+    """read_header's checks, read(offset, n) giving the file's bytes."""
+    head = read(0, min(8, size))
+    if len(head) < 8:
+        raise _bad(path, "shorter than 8 bytes (truncated?)")
+    (hlen,) = struct.unpack("<Q", head)
+    if hlen > MAX_HEADER or 8 + hlen > size:
+        raise _bad(path, f"header length {hlen} does not fit a {size}-byte file")
+    return parse_header(head + read(8, hlen), size, path)
 
 
 def parse_header(head: bytes, size: int, where) -> tuple[dict, int, bytes]:

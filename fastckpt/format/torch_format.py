@@ -19,7 +19,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import read_records
+from .reading import held_bytes, read_records
 from .safe_unpickler import unpickle
 from .torch_pickle import pickle_state
 from .zip_reader import ZipIndex, read_index
@@ -136,18 +136,22 @@ def read_archives(path: str, indexes: list[ZipIndex], map_location=None, verify:
     return states
 
 
-def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None):
+def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None, at: int | None = None):
     """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
     every storage it names present at its size and every view inside its storage (the
     storages are on the meta device: nothing is read or allocated). Returns the structure,
     its tensors on the meta device. crcs: data.pkl's CRC-32 is put there under its record's
-    file offset, so that a verified read need not read it again."""
+    file offset, so that a verified read need not read it again. at: where the caller holds the
+    whole file's bytes (data.pkl is read there; the index bounds its record within the file)."""
     entry = idx.entries.get("data.pkl")
     if entry is None:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
-    with open(path, "rb") as f:
-        f.seek(entry.data_off)
-        pkl = f.read(entry.size)
+    if at is not None:
+        pkl = held_bytes(at, entry.data_off, entry.size)
+    else:
+        with open(path, "rb") as f:
+            f.seek(entry.data_off)
+            pkl = f.read(entry.size)
     if crcs is not None:
         crcs[entry.data_off] = zlib.crc32(pkl)
     sizes = {k: e.size for k, e in idx.entries.items()}
@@ -178,7 +182,10 @@ def _unpickle_records(path: str, pkl: bytes, sizes: dict, storage_of, weights_on
     return unpickle(pkl, persistent_load, path, weights_only)
 
 
-def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
+def check_crcs(path: str, idx: ZipIndex, order, crcs, at: int | None = None) -> None:
+    """Each record's CRC-32 (crcs, in `order`) against the archive's, then the file's CRC-32 with
+    the bytes between the records (headers, directory) read from the file, or from `at` where the
+    caller holds the whole file's bytes."""
     for e, c in zip(order, crcs):
         if c != e.crc:
             raise CorruptCheckpointError(
@@ -186,18 +193,26 @@ def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:
                 f"CRC-32 check (stored {e.crc:08x}, computed {c:08x})")
     if idx.file_crc is None:
         return
-    file_crc = 0
-    cursor = idx.base
-    with open(path, "rb") as f:
-        for e, c in zip(order, crcs):
-            file_crc = _crc_range(f, cursor, e.data_off, file_crc)
-            file_crc = _native.crc32_concat(file_crc, c, e.size)
-            cursor = e.data_off + e.size
-        file_crc = _crc_range(f, cursor, idx.comment_off, file_crc)
+    if at is not None:
+        file_crc = _file_crc(lambda start, end, crc: zlib.crc32(held_bytes(at, start, end - start), crc),
+                             idx, order, crcs)
+    else:
+        with open(path, "rb") as f:
+            file_crc = _file_crc(lambda start, end, crc: _crc_range(f, start, end, crc), idx, order, crcs)
     if file_crc != idx.file_crc:
         raise CorruptCheckpointError(
             f"{path}: headers or directory are damaged (file CRC-32 {file_crc:08x}, "
             f"recorded {idx.file_crc:08x})")
+
+
+def _file_crc(gap, idx: ZipIndex, order, crcs) -> int:
+    """The archive's CRC-32 from its records' (crcs) and gap(start, end, crc) over the bytes between them."""
+    file_crc, cursor = 0, idx.base
+    for e, c in zip(order, crcs):
+        file_crc = gap(cursor, e.data_off, file_crc)
+        file_crc = _native.crc32_concat(file_crc, c, e.size)
+        cursor = e.data_off + e.size
+    return gap(cursor, idx.comment_off, file_crc)
 
 
 def _crc_range(f, start: int, end: int, crc: int) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
+from .reading import held_bytes
 
 _CRC_HEX = re.compile(rb"[0-9a-f]{8}")
 
@@ -49,14 +50,17 @@ def _bad(path: str, why: str) -> CorruptCheckpointError:
 
 
 class _Bytes:
-    """The archive's bytes: [base, base + size) of an open file, read with every bound checked."""
+    """The archive's bytes: [base, base + size) of an open file (fd), or of the file's bytes held
+    in memory at address `at`, read with every bound checked."""
 
-    def __init__(self, fd: int, path: str, base: int, size: int):
-        self.fd, self.path, self.base, self.size = fd, path, base, size
+    def __init__(self, fd: int | None, path: str, base: int, size: int, at: int | None = None):
+        self.fd, self.path, self.base, self.size, self.at = fd, path, base, size, at
 
     def read(self, n: int, off: int) -> bytes:
         if off < 0 or n < 0 or off + n > self.size:
             raise _bad(self.path, f"a field points past the end of the file (offset {off}, length {n})")
+        if self.at is not None:
+            return held_bytes(self.at, self.base + off, n)
         data = os.pread(self.fd, n, self.base + off)
         if len(data) != n:
             raise _bad(self.path, "short read: the file changed while being read")
@@ -90,28 +94,37 @@ def _zip64_extra(extra: bytes, want: list[str], path: str) -> dict[str, int]:
     raise _bad(path, "ZIP64 sizes announced but missing")
 
 
-def read_index(path: str, base: int = 0, length: int | None = None) -> ZipIndex:
+def read_index(path: str, base: int = 0, length: int | None = None, at: int | None = None) -> ZipIndex:
     """Parses and cross-checks the archive's structure (not its data). The archive is the
     file's bytes [base, base + length) (by default the whole file: a DCP item's archive lies
-    inside a larger file, fastckpt.dcp); offsets in the index are the file's."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
-    try:
-        whole = os.fstat(fd).st_size
-        size = whole - base if length is None else length
-        if base < 0 or size < 0 or base + size > whole:
-            raise _bad(path, f"an archive at bytes {base}..{base + size} of a {whole}-byte file")
-        idx = _index(_Bytes(fd, path, base, size))
-    finally:
-        os.close(fd)
+    inside a larger file, fastckpt.dcp); offsets in the index are the file's. at: where the
+    caller holds the whole file's bytes (a mapping): read there, the file never opened (a child
+    forked meanwhile inherits no descriptor of it)."""
+    if at is not None:
+        idx = _index_within(None, path, os.path.getsize(path), base, length, at)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
+        try:
+            idx = _index_within(fd, path, os.fstat(fd).st_size, base, length, None)
+        finally:
+            os.close(fd)
     if not base:
         return idx
     entries = {k: Entry(e.name, e.header_off + base, e.data_off + base, e.size, e.crc)
                for k, e in idx.entries.items()}
     return ZipIndex(path, idx.file_size, idx.prefix, entries, idx.cd_offset + base, idx.file_crc,
                     idx.comment_off + base, base)
+
+
+def _index_within(fd: int | None, path: str, whole: int, base: int, length: int | None, at: int | None) -> ZipIndex:
+    """The index of the archive at bytes [base, base + length) of a whole-byte file."""
+    size = whole - base if length is None else length
+    if base < 0 or size < 0 or base + size > whole:
+        raise _bad(path, f"an archive at bytes {base}..{base + size} of a {whole}-byte file")
+    return _index(_Bytes(fd, path, base, size, at))
 
 
 def _index(f: _Bytes) -> ZipIndex:

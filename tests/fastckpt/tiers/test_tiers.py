@@ -7,8 +7,10 @@ test_preempt.py; the store conformance suite runs the tiered store too.)
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 import types
 import warnings
 
@@ -17,7 +19,7 @@ import torch
 
 import fastckpt
 from fastckpt import _native
-from fastckpt.errors import ConfigError
+from fastckpt.errors import ConfigError, CorruptCheckpointError
 from fastckpt.settings import CheckpointerConfig
 from fastckpt.store import tier_copy
 from fastckpt.store.node_tier import SPARE
@@ -165,7 +167,7 @@ def test_a_forked_data_loader_worker_holds_no_memory_tier_file(tiers):
     neither, or every part the tier deletes stays allocated in memory until the worker exits. (A
     fork while a part is written: native/tests/test_memory_file_sink.cc. A fork while the copy to
     the disk checks a part can still inherit the descriptor that check reads the part's index
-    through: not covered.)"""
+    through: test_the_copy_to_the_disk_checks_a_part_where_its_save_left_it_and_never_opens_it.)"""
     with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1]) as ck:
         for step in range(1, 4):
             ck.save(state(step), step).wait()
@@ -177,6 +179,79 @@ def test_a_forked_data_loader_worker_holds_no_memory_tier_file(tiers):
         assert list(loader) == [[]]
         ck.save(state(4), 4).wait()  # the registry still serves this process after the fork
         assert ck.store.tiers[0].recycled >= 1
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_the_copy_to_the_disk_checks_a_part_where_its_save_left_it_and_never_opens_it(tiers, tmp_path, fmt):
+    """The copy of a memory-tier part to the disk checks it first (its format, index, records and
+    structure) in the mapping its save left held, never through a descriptor of the part: a
+    process forked meanwhile (a DataLoader's worker) would inherit that descriptor and keep the
+    part's memory as long as it lives. Every open of the part, on any thread, is seen by an audit
+    hook (sys.addaudithook: builtins.open and os.open)."""
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1], format=fmt) as ck:
+        ck.save(state(1), 1).wait()
+        ck.wait()
+        info = ck.store.tiers[0].committed()[0]
+        entry = info.entry_for(0)
+        part = os.path.join(info.path, entry.name)
+        held = _native.find_memory_map(part, entry.bytes)
+        assert held, "the save left no mapping of its part held (the test would prove nothing)"
+        _native.give_back_memory_map(held)
+        copy = str(tmp_path / "copy")
+        assert _opens_of(part, lambda: tier_copy.copy_part(part, copy, entry)) == []
+        with open(part, "rb") as a, open(copy, "rb") as b:
+            assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+@pytest.mark.parametrize("where", ["data", "head", "tail"])
+def test_a_part_damaged_in_memory_is_named_and_never_copied_to_the_disk(tiers, tmp_path, fmt, where):
+    """The check before the copy reads the part where its save left it mapped: a byte flipped in
+    the file (the mapping shows it) among the tensor data, in the first bytes (safetensors' header,
+    the zip's first record header) or in the last (the zip's directory and comment) is a
+    CorruptCheckpointError naming the part, and nothing is written at the copy's path."""
+    with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1], format=fmt) as ck:
+        ck.save(state(1), 1).wait()
+        ck.wait()
+        info = ck.store.tiers[0].committed()[0]
+        entry = info.entry_for(0)
+        part = os.path.join(info.path, entry.name)
+        at = {"data": entry.bytes // 2, "head": 20, "tail": entry.bytes - 30}[where]
+        with open(part, "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x5A]))
+        copy = tmp_path / "copy"
+        with pytest.raises(CorruptCheckpointError, match=re.escape(part)):
+            tier_copy.copy_part(part, str(copy), entry)
+        assert not copy.exists()
+
+
+_WATCHED: list = []  # (path, the opens of it seen) while _opens_of runs
+
+
+def _opens_of(path: str, run) -> list:
+    """The audited opens (builtins.open, os.open) of path, on any thread, while run() runs."""
+    if not _WATCHED and not getattr(_opens_of, "hooked", False):
+        sys.addaudithook(_seen_open)  # for the rest of this process: inert while nothing is watched
+        _opens_of.hooked = True
+    seen: list = []
+    _WATCHED.append((os.path.abspath(path), seen))
+    try:
+        run()
+    finally:
+        _WATCHED.remove((os.path.abspath(path), seen))
+    return seen
+
+
+def _seen_open(event: str, args: tuple) -> None:
+    if event != "open" or not _WATCHED or not isinstance(args[0], (str, bytes)):
+        return
+    opened = os.path.abspath(os.fsdecode(args[0]))
+    for path, seen in _WATCHED:
+        if opened == path:
+            seen.append(f"{event} {opened} {args[1:]}")
 
 
 def test_a_state_loaded_from_memory_never_changes_when_later_saves_recycle_its_file(tiers):
