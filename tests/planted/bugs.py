@@ -66,9 +66,16 @@ BUGS = (
         ("tests/fastckpt/test_hostile.py", "-k", "torch_save")),
     Bug("crc-check-off",
         "no CRC-32 is checked on load or verify",
-        (("fastckpt/format/torch_format.py", "def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:\n",
-          "def check_crcs(path: str, idx: ZipIndex, order, crcs) -> None:\n    return  # planted\n"),),
+        (("fastckpt/format/torch_format.py",
+          "def check_crcs(path: str, idx: ZipIndex, order, crcs, at: int | None = None) -> None:\n",
+          "def check_crcs(path: str, idx: ZipIndex, order, crcs, at: int | None = None) -> None:\n"
+          "    return  # planted\n"),),
         ("tests/fastckpt/tools/test_verify_cli.py", "-k", "flipped")),
+    Bug("tier-check-opens-the-part",
+        "the check before a memory-tier part's copy to the disk reads its index through a descriptor of "
+        "the part (a process forked meanwhile inherits it), not in the mapping its save left held",
+        (("fastckpt/verify.py", "        idx = read_index(path, at=at)\n", "        idx = read_index(path)  # planted\n"),),
+        ("tests/fastckpt/tiers/test_tiers.py", "-k", "never_opens_it")),
     Bug("retention-deletes-the-newest",
         "retention removes the newest checkpoints instead of the oldest",
         (("fastckpt/store/root_store.py", "        for info in committed[max(1, keep):] if keep > 0 else []:",
