@@ -189,11 +189,7 @@ def test_the_copy_to_the_disk_checks_a_part_where_its_save_left_it_and_never_ope
     part's memory as long as it lives. Every open of the part, on any thread, is seen by an audit
     hook (sys.addaudithook: builtins.open and os.open)."""
     with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1], format=fmt) as ck:
-        ck.save(state(1), 1).wait()
-        ck.wait()
-        info = ck.store.tiers[0].committed()[0]
-        entry = info.entry_for(0)
-        part = os.path.join(info.path, entry.name)
+        entry, part = _one_part_in_memory(ck)
         held = _native.find_memory_map(part, entry.bytes)
         assert held, "the save left no mapping of its part held (the test would prove nothing)"
         _native.give_back_memory_map(held)
@@ -211,11 +207,7 @@ def test_a_part_damaged_in_memory_is_named_and_never_copied_to_the_disk(tiers, t
     the zip's first record header) or in the last (the zip's directory and comment) is a
     CorruptCheckpointError naming the part, and nothing is written at the copy's path."""
     with fastckpt.Checkpointer(tiers=tiers, tier_keep=[1, 1], format=fmt) as ck:
-        ck.save(state(1), 1).wait()
-        ck.wait()
-        info = ck.store.tiers[0].committed()[0]
-        entry = info.entry_for(0)
-        part = os.path.join(info.path, entry.name)
+        entry, part = _one_part_in_memory(ck)
         at = {"data": entry.bytes // 2, "head": 20, "tail": entry.bytes - 30}[where]
         with open(part, "r+b") as f:
             f.seek(at)
@@ -226,6 +218,16 @@ def test_a_part_damaged_in_memory_is_named_and_never_copied_to_the_disk(tiers, t
         with pytest.raises(CorruptCheckpointError, match=re.escape(part)):
             tier_copy.copy_part(part, str(copy), entry)
         assert not copy.exists()
+
+
+def _one_part_in_memory(ck) -> tuple:
+    """(its record's entry, its path) of the part of one checkpoint saved, committed in the
+    memory tier and copied to the disk (its mapping left held by the save)."""
+    ck.save(state(1), 1).wait()
+    ck.wait()
+    info = ck.store.tiers[0].committed()[0]
+    entry = info.entry_for(0)
+    return entry, os.path.join(info.path, entry.name)
 
 
 _WATCHED: list = []  # (path, the opens of it seen) while _opens_of runs
