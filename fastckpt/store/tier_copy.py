@@ -4,7 +4,9 @@ memory copy never reaches the disk), then written durably
 (O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: its bytes are
 checked and written where they lie in memory (the disk reads them straight from the mapping), no
 copy of them is made. A part this process just wrote into a memory tier is read through the
-mapping its save left held (the native memory_maps.h), without mapping it again.
+mapping its save left held (the native memory_maps.h), without mapping it again, and without
+opening it: its index and structure are read there too (verify_file's `at`), so a process forked
+meanwhile (a DataLoader's worker) inherits no descriptor that would keep the part's memory.
 """
 from __future__ import annotations
 
