@@ -19,7 +19,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import held_bytes, read_records
+from .reading import held_bytes, range_crcs, read_records
 from .safe_unpickler import unpickle
 from .torch_pickle import pickle_state
 from .zip_reader import ZipIndex, read_index
@@ -193,26 +193,20 @@ def check_crcs(path: str, idx: ZipIndex, order, crcs, at: int | None = None) -> 
                 f"CRC-32 check (stored {e.crc:08x}, computed {c:08x})")
     if idx.file_crc is None:
         return
-    if at is not None:
-        file_crc = _file_crc(lambda start, end, crc: zlib.crc32(held_bytes(at, start, end - start), crc),
-                             idx, order, crcs)
+    starts = [idx.base] + [e.data_off + e.size for e in order]  # the gaps between the records
+    gaps = [(a, max(0, b - a)) for a, b in zip(starts, [e.data_off for e in order] + [idx.comment_off])]
+    if at is not None:  # where the caller holds the file: every gap's CRC there, in one pass
+        gap_crcs = range_crcs(path, gaps, at=at)
     else:
         with open(path, "rb") as f:
-            file_crc = _file_crc(lambda start, end, crc: _crc_range(f, start, end, crc), idx, order, crcs)
+            gap_crcs = [_crc_range(f, start, start + n, 0) for start, n in gaps]
+    file_crc = _native.crc32_concat(0, gap_crcs[0], gaps[0][1])
+    for e, c, g, (_, n) in zip(order, crcs, gap_crcs[1:], gaps[1:]):
+        file_crc = _native.crc32_concat(_native.crc32_concat(file_crc, c, e.size), g, n)
     if file_crc != idx.file_crc:
         raise CorruptCheckpointError(
             f"{path}: headers or directory are damaged (file CRC-32 {file_crc:08x}, "
             f"recorded {idx.file_crc:08x})")
-
-
-def _file_crc(gap, idx: ZipIndex, order, crcs) -> int:
-    """The archive's CRC-32 from its records' (crcs) and gap(start, end, crc) over the bytes between them."""
-    file_crc, cursor = 0, idx.base
-    for e, c in zip(order, crcs):
-        file_crc = gap(cursor, e.data_off, file_crc)
-        file_crc = _native.crc32_concat(file_crc, c, e.size)
-        cursor = e.data_off + e.size
-    return gap(cursor, idx.comment_off, file_crc)
 
 
 def _crc_range(f, start: int, end: int, crc: int) -> int:

@@ -235,7 +235,7 @@ _WATCHED: list = []  # (path, the opens of it seen) while _opens_of runs
 
 def _opens_of(path: str, run) -> list:
     """The audited opens (builtins.open, os.open) of path, on any thread, while run() runs."""
-    if not _WATCHED and not getattr(_opens_of, "hooked", False):
+    if not getattr(_opens_of, "hooked", False):
         sys.addaudithook(_seen_open)  # for the rest of this process: inert while nothing is watched
         _opens_of.hooked = True
     seen: list = []
