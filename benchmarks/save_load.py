@@ -69,7 +69,8 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         rec = add if r else (lambda k, v: None)
         rec("memcpy", bounds.memcpy_seconds(state))
         raw = os.path.join(out_dir, "raw.bin")
-        rec("odirect_write", bounds.direct_write_seconds(raw, nbytes))
+        for threads, seconds in bounds.direct_write_each(raw, nbytes).items():
+            rec(f"odirect_write_{threads}", seconds)
         bounds.drop_cache(raw)
         rec("odirect_read", bounds.direct_read_seconds(raw, nbytes))
         os.unlink(raw)
@@ -104,9 +105,23 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         ck.close()
         shutil.rmtree(ck.root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
+    # The bound is the faster writer configuration, each taken as the median of its runs like every
+    # contender: the faster of two draws in each run would also take the better of the disk's noise.
+    med["odirect_write"] = min(med[f"odirect_write_{t}"] for t in bounds.WRITE_THREADS)
     timed = {s: {p: statistics.median(t.get(p, 0.0) for t in ts) for p in set().union(*ts)}
              for s, ts in phases.items() if ts}
     return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows, "phases": timed}
+
+
+def _per_run(res: dict, strategy: str) -> str:
+    """The stricter reading, where each run's bound is the faster of its two writers: the median of
+    the runs' ratios."""
+    a = res.get("all_s", {})
+    writers = [a.get(f"odirect_write_{t}") for t in bounds.WRITE_THREADS]
+    if not all(writers):
+        return ""
+    ratios = [min(w) / d for w, d in zip(zip(*writers), a[f"fastckpt_{strategy}_durable"])]
+    return f" ({statistics.median(ratios):.2f}x each run's faster writer)"
 
 
 def table(res: dict) -> str:
@@ -121,11 +136,14 @@ def table(res: dict) -> str:
         lines.append(f"| {name} | {m[k]:.3f} | {bw(k):.2f} | {ratio} |")
 
     row("memcpy (bound)", "memcpy")
-    row("O_DIRECT write + fdatasync (bound)", "odirect_write")
+    for t in bounds.WRITE_THREADS:
+        if f"odirect_write_{t}" in m:  # older runs recorded the bound alone
+            row(f"O_DIRECT write + fdatasync, {t} thread{'s' * (t > 1)}", f"odirect_write_{t}")
+    row("O_DIRECT write + fdatasync (bound: the faster of those)", "odirect_write")
     row("O_DIRECT read, cold (bound)", "odirect_read")
     for s in ("c", "d"):
         row(f"fastckpt save `{s}`, until durable", f"fastckpt_{s}_durable",
-            f"{m['odirect_write'] / m[f'fastckpt_{s}_durable']:.2f}x O_DIRECT write; "
+            f"{m['odirect_write'] / m[f'fastckpt_{s}_durable']:.2f}x O_DIRECT write{_per_run(res, s)}; "
             f"{m['torch_save'] / m[f'fastckpt_{s}_durable']:.2f}x torch.save+fsync")
     row("fastckpt save `c`, blocking (save+gate)", "fastckpt_c_blocking",
         f"{m['fastckpt_c_blocking'] / m['memcpy']:.2f}x memcpy")

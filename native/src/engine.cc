@@ -12,11 +12,12 @@ namespace fastckpt {
 
 Engine::Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
     : pool_(chunk_bytes), writers_(write_threads, kWriterNice, "fastckpt-write"),
-      copiers_(copy_threads, 0, "fastckpt-copy") {}
+      summers_(copy_threads, kWriterNice, "fastckpt-crc"), copiers_(copy_threads, 0, "fastckpt-copy") {}
 
 void Engine::park() {
-  copiers_.park();  // they feed the writers
+  copiers_.park();  // they feed the writers and CRC threads
   writers_.park();
+  summers_.park();
 }
 
 std::shared_ptr<WriteJob> Engine::submit(const std::string& path, std::vector<Piece> pieces,
@@ -41,7 +42,7 @@ std::shared_ptr<WriteJob> Engine::submit_mapped(std::shared_ptr<const MappedRegi
 std::shared_ptr<WriteJob> Engine::start(std::unique_ptr<Sink> sink, std::vector<Piece> pieces,
                                         uint64_t data_begin, uint64_t data_end, uint64_t file_size,
                                         Source source, uint32_t n_records, bool held) {
-  auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &progress_}, std::move(sink),
+  auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &summers_, &progress_}, std::move(sink),
                                         std::move(pieces), data_begin, data_end, file_size, source,
                                         pool_.chunk_bytes(), n_records, held);
   job->start();

@@ -4,9 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -199,7 +203,7 @@ TEST_CASE("every source puts every byte into any sink, persisted, on the threads
   Layout l;
   StagingPool pool(8192);
   pool.grow(2);
-  ThreadPool copiers(2), writers(2);
+  ThreadPool copiers(2), writers(2), summers(2);
   std::atomic<uint64_t> progress{0};
   for (Source source : {Source::Staged, Source::Direct}) {
     for (bool on_copy_thread : {false, true}) {
@@ -209,7 +213,7 @@ TEST_CASE("every source puts every byte into any sink, persisted, on the threads
         CAPTURE(with_put);
         auto sink = std::make_unique<MemorySink>(l.file_size, on_copy_thread, with_put);
         MemorySink& mem = *sink;
-        auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &progress}, std::move(sink),
+        auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
                                               l.pieces(), kBegin, l.data_end, l.file_size, source, 4096, 2);
         job->start();
         REQUIRE(job->wait_copied(10.0));
@@ -226,4 +230,40 @@ TEST_CASE("every source puts every byte into any sink, persisted, on the threads
     }
   }
   CHECK(pool.free_count() == 2);
+}
+
+TEST_CASE("a staged chunk is put while its CRC is still being summed, and its slot waits for both") {
+  // The CRC threads are held: every put must still land (the disk never waits for a CRC), while the
+  // only staging slot stays taken, so the second chunk is not copied over bytes still being summed.
+  auto big = pattern(2 * 4096, 5);
+  StagingPool pool(4096);
+  pool.grow(1);
+  ThreadPool copiers(1), writers(1), summers(1);
+  std::atomic<uint64_t> progress{0};
+  std::mutex hold;
+  std::unique_lock<std::mutex> held(hold);
+  std::atomic<bool> summer_waits{false};
+  summers.submit([&] {
+    summer_waits = true;
+    std::lock_guard<std::mutex> lk(hold);
+  });
+  while (!summer_waits) std::this_thread::yield();
+  auto sink = std::make_unique<MemorySink>(kBegin + big.size(), false, false);
+  MemorySink& mem = *sink;
+  auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+                                        std::vector<Piece>{{reinterpret_cast<uintptr_t>(big.data()), big.size(),
+                                                            kBegin, 0}},
+                                        kBegin, kBegin + big.size(), kBegin + big.size(), Source::Staged, 4096, 1);
+  job->start();
+  for (int i = 0; i < 1000 && mem.put_bytes.load() < 4096; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(mem.put_bytes.load() == 4096);         // chunk 0 put...
+  CHECK(std::get<3>(job->span_crcs()[0]) == 0);  // ...before its CRC was summed (the sum is held)
+  CHECK_FALSE(job->wait_copied(0.2));          // chunk 1 not copied: the slot waits for chunk 0's CRC
+  CHECK(pool.free_count() == 0);
+  held.unlock();
+  REQUIRE(job->wait_written(10.0));
+  job->finalize({}, kBegin + big.size());
+  CHECK(std::equal(big.begin(), big.end(), mem.bytes.begin() + kBegin));
+  CHECK(job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
+  CHECK(pool.free_count() == 1);
 }

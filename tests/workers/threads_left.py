@@ -8,7 +8,7 @@ that started it (a torn-down Trainer, a destroyed DeepSpeed engine, a closed Che
 threads_now() is the live Python threads and fastckpt's native ones. threads_left(before) names
 every Python thread alive now that was not before (fastckpt's or not: Lightning's own suite
 fails a test on any), and every native thread named fastckpt-* that was not there before (the
-engine's writers and copiers name themselves fastckpt-write and fastckpt-copy;
+engine's writers, copiers and CRC threads name themselves fastckpt-write, -copy and -crc;
 /proc/self/task/*/comm): a test of a process that ran others before it sees only its own.
 """
 from __future__ import annotations

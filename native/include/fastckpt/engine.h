@@ -1,5 +1,5 @@
 // engine.h — what one Checkpointer owns natively: the staging pool, the copy
-// threads and the writer threads, shared by every file it has in flight.
+// threads, the writer threads and the CRC threads, shared by every file it has in flight.
 // Definitions: src/engine.cc.
 #pragma once
 #include <atomic>
@@ -17,7 +17,7 @@
 
 namespace fastckpt {
 
-// Writers (CRC + I/O) run at a lower priority than the copies the caller's gate waits on.
+// Writers (I/O) and CRC threads run at a lower priority than the copies the caller's gate waits on.
 constexpr int kWriterNice = 10;
 
 class Engine {
@@ -49,11 +49,12 @@ class Engine {
                                   uint64_t data_end, uint64_t file_size, Source source, uint32_t n_records,
                                   bool held);
 
-  // Destruction runs bottom-up: copiers drain first (they feed writers), then
-  // writers (they release chunks), then the pool frees memory.
+  // Destruction runs bottom-up: copiers drain first (they feed writers and CRC threads),
+  // then those two (they release chunks), then the pool frees memory.
   std::atomic<uint64_t> progress_{0};
   StagingPool pool_;
   ThreadPool writers_;
+  ThreadPool summers_;  // as many as copiers: summing is memory work like copying
   ThreadPool copiers_;
 };
 

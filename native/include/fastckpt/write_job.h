@@ -52,13 +52,16 @@ enum class Source : int {
   External = 2,  // the caller fills staging chunks (e.g. from a CUDA stream) and pushes them
 };
 
-// What a job runs on: its engine's staging, copy and writer threads, and the engine's
+// What a job runs on: its engine's staging, copy, writer and CRC threads, and the engine's
 // progress counter (bumped by every unit copied or written, so a waiter can tell a slow
-// checkpoint from a stuck one).
+// checkpoint from a stuck one). A staged chunk is summed on a CRC thread while a writer puts
+// it: the disk never waits for a CRC. CRC tasks wait for nothing, so a chunk's slot is always
+// freed (a copy thread waiting for a slot cannot starve them).
 struct Workers {
   StagingPool* pool;
   ThreadPool* copiers;
   ThreadPool* writers;
+  ThreadPool* summers;
   std::atomic<uint64_t>* progress;
 };
 
@@ -135,7 +138,10 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
     uint32_t record;
   };
   void copy_chunk(size_t c);
+  void send_chunk(size_t c, int slot);  // a filled chunk to a writer (put) and a CRC thread (sum)
   void put_chunk(size_t c, int slot);
+  void sum_chunk(size_t c, int slot);
+  void chunk_half_done(size_t c, int slot);  // the later of put and sum frees the slot
   void put_span(size_t i);
   void persist_span(size_t i);
   void sum_stored(size_t i);  // a span's CRC read back where the sink stored it (Sink::stored_at)
@@ -180,6 +186,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   size_t running_ = 0;  // tasks submitted to the thread pools and not finished (abort waits for 0)
   // Copy units: chunks (Staged, External) or spans (Direct). 0 held, 1 issued, 2 copied.
   std::vector<uint8_t> unit_state_;
+  std::vector<uint8_t> chunk_halves_;  // per chunk: of its put and its sum, how many are still to end
   std::vector<std::vector<size_t>> record_units_;
   bool held_ = false;
   bool failed_ = false;
