@@ -333,9 +333,8 @@ void WriteJob::push_chunk(size_t c, int slot) {
 }
 
 // A staging chunk into the sink, on a writer thread (it may block in the kernel). Its CRC is
-// summed beside it on a CRC thread (sum_chunk), not before it here: the disk is kept as busy
-// as a plain writer keeps it (save_load.py: `c` until durable 0.75x -> 0.9x+ of an O_DIRECT
-// write), and not by the copy: the gate waits for the copy alone.
+// summed beside it on a CRC thread (sum_chunk), not before it here, so the disk never waits
+// for a CRC; and not by the copy, so the gate waits for the copy alone.
 void WriteJob::put_chunk(size_t c, int slot) {
   try {
     if (wait_sink()) {
