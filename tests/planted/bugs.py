@@ -116,4 +116,21 @@ BUGS = (
         (("fastckpt/write/device_file.py", '        self._hold_gate = strategy == "d"',
           "        self._hold_gate = True  # planted"),),
         ("tests/fastckpt/write/test_write_checkpointer.py", "-k", "held_stream")),
+    Bug("crc-summed-before-put",
+        "a staged chunk's CRC is summed on its writer before the put: the disk waits for every CRC",
+        (("native/src/write_job.cc",
+          "      const uint64_t base = chunk_begin(c);\n      {\n        PhaseTimer t(timings_.put);\n"
+          "        sink_->put(buf, chunk_len(c), base, true);",
+          "      const uint64_t base = chunk_begin(c);\n"
+          "      for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)  // planted\n"
+          "        span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);\n"
+          "      {\n        PhaseTimer t(timings_.put);\n"
+          "        sink_->put(buf, chunk_len(c), base, true);"),),
+        ("tests/native/test_native_core.py",)),
+    Bug("chunk-slot-freed-at-put",
+        "a staging chunk's slot is freed when its put ends, while its CRC may still be summing it",
+        (("native/src/write_job.cc", "  chunk_half_done(c, slot);\n}\n\n// The CRC of every span",
+          "  w_.pool->release(slot);  // planted\n  chunk_half_done(c, slot);\n}\n\n// The CRC of every span"),
+         ("native/src/write_job.cc", "  w_.pool->release(slot);\n  count_written();", "  count_written();")),
+        ("tests/native/test_native_core.py",)),
 )
