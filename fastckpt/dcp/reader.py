@@ -61,7 +61,8 @@ class FastStorageReader(StorageReader):
     """Args:
         path: the checkpoint's directory (DCP's checkpoint_id may replace it).
         verify: check every item's CRC-32 as it is read (default).
-        threads: parallel readers (default: the machine's hardware threads).
+        threads: parallel readers (default: fastckpt.machine.read_threads(): the reads in flight a
+            cold load needs).
         tiers: the memory tier its writer wrote through, e.g. ["/dev/shm/run7"]: files read from
             their memory copies on this node where they verify.
     """

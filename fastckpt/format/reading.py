@@ -15,7 +15,7 @@ import os
 import torch
 
 from .. import _native
-from ..machine import hardware_threads
+from ..machine import hardware_threads, read_threads
 
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
 
@@ -28,8 +28,9 @@ def held_bytes(at: int, off: int, n: int) -> bytes:
 
 def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bool = True,
                  threads: int | None = None) -> tuple[list[torch.Tensor], list[int]]:
-    """spans: (file offset, length) per record -> (uint8 tensors, CRC-32s or zeros)."""
-    threads = threads or hardware_threads()
+    """spans: (file offset, length) per record -> (uint8 tensors, CRC-32s or zeros). threads:
+    reads in flight (default: fastckpt.machine.read_threads())."""
+    threads = threads or read_threads()
     if mmap and any(n for _, n in spans):
         size = os.path.getsize(path)
         whole = torch.UntypedStorage.from_file(path, False, size)
@@ -53,7 +54,7 @@ def read_into(path: str, places: list[tuple[torch.Tensor, int]], verify: bool,
         if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError("read_into fills contiguous CPU tensors")
     crcs = _native.read_ranges(path, [(t.data_ptr(), off, t.nbytes) for t, off in places],
-                               threads or hardware_threads(), SPLIT, verify)
+                               threads or read_threads(), SPLIT, verify)
     return list(crcs)
 
 
