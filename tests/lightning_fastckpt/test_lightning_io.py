@@ -179,6 +179,9 @@ def test_write_error_surfaces_at_next_save_or_teardown(mount_tmpfs):
 def test_remove_never_blocks_nor_deletes_the_only_valid_checkpoint(tmp_path):
     io = FastCheckpointIO(layerwise=True)  # held saves stay in flight until released
     io.saves.gate.steps_seen = 1  # as inside fit
+    # ... after a step whose watched save saw no write: saves are held, not copied before save()
+    # returns (without it, b was copied at once and could land before remove(a): a race)
+    io.saves.gate.trust.deferred = True
     a, b, c = (str(tmp_path / f"{n}.ckpt") for n in "abc")
     io.save_checkpoint({"w": torch.arange(10.0), "global_step": 1}, a)
     io.named.pending(a).release_all()
