@@ -5,8 +5,6 @@ picking the reader from the file's own bytes (zip or safetensors).
 """
 from __future__ import annotations
 
-import os
-
 from ..errors import ConfigError
 from .plan import FilePlan
 
@@ -29,9 +27,13 @@ def sniff(path: str, at: int | None = None) -> str:
     """"torch" or "safetensors", from the file's first bytes (at: where the caller holds the
     whole file's bytes: read there, the file not opened)."""
     from ..fsutil import read_regular
-    from .reading import held_bytes
+    from .reading import file_bytes
     try:
-        head = read_regular(path, 9) if at is None else held_bytes(at, 0, min(9, os.path.getsize(path)))
+        if at is None:
+            head = read_regular(path, 9)
+        else:
+            with file_bytes(path, at) as (read, size):
+                head = read(0, min(9, size))
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
     except IsADirectoryError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -20,10 +21,23 @@ from ..machine import hardware_threads, read_threads
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
 
 
-def held_bytes(at: int, off: int, n: int) -> bytes:
-    """n bytes at offset off of a file whose whole bytes the caller holds at address `at` (a
-    mapping): read there, the file itself never opened (the caller checks the bounds)."""
-    return ctypes.string_at(at + off, n) if n > 0 else b""
+@contextmanager
+def file_bytes(path: str, at: int | None = None):
+    """(read(offset, n) -> bytes, the file's size) for the block: pread through a descriptor of
+    the file, or, with `at` (the address where the caller holds the whole file's bytes, a
+    mapping), read there and the file never opened (a child forked meanwhile inherits no
+    descriptor of it). The caller checks the bounds."""
+    if at is not None:
+        yield (lambda off, n: ctypes.string_at(at + off, n) if n > 0 else b""), os.path.getsize(path)
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
+    try:
+        yield (lambda off, n: os.pread(fd, n, off)), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bool = True,

@@ -11,7 +11,6 @@ bytes and the skeleton records the views, so sharing survives the round trip.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 
@@ -21,7 +20,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import skeleton
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import held_bytes, read_records
+from .reading import file_bytes, read_records
 from .views import check_view
 
 ST_DTYPES = {
@@ -135,11 +134,8 @@ def _bad(path: str, why: str) -> CorruptCheckpointError:
 def read_header(path: str, at: int | None = None) -> tuple[dict, int, bytes]:
     """Validates the header against the file size before anything is allocated. at: where the
     caller holds the whole file's bytes (read there, the file not opened)."""
-    size = os.path.getsize(path)
-    if at is not None:
-        return _header_of(path, size, lambda off, n: held_bytes(at, off, n))
-    with open(path, "rb") as f:
-        return _header_of(path, size, lambda off, n: os.pread(f.fileno(), n, off))
+    with file_bytes(path, at) as (read, size):
+        return _header_of(path, size, read)
 
 
 def _header_of(path: str, size: int, read) -> tuple[dict, int, bytes]:

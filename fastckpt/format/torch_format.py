@@ -19,7 +19,7 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import held_bytes, range_crcs, read_records
+from .reading import file_bytes, range_crcs, read_records
 from .safe_unpickler import unpickle
 from .torch_pickle import pickle_state
 from .zip_reader import ZipIndex, read_index
@@ -146,12 +146,8 @@ def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None, at: int 
     entry = idx.entries.get("data.pkl")
     if entry is None:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
-    if at is not None:
-        pkl = held_bytes(at, entry.data_off, entry.size)
-    else:
-        with open(path, "rb") as f:
-            f.seek(entry.data_off)
-            pkl = f.read(entry.size)
+    with file_bytes(path, at) as (read, _):
+        pkl = read(entry.data_off, entry.size)
     if crcs is not None:
         crcs[entry.data_off] = zlib.crc32(pkl)
     sizes = {k: e.size for k, e in idx.entries.items()}

@@ -7,14 +7,13 @@ encryption, overlapping records). Produces an index a loader can trust.
 """
 from __future__ import annotations
 
-import os
 import re
 import struct
 from dataclasses import dataclass
 
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
-from .reading import held_bytes
+from .reading import file_bytes
 
 _CRC_HEX = re.compile(rb"[0-9a-f]{8}")
 
@@ -50,18 +49,16 @@ def _bad(path: str, why: str) -> CorruptCheckpointError:
 
 
 class _Bytes:
-    """The archive's bytes: [base, base + size) of an open file (fd), or of the file's bytes held
-    in memory at address `at`, read with every bound checked."""
+    """The archive's bytes: [base, base + size) of a file (read_file: reading.file_bytes's read),
+    read with every bound checked."""
 
-    def __init__(self, fd: int | None, path: str, base: int, size: int, at: int | None = None):
-        self.fd, self.path, self.base, self.size, self.at = fd, path, base, size, at
+    def __init__(self, read_file, path: str, base: int, size: int):
+        self.read_file, self.path, self.base, self.size = read_file, path, base, size
 
     def read(self, n: int, off: int) -> bytes:
         if off < 0 or n < 0 or off + n > self.size:
             raise _bad(self.path, f"a field points past the end of the file (offset {off}, length {n})")
-        if self.at is not None:
-            return held_bytes(self.at, self.base + off, n)
-        data = os.pread(self.fd, n, self.base + off)
+        data = self.read_file(self.base + off, n)
         if len(data) != n:
             raise _bad(self.path, "short read: the file changed while being read")
         return data
@@ -100,31 +97,17 @@ def read_index(path: str, base: int = 0, length: int | None = None, at: int | No
     inside a larger file, fastckpt.dcp); offsets in the index are the file's. at: where the
     caller holds the whole file's bytes (a mapping): read there, the file never opened (a child
     forked meanwhile inherits no descriptor of it)."""
-    if at is not None:
-        idx = _index_within(None, path, os.path.getsize(path), base, length, at)
-    else:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"checkpoint file {path!r} does not exist") from None
-        try:
-            idx = _index_within(fd, path, os.fstat(fd).st_size, base, length, None)
-        finally:
-            os.close(fd)
+    with file_bytes(path, at) as (read, whole):
+        size = whole - base if length is None else length
+        if base < 0 or size < 0 or base + size > whole:
+            raise _bad(path, f"an archive at bytes {base}..{base + size} of a {whole}-byte file")
+        idx = _index(_Bytes(read, path, base, size))
     if not base:
         return idx
     entries = {k: Entry(e.name, e.header_off + base, e.data_off + base, e.size, e.crc)
                for k, e in idx.entries.items()}
     return ZipIndex(path, idx.file_size, idx.prefix, entries, idx.cd_offset + base, idx.file_crc,
                     idx.comment_off + base, base)
-
-
-def _index_within(fd: int | None, path: str, whole: int, base: int, length: int | None, at: int | None) -> ZipIndex:
-    """The index of the archive at bytes [base, base + length) of a whole-byte file."""
-    size = whole - base if length is None else length
-    if base < 0 or size < 0 or base + size > whole:
-        raise _bad(path, f"an archive at bytes {base}..{base + size} of a {whole}-byte file")
-    return _index(_Bytes(fd, path, base, size, at))
 
 
 def _index(f: _Bytes) -> ZipIndex:
