@@ -23,9 +23,9 @@ optimizer step's gate (stager.synchronize_staging); for dcp.save, the whole call
 until the save's future is done. The bound is an O_DIRECT write of the same number of bytes
 (best of 1 and 4 threads, fdatasync) on the same disk in the same run. Loads: the last saves of
 fastckpt and of dcp.save, on the same ranks (DCP's FileSystemReader vs FastStorageReader, which
-checks every CRC; each twice, A B B A, their mean) and fastckpt's resharded to one process, each from the disk (the checkpoint's
-pages dropped from the cache first). Medians of RUNS runs (a warm-up run first, discarded). Rewrites its
-section of benchmarks/RESULTS.md (--no-results: not).
+checks every CRC; each twice, A B B A, their mean) and fastckpt's resharded to one process, each
+from the disk (the checkpoint's pages dropped from the cache first). Medians of RUNS runs (a
+warm-up run first, discarded). Rewrites its section of benchmarks/RESULTS.md (--no-results: not).
 """
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def rank_main(a) -> None:
     # each reader twice, in the order A B B A: each load follows one of its own and one of the
     # other's (the first load after the saves, and a reader after another, read the disk
     # differently on this machine; the order evens that out)
-    order = ["load_stock", "load_fastckpt", "load_fastckpt", "load_stock"] if a.contender in ("fastckpt", "dcp_save") \
-        else ["load_stock", "load_stock"]
+    both = a.contender in ("fastckpt", "dcp_save")  # each reader on these saves; one reader on the others
+    order = ["load_stock", "load_fastckpt", "load_fastckpt", "load_stock"] if both else ["load_stock", "load_stock"]
     for name in order:
         msd, osd = get_state_dict(model, optim)
         target = {"model": msd, "optim": osd}
