@@ -2,8 +2,6 @@
 #include "fastckpt/staging_pool.h"
 
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <new>
 #include <stdexcept>
 
@@ -14,20 +12,15 @@ StagingPool::StagingPool(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
     throw std::invalid_argument("staging chunk size must be a positive multiple of 4096 bytes");
 }
 
-StagingPool::~StagingPool() {
-  for (void* p : chunks_) std::free(p);
-}
+StagingPool::~StagingPool() = default;
 
 std::vector<uintptr_t> StagingPool::grow(size_t n) {
   std::vector<uintptr_t> out;
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t i = 0; i < n; ++i) {
-    void* p = nullptr;
-    if (posix_memalign(&p, kAlign, chunk_bytes_) != 0) throw std::bad_alloc();
-    std::memset(p, 0, chunk_bytes_);  // fault the pages in now, not in the first snapshot
-    chunks_.push_back(p);
+    chunks_.emplace_back(chunk_bytes_);  // zeroed and present: no fault in the first snapshot
     free_.push_back(static_cast<int>(chunks_.size() - 1));
-    out.push_back(reinterpret_cast<uintptr_t>(p));
+    out.push_back(reinterpret_cast<uintptr_t>(chunks_.back().data()));
   }
   cv_.notify_all();
   return out;
@@ -67,7 +60,7 @@ size_t StagingPool::free_count() const {
 std::vector<uintptr_t> StagingPool::addresses() const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<uintptr_t> out;
-  for (void* p : chunks_) out.push_back(reinterpret_cast<uintptr_t>(p));
+  for (const IoMemory& c : chunks_) out.push_back(reinterpret_cast<uintptr_t>(c.data()));
   return out;
 }
 
@@ -75,7 +68,6 @@ void StagingPool::free_all() {
   std::lock_guard<std::mutex> lk(mu_);
   if (free_.size() != chunks_.size())
     throw std::runtime_error("staging pool still has chunks in use; wait for checkpoints first");
-  for (void* p : chunks_) std::free(p);
   chunks_.clear();
   free_.clear();
 }

@@ -1,4 +1,4 @@
-// tensor_io.cc — the definitions of tensor_io.h, and the aligned bounce buffer they share.
+// tensor_io.cc — the definitions of tensor_io.h (the bounce buffer is an IoMemory).
 #include "fastckpt/tensor_io.h"
 
 #include <fcntl.h>
@@ -6,13 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
 #include <stdexcept>
 
 #include "fastckpt/file_io.h"
+#include "fastckpt/io_memory.h"
 
 namespace fastckpt {
 
@@ -28,14 +26,6 @@ void read_buffered(const std::string& path, uint64_t off, void* dst, uint64_t n)
 }
 
 namespace detail {
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-std::unique_ptr<uint8_t, AlignedFree> bounce(uint64_t n) {
-  void* p = nullptr;
-  if (::posix_memalign(&p, kAlign, n) != 0) throw std::bad_alloc();
-  return std::unique_ptr<uint8_t, AlignedFree>(static_cast<uint8_t*>(p));
-}
 int open_o_direct(const std::string& path, int flags) {
 #ifdef O_DIRECT
   int fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
@@ -61,13 +51,13 @@ void write_direct(const std::string& path, uint64_t off, const void* src, uint64
       done += len;
     }
   }
-  auto buf = detail::bounce(kDirectBounce);
+  IoMemory buf(kDirectBounce);  // huge pages: whole-bounce requests
   while (done < n) {
     uint64_t len = std::min(kDirectBounce, n - done);
-    std::memcpy(buf.get(), static_cast<const uint8_t*>(src) + done, len);
+    std::memcpy(buf.data(), static_cast<const uint8_t*>(src) + done, len);
     uint64_t whole = round_up(len, kAlign);
-    if (whole > len) std::memset(buf.get() + len, 0, whole - len);
-    if (!pwrite_full(fd.get(), buf.get(), whole, off + done, path, true))
+    if (whole > len) std::memset(buf.data() + len, 0, whole - len);
+    if (!pwrite_full(fd.get(), buf.data(), whole, off + done, path, true))
       throw IoError("O_DIRECT write refused (EINVAL) by the filesystem of " + path, EINVAL);
     done += len;
   }
@@ -78,18 +68,18 @@ void write_direct(const std::string& path, uint64_t off, const void* src, uint64
 void read_direct(const std::string& path, uint64_t off, void* dst, uint64_t n) {
   if (off % kAlign) throw std::invalid_argument("direct reads start 4096-aligned");
   UniqueFd fd(detail::open_o_direct(path, O_RDONLY));
-  auto buf = detail::bounce(kDirectBounce);
+  IoMemory buf(kDirectBounce);  // huge pages: whole-bounce requests
   for (uint64_t done = 0; done < n;) {
     uint64_t len = std::min(kDirectBounce, n - done);
     uint64_t whole = round_up(len, kAlign);
     ssize_t r;
     do {
-      r = ::pread(fd.get(), buf.get(), whole, static_cast<off_t>(off + done));
+      r = ::pread(fd.get(), buf.data(), whole, static_cast<off_t>(off + done));
     } while (r < 0 && errno == EINTR);
     if (r < 0) throw_io("read (O_DIRECT)", path, off + done, errno);
     if (static_cast<uint64_t>(r) < len)
       throw IoError("read failed on '" + path + "': file is shorter than its header says (truncated?)", EIO);
-    std::memcpy(static_cast<uint8_t*>(dst) + done, buf.get(), len);
+    std::memcpy(static_cast<uint8_t*>(dst) + done, buf.data(), len);
     done += len;
   }
 }

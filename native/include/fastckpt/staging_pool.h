@@ -1,6 +1,7 @@
-// staging_pool.h — a bounded pool of equally sized, 4096-aligned host chunks.
-// Chunks are allocated only when the owner grows the pool (so the owner can
-// pin them, e.g. with cudaHostRegister) and are reused until free_all().
+// staging_pool.h — a bounded pool of equally sized host chunks, each an IoMemory
+// (io_memory.h: aligned, huge pages advised, so the O_DIRECT writes from it go out
+// in few, large requests). Chunks are allocated only when the owner grows the pool
+// (so the owner can pin them, e.g. with cudaHostRegister) and are reused until free_all().
 // acquire() blocks (GIL released by the binding) until a chunk is free.
 // Definitions: src/staging_pool.cc.
 #pragma once
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "fastckpt/file_io.h"  // kAlign
+#include "fastckpt/io_memory.h"
 
 namespace fastckpt {
 
@@ -30,7 +32,7 @@ class StagingPool {
 
   void release(int slot);
 
-  uint8_t* data(int slot) const { return static_cast<uint8_t*>(chunks_.at(slot)); }
+  uint8_t* data(int slot) const { return chunks_.at(slot).data(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
   size_t capacity() const;
   size_t free_count() const;
@@ -43,7 +45,7 @@ class StagingPool {
   const size_t chunk_bytes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<void*> chunks_;
+  std::vector<IoMemory> chunks_;
   std::vector<int> free_;
 };
 
