@@ -11,8 +11,8 @@
 namespace fastckpt {
 
 Engine::Engine(size_t chunk_bytes, size_t copy_threads, size_t write_threads)
-    : pool_(chunk_bytes), writers_(write_threads, kWriterNice, "fastckpt-write"),
-      summers_(copy_threads, kWriterNice, "fastckpt-crc"), copiers_(copy_threads, 0, "fastckpt-copy") {}
+    : pool_(chunk_bytes), writers_(write_threads, 0, "fastckpt-write"),
+      summers_(copy_threads, kBackgroundNice, "fastckpt-crc"), copiers_(copy_threads, 0, "fastckpt-copy") {}
 
 void Engine::park() {
   copiers_.park();  // they feed the writers and CRC threads

@@ -113,7 +113,7 @@ void WriteJob::start() {
   if (sink_->needs_open()) {
     begin_task();
     // FIFO: before any put of this job. A sink the copy threads put into is opened on them too: the
-    // gate waits for its open, and the writers (niced) may be starved by training.
+    // gate waits for its open.
     (sink_->put_on_copy_thread() ? w_.copiers : w_.writers)->submit([self] { self->open_sink(); });
   }
   if (!held_ && source_ != Source::External)
@@ -309,7 +309,7 @@ void WriteJob::send_chunk(size_t c, int slot) {
     chunk_halves_[c] = 2;
   }
   auto self = shared_from_this();
-  w_.writers->submit([self, c, slot] { self->put_chunk(c, slot); });
+  (sink_->put_is_cpu_copy() ? w_.summers : w_.writers)->submit([self, c, slot] { self->put_chunk(c, slot); });
   w_.summers->submit([self, c, slot] { self->sum_chunk(c, slot); });
 }
 
@@ -379,7 +379,7 @@ void WriteJob::sum_chunk(size_t c, int slot) {
 // once the span is put; persisting runs on the same thread where the sink needs it (a fence:
 // non-temporal stores are ordered per thread), else is left to a writer thread (an msync).
 // A sink that can show where a span landed (a tmpfs file's mapping) gets the store alone on the
-// copy thread; a writer sums the span there afterwards (sum_stored), off the gate.
+// copy thread; a CRC thread sums the span there afterwards (sum_stored), off the gate.
 void WriteJob::put_span(size_t i) {
   bool copied = false;
   try {
@@ -388,7 +388,7 @@ void WriteJob::put_span(size_t i) {
       const void* src = reinterpret_cast<const void*>(sp.src);
       const bool aligned = sp.src % kAlign == 0 && sp.file_off % kAlign == 0 && sp.len % kAlign == 0;
       if (sink_->put_on_copy_thread() && sink_->stored_at(sp.file_off) != nullptr) {
-        {  // the store alone: a writer sums the bytes where they landed, the gate waits for this
+        {  // the store alone: a CRC thread sums the bytes where they landed, the gate waits for this
           PhaseTimer t(timings_.put);
           sink_->put(src, sp.len, sp.file_off, false);
         }
@@ -399,7 +399,7 @@ void WriteJob::put_span(size_t i) {
         count_copied(i);
         copied = true;
         auto self = shared_from_this();
-        w_.writers->submit([self, i] { self->sum_stored(i); });
+        w_.summers->submit([self, i] { self->sum_stored(i); });
         return;
       }
       if (sink_->put_on_copy_thread()) {  // the CRC and the store in one pass: timed as the put

@@ -172,8 +172,8 @@ namespace {
 // Sink alike, putting on the threads the sink asks for and persisting every byte it put.
 class MemorySink final : public Sink {
  public:
-  MemorySink(uint64_t size, bool on_copy_thread, bool with_put)
-      : bytes(size, 0), on_copy_thread_(on_copy_thread), with_put_(with_put) {}
+  MemorySink(uint64_t size, bool on_copy_thread, bool with_put, bool cpu_copy = false)
+      : bytes(size, 0), on_copy_thread_(on_copy_thread), with_put_(with_put), cpu_copy_(cpu_copy) {}
   void check_extent(uint64_t, uint64_t end, uint64_t) const override {
     if (end > bytes.size()) throw std::invalid_argument("past the end");
   }
@@ -183,6 +183,7 @@ class MemorySink final : public Sink {
     put_bytes += len;
   }
   bool put_on_copy_thread() const override { return on_copy_thread_; }
+  bool put_is_cpu_copy() const override { return cpu_copy_; }
   void persist(uint64_t, uint64_t len) override { persisted += len; }
   bool persist_with_put() const override { return with_put_; }
   void finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t) override {
@@ -194,7 +195,7 @@ class MemorySink final : public Sink {
   bool finished = false;
 
  private:
-  bool on_copy_thread_, with_put_;
+  bool on_copy_thread_, with_put_, cpu_copy_;
 };
 
 }  // namespace
@@ -266,4 +267,40 @@ TEST_CASE("a staged chunk is put while its CRC is still being summed, and its sl
   CHECK(std::equal(big.begin(), big.end(), mem.bytes.begin() + kBegin));
   CHECK(job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
   CHECK(pool.free_count() == 1);
+}
+
+TEST_CASE("a staged chunk is put by a writer where the device copies it, by a CRC thread where the CPU does") {
+  // The CRC threads are held. A put the device makes (O_DIRECT) lands on a writer, which is never
+  // niced, so a busy CPU cannot leave the disk idle; a put that is a CPU copy (through the page
+  // cache) waits for the lower-priority CRC threads, off the gate.
+  for (bool cpu_copy : {false, true}) {
+    CAPTURE(cpu_copy);
+    auto data = pattern(4096, 11);
+    StagingPool pool(4096);
+    pool.grow(1);
+    ThreadPool copiers(1), writers(1), summers(1);
+    std::atomic<uint64_t> progress{0};
+    std::mutex hold;
+    std::unique_lock<std::mutex> held(hold);
+    std::atomic<bool> summer_waits{false};
+    summers.submit([&] {
+      summer_waits = true;
+      std::lock_guard<std::mutex> lk(hold);
+    });
+    while (!summer_waits) std::this_thread::yield();
+    auto sink = std::make_unique<MemorySink>(kBegin + data.size(), false, false, cpu_copy);
+    MemorySink& mem = *sink;
+    auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+                                          std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(),
+                                                              kBegin, 0}},
+                                          kBegin, kBegin + data.size(), kBegin + data.size(), Source::Staged, 4096, 1);
+    job->start();
+    REQUIRE(job->wait_copied(10.0));
+    for (int i = 0; i < 50 && mem.put_bytes.load() < 4096; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(mem.put_bytes.load() == (cpu_copy ? 0u : 4096u));
+    held.unlock();
+    REQUIRE(job->wait_written(10.0));
+    job->finalize({}, kBegin + data.size());
+    CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
+  }
 }

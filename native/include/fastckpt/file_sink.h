@@ -29,6 +29,7 @@ class FileSink final : public Sink {
   bool is_open() const { return fd_ >= 0; }
   void put(const void* src, uint64_t len, uint64_t off, bool may_direct) override { write_block(src, len, off, may_direct); }
   bool put_on_copy_thread() const override { return false; }
+  bool put_is_cpu_copy() const override { return !direct_io_ || direct_refused_.load(); }
   void persist(uint64_t, uint64_t) override {}  // the whole file is made durable by finish()
   bool persist_with_put() const override { return true; }
   // Writes len bytes of buf at off; true when O_DIRECT carried them (throws IoError).

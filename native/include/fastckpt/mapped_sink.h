@@ -22,6 +22,7 @@ class MappedSink final : public Sink {
   bool needs_open() const override { return false; }
   void put(const void* src, uint64_t len, uint64_t off, bool) override { region_->copy_in(off + shift_, src, len); }
   bool put_on_copy_thread() const override { return true; }
+  bool put_is_cpu_copy() const override { return true; }  // stores into the mapping
   void persist(uint64_t off, uint64_t len) override { region_->persist_copied(off + shift_, len); }
   bool persist_with_put() const override { return region_->fence_on_copy_thread(); }
   void finish(const std::vector<std::pair<uint64_t, std::string>>&, uint64_t) override;  // throws: nothing to finish

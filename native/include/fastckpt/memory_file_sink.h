@@ -4,9 +4,9 @@
 // registry (memory_maps.h): every page reserved (a full tier is an error here, never a SIGBUS at a
 // store) and present — for a recycled file, the mapping its last save left there.
 // Bytes are then stored into the mapping with a memcpy instead of a write(): from staging chunks on
-// the writer threads, or straight from the caller's memory on the copy threads (stored_at(): the
-// job sums them afterwards where they landed, on a writer thread, so that the gate waits for the
-// copy alone). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top of the
+// the CRC threads (a copy off the gate: Sink::put_is_cpu_copy), or straight from the caller's
+// memory on the copy threads (stored_at(): the job sums them afterwards where they landed, on a
+// CRC thread, so that the gate waits for the copy alone). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top of the
 // copy; the mapping costs the copy alone.
 // No descriptor stays open once the file is mapped (a forked child must not inherit one).
 // finish(): the header blobs, the mapping given back (held on for the copy to the disk), the final
@@ -34,6 +34,7 @@ class MemoryFileSink final : public Sink {
   void open() override;  // throws IoError (ENOSPC when the tier has no room)
   void put(const void* src, uint64_t len, uint64_t off, bool) override { std::memcpy(map_ + off, src, len); }
   bool put_on_copy_thread() const override { return true; }
+  bool put_is_cpu_copy() const override { return true; }  // a memcpy into the mapping
   void persist(uint64_t, uint64_t) override {}  // memory: nothing below it to reach
   bool persist_with_put() const override { return true; }
   const uint8_t* stored_at(uint64_t off) const override { return map_ != nullptr ? map_ + off : nullptr; }

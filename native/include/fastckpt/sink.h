@@ -26,12 +26,16 @@ class Sink {
   // Where put() belongs: a store into memory runs on the copy threads, a system call on the
   // writer threads.
   virtual bool put_on_copy_thread() const = 0;
+  // Whether put() is a copy the CPU makes (into the page cache, or a mapping) rather than one the
+  // device makes (O_DIRECT): a staged chunk's put, off the gate, then runs on the lower-priority
+  // CRC threads instead of the writers, whose puts only wait on the device.
+  virtual bool put_is_cpu_copy() const = 0;
   // Makes [off, off + len) durable. persist_with_put(): it must run on the thread that put the
   // bytes (a store fence); otherwise it may be left to a writer thread (msync).
   virtual void persist(uint64_t off, uint64_t len) = 0;
   virtual bool persist_with_put() const = 0;
-  // Where the byte at file offset off lies once put, when a writer thread may read it back there
-  // (a file's mapping): the job then sums what a copy thread put on a writer thread, after the
+  // Where the byte at file offset off lies once put, when another thread may read it back there
+  // (a file's mapping): the job then sums what a copy thread put on a CRC thread, after the
   // copy, rather than in the same pass. nullptr: summed in the same pass as the put.
   virtual const uint8_t* stored_at(uint64_t) const { return nullptr; }
   // After every put: the header blobs at their offsets, the final size, all durable.

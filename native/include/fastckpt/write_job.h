@@ -55,7 +55,8 @@ enum class Source : int {
 // What a job runs on: its engine's staging, copy, writer and CRC threads, and the engine's
 // progress counter (bumped by every unit copied or written, so a waiter can tell a slow
 // checkpoint from a stuck one). A staged chunk is summed on a CRC thread while a writer puts
-// it: the disk never waits for a CRC. CRC tasks wait for nothing, so a chunk's slot is always
+// it (a CRC thread too where the put is a CPU copy: Sink::put_is_cpu_copy): the disk never
+// waits for a CRC. CRC tasks wait for nothing, so a chunk's slot is always
 // freed (a copy thread waiting for a slot cannot starve them).
 struct Workers {
   StagingPool* pool;
@@ -138,7 +139,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
     uint32_t record;
   };
   void copy_chunk(size_t c);
-  void send_chunk(size_t c, int slot);  // a filled chunk to a writer (put) and a CRC thread (sum)
+  void send_chunk(size_t c, int slot);  // a filled chunk to a writer or CRC thread (put) and a CRC thread (sum)
   void put_chunk(size_t c, int slot);
   void sum_chunk(size_t c, int slot);
   void chunk_half_done(size_t c, int slot);  // the later of put and sum frees the slot
