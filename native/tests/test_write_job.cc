@@ -233,40 +233,71 @@ TEST_CASE("every source puts every byte into any sink, persisted, on the threads
   CHECK(pool.free_count() == 2);
 }
 
+namespace {
+
+// A staged job of one record (`bytes`, at kBegin) on one-thread pools and one staging slot, its
+// CRC thread held from the start (the holding task is queued before any of the job's) until
+// release_crc(). The sink is a MemorySink whose put is a CPU copy or not.
+class HeldCrcJob {
+ public:
+  HeldCrcJob(const std::vector<uint8_t>& bytes, bool cpu_copy) : held_(hold_) {
+    pool.grow(1);
+    summers.submit([this] {
+      crc_waits_ = true;
+      { std::lock_guard<std::mutex> lk(hold_); }
+      crc_done_ = true;
+    });
+    while (!crc_waits_) std::this_thread::yield();
+    auto sink = std::make_unique<MemorySink>(kBegin + bytes.size(), false, false, cpu_copy);
+    mem = sink.get();
+    job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+                                     std::vector<Piece>{{reinterpret_cast<uintptr_t>(bytes.data()), bytes.size(),
+                                                         kBegin, 0}},
+                                     kBegin, kBegin + bytes.size(), kBegin + bytes.size(), Source::Staged, 4096, 1);
+    job->start();
+  }
+  ~HeldCrcJob() {
+    release_crc();
+    while (!crc_done_) std::this_thread::yield();  // the holding task is done with hold_
+  }
+  void release_crc() {
+    if (held_.owns_lock()) held_.unlock();
+  }
+  // Waits up to 10 s for `n` bytes to be put; the bytes put by then.
+  uint64_t put_bytes_within(uint64_t n, int tries = 1000) const {
+    for (int i = 0; i < tries && mem->put_bytes.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return mem->put_bytes.load();
+  }
+
+  StagingPool pool{4096};
+  ThreadPool copiers{1}, writers{1}, summers{1};
+  std::atomic<uint64_t> progress{0};
+  MemorySink* mem = nullptr;
+  std::shared_ptr<WriteJob> job;
+
+ private:
+  std::mutex hold_;
+  std::unique_lock<std::mutex> held_;
+  std::atomic<bool> crc_waits_{false}, crc_done_{false};
+};
+
+}  // namespace
+
 TEST_CASE("a staged chunk is put while its CRC is still being summed, and its slot waits for both") {
   // The CRC threads are held: every put must still land (the disk never waits for a CRC), while the
   // only staging slot stays taken, so the second chunk is not copied over bytes still being summed.
   auto big = pattern(2 * 4096, 5);
-  StagingPool pool(4096);
-  pool.grow(1);
-  ThreadPool copiers(1), writers(1), summers(1);
-  std::atomic<uint64_t> progress{0};
-  std::mutex hold;
-  std::unique_lock<std::mutex> held(hold);
-  std::atomic<bool> summer_waits{false};
-  summers.submit([&] {
-    summer_waits = true;
-    std::lock_guard<std::mutex> lk(hold);
-  });
-  while (!summer_waits) std::this_thread::yield();
-  auto sink = std::make_unique<MemorySink>(kBegin + big.size(), false, false);
-  MemorySink& mem = *sink;
-  auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
-                                        std::vector<Piece>{{reinterpret_cast<uintptr_t>(big.data()), big.size(),
-                                                            kBegin, 0}},
-                                        kBegin, kBegin + big.size(), kBegin + big.size(), Source::Staged, 4096, 1);
-  job->start();
-  for (int i = 0; i < 1000 && mem.put_bytes.load() < 4096; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(mem.put_bytes.load() == 4096);         // chunk 0 put...
-  CHECK(std::get<3>(job->span_crcs()[0]) == 0);  // ...before its CRC was summed (the sum is held)
-  CHECK_FALSE(job->wait_copied(0.2));          // chunk 1 not copied: the slot waits for chunk 0's CRC
-  CHECK(pool.free_count() == 0);
-  held.unlock();
-  REQUIRE(job->wait_written(10.0));
-  job->finalize({}, kBegin + big.size());
-  CHECK(std::equal(big.begin(), big.end(), mem.bytes.begin() + kBegin));
-  CHECK(job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
-  CHECK(pool.free_count() == 1);
+  HeldCrcJob h(big, false);
+  CHECK(h.put_bytes_within(4096) == 4096);         // chunk 0 put...
+  CHECK(std::get<3>(h.job->span_crcs()[0]) == 0);  // ...before its CRC was summed (the sum is held)
+  CHECK_FALSE(h.job->wait_copied(0.2));            // chunk 1 not copied: the slot waits for chunk 0's CRC
+  CHECK(h.pool.free_count() == 0);
+  h.release_crc();
+  REQUIRE(h.job->wait_written(10.0));
+  h.job->finalize({}, kBegin + big.size());
+  CHECK(std::equal(big.begin(), big.end(), h.mem->bytes.begin() + kBegin));
+  CHECK(h.job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
+  CHECK(h.pool.free_count() == 1);
 }
 
 TEST_CASE("a staged chunk is put by a writer where the device copies it, by a CRC thread where the CPU does") {
@@ -276,31 +307,12 @@ TEST_CASE("a staged chunk is put by a writer where the device copies it, by a CR
   for (bool cpu_copy : {false, true}) {
     CAPTURE(cpu_copy);
     auto data = pattern(4096, 11);
-    StagingPool pool(4096);
-    pool.grow(1);
-    ThreadPool copiers(1), writers(1), summers(1);
-    std::atomic<uint64_t> progress{0};
-    std::mutex hold;
-    std::unique_lock<std::mutex> held(hold);
-    std::atomic<bool> summer_waits{false};
-    summers.submit([&] {
-      summer_waits = true;
-      std::lock_guard<std::mutex> lk(hold);
-    });
-    while (!summer_waits) std::this_thread::yield();
-    auto sink = std::make_unique<MemorySink>(kBegin + data.size(), false, false, cpu_copy);
-    MemorySink& mem = *sink;
-    auto job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
-                                          std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(),
-                                                              kBegin, 0}},
-                                          kBegin, kBegin + data.size(), kBegin + data.size(), Source::Staged, 4096, 1);
-    job->start();
-    REQUIRE(job->wait_copied(10.0));
-    for (int i = 0; i < 50 && mem.put_bytes.load() < 4096; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    CHECK(mem.put_bytes.load() == (cpu_copy ? 0u : 4096u));
-    held.unlock();
-    REQUIRE(job->wait_written(10.0));
-    job->finalize({}, kBegin + data.size());
-    CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
+    HeldCrcJob h(data, cpu_copy);
+    REQUIRE(h.job->wait_copied(10.0));
+    CHECK(h.put_bytes_within(4096, 50) == (cpu_copy ? 0u : 4096u));
+    h.release_crc();
+    REQUIRE(h.job->wait_written(10.0));
+    h.job->finalize({}, kBegin + data.size());
+    CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
   }
 }
