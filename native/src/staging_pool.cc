@@ -2,7 +2,6 @@
 #include "fastckpt/staging_pool.h"
 
 #include <chrono>
-#include <new>
 #include <stdexcept>
 
 namespace fastckpt {

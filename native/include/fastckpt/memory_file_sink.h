@@ -6,8 +6,8 @@
 // Bytes are then stored into the mapping with a memcpy instead of a write(): from staging chunks on
 // the CRC threads (a copy off the gate: Sink::put_is_cpu_copy), or straight from the caller's
 // memory on the copy threads (stored_at(): the job sums them afterwards where they landed, on a
-// CRC thread, so that the gate waits for the copy alone). write() into tmpfs costs the kernel a page lookup and lock per 4 KiB on top of the
-// copy; the mapping costs the copy alone.
+// CRC thread, so that the gate waits for the copy alone). write() into tmpfs costs the kernel a
+// page lookup and lock per 4 KiB on top of the copy; the mapping costs the copy alone.
 // No descriptor stays open once the file is mapped (a forked child must not inherit one).
 // finish(): the header blobs, the mapping given back (held on for the copy to the disk), the final
 // size. Definitions: src/memory_file_sink.cc.
