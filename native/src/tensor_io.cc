@@ -26,6 +26,9 @@ void read_buffered(const std::string& path, uint64_t off, void* dst, uint64_t n)
 }
 
 namespace detail {
+// The bounce buffer for the `left` bytes still to move: at most kDirectBounce, no more than they
+// need (an IoMemory is faulted in whole when made: a small tensor must not pay for 8 MiB).
+IoMemory bounce_for(uint64_t left) { return IoMemory(std::min(kDirectBounce, round_up(left, kAlign))); }
 int open_o_direct(const std::string& path, int flags) {
 #ifdef O_DIRECT
   int fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
@@ -51,15 +54,17 @@ void write_direct(const std::string& path, uint64_t off, const void* src, uint64
       done += len;
     }
   }
-  IoMemory buf(kDirectBounce);  // huge pages: whole-bounce requests
-  while (done < n) {
-    uint64_t len = std::min(kDirectBounce, n - done);
-    std::memcpy(buf.data(), static_cast<const uint8_t*>(src) + done, len);
-    uint64_t whole = round_up(len, kAlign);
-    if (whole > len) std::memset(buf.data() + len, 0, whole - len);
-    if (!pwrite_full(fd.get(), buf.data(), whole, off + done, path, true))
-      throw IoError("O_DIRECT write refused (EINVAL) by the filesystem of " + path, EINVAL);
-    done += len;
+  if (done < n) {
+    IoMemory buf = detail::bounce_for(n - done);
+    while (done < n) {
+      uint64_t len = std::min(kDirectBounce, n - done);
+      std::memcpy(buf.data(), static_cast<const uint8_t*>(src) + done, len);
+      uint64_t whole = round_up(len, kAlign);
+      if (whole > len) std::memset(buf.data() + len, 0, whole - len);
+      if (!pwrite_full(fd.get(), buf.data(), whole, off + done, path, true))
+        throw IoError("O_DIRECT write refused (EINVAL) by the filesystem of " + path, EINVAL);
+      done += len;
+    }
   }
   if (::ftruncate(fd.get(), static_cast<off_t>(off + n)) != 0) throw_io("ftruncate", path, off + n, errno);
   if (sync) fdatasync_or_throw(fd.get(), path);
@@ -68,7 +73,7 @@ void write_direct(const std::string& path, uint64_t off, const void* src, uint64
 void read_direct(const std::string& path, uint64_t off, void* dst, uint64_t n) {
   if (off % kAlign) throw std::invalid_argument("direct reads start 4096-aligned");
   UniqueFd fd(detail::open_o_direct(path, O_RDONLY));
-  IoMemory buf(kDirectBounce);  // huge pages: whole-bounce requests
+  IoMemory buf = detail::bounce_for(n);
   for (uint64_t done = 0; done < n;) {
     uint64_t len = std::min(kDirectBounce, n - done);
     uint64_t whole = round_up(len, kAlign);
