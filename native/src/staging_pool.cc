@@ -13,16 +13,26 @@ StagingPool::StagingPool(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
 
 StagingPool::~StagingPool() = default;
 
+// Each chunk is made (mapped and faulted in: tens of milliseconds for 64 MiB) before the lock is
+// taken, so the writes running meanwhile keep drawing and freeing chunks.
 std::vector<uintptr_t> StagingPool::grow(size_t n) {
   std::vector<uintptr_t> out;
-  std::lock_guard<std::mutex> lk(mu_);
   for (size_t i = 0; i < n; ++i) {
-    chunks_.emplace_back(chunk_bytes_);  // zeroed and present: no fault in the first snapshot
-    free_.push_back(static_cast<int>(chunks_.size() - 1));
-    out.push_back(reinterpret_cast<uintptr_t>(chunks_.back().data()));
+    IoMemory chunk(chunk_bytes_);  // zeroed and present: no fault in the first snapshot
+    out.push_back(reinterpret_cast<uintptr_t>(chunk.data()));
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      chunks_.push_back(std::move(chunk));
+      free_.push_back(static_cast<int>(chunks_.size() - 1));
+    }
+    cv_.notify_one();
   }
-  cv_.notify_all();
   return out;
+}
+
+uint8_t* StagingPool::data(int slot) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return chunks_.at(slot).data();
 }
 
 int StagingPool::acquire(double timeout_s) {

@@ -1,10 +1,12 @@
 // test_staging_pool.cc — the bounded pool of aligned host chunks: sizes, acquire with a
-// deadline, release, and free_all refusing while a chunk is out.
+// deadline, release, and free_all refusing while a chunk is out,
+// and chunks drawn while the pool grows.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "fastckpt/staging_pool.h"
 
@@ -56,4 +58,22 @@ TEST_CASE("free_all refuses while a chunk is in use, and frees once none is") {
   pool.free_all();
   CHECK(pool.capacity() == 0);
   CHECK(pool.acquire(0.0) == -1);
+}
+
+TEST_CASE("a chunk is drawn and freed while the pool is still growing") {
+  // Each 16 MiB chunk takes milliseconds to fault in; the pool's lock is held only to list it.
+  constexpr size_t kChunks = 16;
+  StagingPool pool(16 << 20);
+  std::vector<uintptr_t> grown;
+  std::thread grower([&] { grown = pool.grow(kChunks); });
+  const int slot = pool.acquire(30.0);  // woken by the first chunks listed, not by the last
+  const size_t capacity_then = pool.capacity();
+  const uint8_t* drawn = slot >= 0 ? pool.data(slot) : nullptr;
+  if (slot >= 0) pool.release(slot);
+  grower.join();
+  REQUIRE(slot >= 0);
+  CHECK(capacity_then < kChunks);
+  CHECK(pool.capacity() == kChunks);
+  CHECK(reinterpret_cast<uintptr_t>(drawn) == grown.at(slot));
+  CHECK(pool.data(slot) == drawn);  // a chunk's memory stays put as the pool grows past it
 }

@@ -2,7 +2,8 @@
 // (io_memory.h: aligned, huge pages advised, so the O_DIRECT writes from it go out
 // in few, large requests). Chunks are allocated only when the owner grows the pool
 // (so the owner can pin them, e.g. with cudaHostRegister) and are reused until free_all().
-// acquire() blocks (GIL released by the binding) until a chunk is free.
+// acquire() blocks (GIL released by the binding) until a chunk is free. Growing faults each new
+// chunk in outside the pool's lock: writes drawing and freeing chunks meanwhile never wait for it.
 // Definitions: src/staging_pool.cc.
 #pragma once
 #include <condition_variable>
@@ -32,7 +33,8 @@ class StagingPool {
 
   void release(int slot);
 
-  uint8_t* data(int slot) const { return chunks_.at(slot).data(); }
+  // The chunk's memory (it stays put while the pool grows: chunks_ only moves its handles).
+  uint8_t* data(int slot) const;
   size_t chunk_bytes() const { return chunk_bytes_; }
   size_t capacity() const;
   size_t free_count() const;
