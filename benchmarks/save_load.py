@@ -36,6 +36,19 @@ def make_state(gib: float) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.randn(per // 4, generator=g) for i in range(n)}
 
 
+def touch(state: dict[str, torch.Tensor]) -> None:
+    """Reads every tensor, as the training step just before a checkpoint has touched them all.
+
+    Every contender that reads the state (the memcpy bound, every save) starts from it just
+    touched, as the O_DIRECT bound starts from buffers it has just filled. Memory left idle for a
+    second is slow to touch again on some machines (on this project's VM the first pass over
+    pages idle for 0.5-2 s ran 20-70x slower for tens of milliseconds: the hypervisor maps them
+    again), which would charge whichever contender runs after an idle spell for the machine's
+    doing, not its own."""
+    for v in state.values():
+        v.sum()
+
+
 def fastckpt_save(ck: fastckpt.Checkpointer, state, step: int) -> dict:
     """One save on a long-lived Checkpointer (as in training: the staging pool is reused)."""
     t0 = time.perf_counter()
@@ -67,6 +80,7 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
            for s in ("c", "d")}
     for r in range(runs + 1):  # round 0 warms every contender up and is discarded
         rec = add if r else (lambda k, v: None)
+        touch(state)
         rec("memcpy", bounds.memcpy_seconds(state))
         raw = os.path.join(out_dir, "raw.bin")
         for threads, seconds in bounds.direct_write_each(raw, nbytes).items():
@@ -75,6 +89,7 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         rec("odirect_read", bounds.direct_read_seconds(raw, nbytes))
         os.unlink(raw)
         for strategy, ck in cks.items():
+            touch(state)
             res = fastckpt_save(ck, state, r + 1)
             rec(f"fastckpt_{strategy}_blocking", res["blocking"])
             rec(f"fastckpt_{strategy}_durable", res["durable"])
@@ -85,15 +100,19 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         rec("fastckpt_load_warm", fastckpt_load(os.path.join(out_dir, "fc_d")))
         rec("fastckpt_load_copy_warm", fastckpt_load(os.path.join(out_dir, "fc_d"), mmap=False))
         tpath = os.path.join(out_dir, "torch.pt")
+        touch(state)
         rec("torch_save", peers.torch_save(state, tpath))
         bounds.drop_cache(tpath)
         rec("torch_load_cold", peers.torch_load(tpath))
         rec("torch_load_warm", peers.torch_load(tpath))
         os.unlink(tpath)
+        touch(state)
         rec("dcp_save", peers.dcp_save(state, os.path.join(out_dir, "dcp")))
+        touch(state)
         b, t = peers.dcp_async_save(state, os.path.join(out_dir, "dcp_async"))
         rec("dcp_async_blocking", b)
         rec("dcp_async_durable", t)
+        touch(state)
         b, t = peers.clone_thread_save(state, os.path.join(out_dir, "lightning.pt"))
         rec("clone_thread_blocking", b)
         rec("clone_thread_durable", t)
@@ -129,7 +148,8 @@ def table(res: dict) -> str:
     bw = lambda k: gb / m[k]  # noqa: E731
     lines = [f"### {res['gib']} GiB state ({res['bytes'] / 2**30:.3f} GiB, median of {res['runs']} runs)", "",
              "| measure | seconds | GB/s | ratio |", "|---|---:|---:|---|"]
-    lines[0] += ("; fastckpt on a long-lived Checkpointer (concurrency=1), every contender warmed up once;"
+    lines[0] += ("; fastckpt on a long-lived Checkpointer (concurrency=1), every contender warmed up once,"
+                 " the state read just before each contender that reads it (as by a training step);"
                  " fastckpt loads map the file and verify every CRC (every byte read), torch.load copies")
 
     def row(name, k, ratio=""):

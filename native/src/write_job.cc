@@ -268,18 +268,33 @@ uint32_t WriteJob::put_with_crc(const uint8_t* src, uint64_t len, uint64_t file_
   return crc;
 }
 
-void WriteJob::fill_chunk(size_t c, uint8_t* buf) {
+// Bytes [lo, hi) of chunk c's staging buffer (offsets inside the chunk): the spans' bytes, and
+// zeros between and after them up to hi.
+void WriteJob::fill_range(size_t c, uint8_t* buf, uint64_t lo, uint64_t hi) {
   const uint64_t base = chunk_begin(c);
-  uint64_t cursor = 0;
+  uint64_t cursor = lo;
   for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s) {
     const Span& sp = spans_[s];
-    uint64_t at = sp.file_off - base;
-    if (at > cursor) std::memset(buf + cursor, 0, at - cursor);
-    std::memcpy(buf + at, reinterpret_cast<const void*>(sp.src), sp.len);
-    cursor = at + sp.len;
+    const uint64_t at = sp.file_off - base;
+    if (at >= hi) break;
+    const uint64_t from = std::max(at, lo), to = std::min(at + sp.len, hi);
+    if (to <= from) continue;
+    if (from > cursor) std::memset(buf + cursor, 0, from - cursor);
+    std::memcpy(buf + from, reinterpret_cast<const uint8_t*>(sp.src) + (from - at), to - from);
+    cursor = to;
   }
-  uint64_t end = round_up(chunk_len(c), kAlign);
-  if (end > cursor) std::memset(buf + cursor, 0, end - cursor);
+  if (hi > cursor) std::memset(buf + cursor, 0, hi - cursor);
+}
+
+// A chunk is put in slices, each as soon as it is copied, while the writers have less than a
+// chunk's bytes left to put: they would otherwise wait for the whole copy with the disk idle (at
+// the start of every checkpoint, and whenever the copies fall behind the disk). A put that is a CPU
+// copy gains nothing from it.
+uint64_t WriteJob::slice_bytes() const {
+  const uint64_t slice = std::max<uint64_t>(kAlign, chunk_bytes_ / kSlicesPerChunk / kAlign * kAlign);
+  if (source_ != Source::Staged || sink_->put_is_cpu_copy() || put_backlog_.load() >= chunk_bytes_)
+    return chunk_bytes_;
+  return slice;
 }
 
 void WriteJob::copy_chunk(size_t c) {
@@ -294,22 +309,40 @@ void WriteJob::copy_chunk(size_t c) {
     count_written();
     return;
   }
-  {
-    PhaseTimer t(timings_.copy);
-    fill_chunk(c, w_.pool->data(slot));
+  uint8_t* buf = w_.pool->data(slot);
+  const uint64_t end = round_up(chunk_len(c), kAlign);
+  const uint64_t slice = std::min(slice_bytes(), end);
+  expect_halves(c, static_cast<size_t>((end + slice - 1) / slice));
+  for (uint64_t lo = 0; lo < end; lo += slice) {
+    const uint64_t hi = std::min(end, lo + slice);
+    {
+      PhaseTimer t(timings_.copy);
+      fill_range(c, buf, lo, hi);
+    }
+    submit_put(c, slot, lo, std::min(hi, chunk_len(c)) - lo);
   }
   count_copied(c);
-  send_chunk(c, slot);
+  submit_sum(c, slot);
 }
 
-void WriteJob::send_chunk(size_t c, int slot) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++running_;  // the sum; the put is the unit's own task
-    chunk_halves_[c] = 2;
-  }
+// A chunk's slot is freed once each of its puts and its sum has ended ("halves": n_puts + 1). The
+// unit's own task is one of them; the others are counted as tasks running here.
+void WriteJob::expect_halves(size_t c, size_t n_puts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  running_ += n_puts;
+  chunk_halves_[c] = n_puts + 1;
+}
+
+void WriteJob::submit_put(size_t c, int slot, uint64_t lo, uint64_t len) {
+  put_backlog_ += len;
   auto self = shared_from_this();
-  (sink_->put_is_cpu_copy() ? w_.summers : w_.writers)->submit([self, c, slot] { self->put_chunk(c, slot); });
+  (sink_->put_is_cpu_copy() ? w_.summers : w_.writers)->submit([self, c, slot, lo, len] {
+    self->put_range(c, slot, lo, len);
+  });
+}
+
+void WriteJob::submit_sum(size_t c, int slot) {
+  auto self = shared_from_this();
   w_.summers->submit([self, c, slot] { self->sum_chunk(c, slot); });
 }
 
@@ -329,30 +362,33 @@ void WriteJob::push_chunk(size_t c, int slot) {
   if (source_ != Source::External) throw std::logic_error("push_chunk is only for external jobs");
   if (c >= n_chunks_) throw std::out_of_range("chunk index out of range");
   begin_task();
-  send_chunk(c, slot);
+  expect_halves(c, 1);
+  submit_put(c, slot, 0, chunk_len(c));
+  submit_sum(c, slot);
 }
 
-// A staging chunk into the sink, on a writer thread (it may block in the kernel). Its CRC is
-// summed beside it on a CRC thread (sum_chunk), not before it here, so the disk never waits
-// for a CRC; and not by the copy, so the gate waits for the copy alone.
-void WriteJob::put_chunk(size_t c, int slot) {
+// Bytes [lo, lo + len) of a staging chunk into the sink, on a writer thread (it may block in the
+// kernel). The chunk's CRC is summed beside it on a CRC thread (sum_chunk), not before it here, so
+// the disk never waits for a CRC; and not by the copy, so the gate waits for the copy alone.
+void WriteJob::put_range(size_t c, int slot, uint64_t lo, uint64_t len) {
   try {
     if (wait_sink()) {
-      const uint8_t* buf = w_.pool->data(slot);
-      const uint64_t base = chunk_begin(c);
+      const uint8_t* buf = w_.pool->data(slot) + lo;
+      const uint64_t at = chunk_begin(c) + lo;
       {
         PhaseTimer t(timings_.put);
-        sink_->put(buf, chunk_len(c), base, true);
+        sink_->put(buf, len, at, true);
       }
       {
         PhaseTimer t(timings_.persist);
-        sink_->persist(base, chunk_len(c));
+        sink_->persist(at, len);
       }
-      bytes_written_ += chunk_len(c);
+      bytes_written_ += len;
     }
   } catch (const std::exception& e) {
     fail(e);
   }
+  put_backlog_ -= len;
   chunk_half_done(c, slot);
 }
 

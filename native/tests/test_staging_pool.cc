@@ -3,6 +3,7 @@
 // and chunks drawn while the pool grows.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -76,4 +77,20 @@ TEST_CASE("a chunk is drawn and freed while the pool is still growing") {
   CHECK(pool.capacity() == kChunks);
   CHECK(reinterpret_cast<uintptr_t>(drawn) == grown.at(slot));
   CHECK(pool.data(slot) == drawn);  // a chunk's memory stays put as the pool grows past it
+}
+
+TEST_CASE("the pool answers while a new chunk is being faulted in") {
+  // Faulting in 1 GiB takes far longer than 20 ms; the chunk is listed only once it is made.
+  StagingPool pool(size_t{1} << 30);
+  std::atomic<bool> started{false};
+  std::thread grower([&] {
+    started = true;
+    pool.grow(1);
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const size_t capacity_meanwhile = pool.capacity();  // not held up by the fault
+  grower.join();
+  CHECK(capacity_meanwhile == 0);
+  CHECK(pool.capacity() == 1);
 }

@@ -1,8 +1,10 @@
 // test_write_job.cc — one file written through the engine's copy/write pipeline: bytes and CRCs
 // land where the layout says from every source, held records copy only once released, a bounded
-// staging pool is reused, and failures (a bad path, an abort, a bad layout) surface as errors.
+// staging pool is reused, a chunk goes to the writers in slices while they have little to put,
+// and failures (a bad path, an abort, a bad layout) surface as errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -181,6 +183,8 @@ class MemorySink final : public Sink {
   void put(const void* src, uint64_t len, uint64_t off, bool) override {
     std::memcpy(bytes.data() + off, src, len);
     put_bytes += len;
+    std::lock_guard<std::mutex> lk(puts_mu);
+    puts.emplace_back(off, len);
   }
   bool put_on_copy_thread() const override { return on_copy_thread_; }
   bool put_is_cpu_copy() const override { return cpu_copy_; }
@@ -192,6 +196,8 @@ class MemorySink final : public Sink {
   }
   std::vector<uint8_t> bytes;
   std::atomic<uint64_t> put_bytes{0}, persisted{0};
+  std::mutex puts_mu;
+  std::vector<std::pair<uint64_t, uint64_t>> puts;  // (offset, length) of every put, in order
   bool finished = false;
 
  private:
@@ -314,5 +320,55 @@ TEST_CASE("a staged chunk is put by a writer where the device copies it, by a CR
     REQUIRE(h.job->wait_written(10.0));
     h.job->finalize({}, kBegin + data.size());
     CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
+  }
+}
+
+TEST_CASE("a staged chunk is put in slices as it is copied while the writers have little to put, else whole") {
+  // One copy thread, one writer held from the start: chunk 0 is copied while nothing waits to be
+  // put, so it goes in slices of an eighth (the disk would otherwise wait for its whole copy);
+  // chunk 1 is copied once chunk 0's slices wait, a chunk's worth, so it goes whole. A put that is
+  // a CPU copy goes whole either way.
+  constexpr uint64_t kChunk = 64 << 10, kSlice = kChunk / 8;
+  for (bool cpu_copy : {false, true}) {
+    CAPTURE(cpu_copy);
+    auto data = pattern(2 * kChunk - 1000, 13);  // chunk 1 ends short of a page
+    StagingPool pool(kChunk);
+    pool.grow(2);
+    ThreadPool copiers(1), writers(1), summers(1);
+    std::atomic<uint64_t> progress{0};
+    std::mutex hold;
+    std::unique_lock<std::mutex> held(hold);
+    std::atomic<bool> writer_waits{false};
+    writers.submit([&] {
+      writer_waits = true;
+      std::lock_guard<std::mutex> lk(hold);
+    });
+    while (!writer_waits) std::this_thread::yield();
+    const uint64_t end = kBegin + data.size();
+    auto sink = std::make_unique<MemorySink>(end, false, false, cpu_copy);
+    MemorySink& mem = *sink;
+    auto job = std::make_shared<WriteJob>(
+        Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+        std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
+        Source::Staged, 4096, 1);
+    job->start();
+    REQUIRE(job->wait_copied(10.0));  // both chunks copied while the writer is still held
+    held.unlock();
+    REQUIRE(job->wait_written(10.0));
+    job->finalize({}, end);
+    std::vector<std::pair<uint64_t, uint64_t>> want;
+    if (cpu_copy) {
+      want = {{kBegin, kChunk}, {kBegin + kChunk, data.size() - kChunk}};
+    } else {
+      for (uint64_t lo = 0; lo < kChunk; lo += kSlice) want.emplace_back(kBegin + lo, kSlice);
+      want.emplace_back(kBegin + kChunk, data.size() - kChunk);
+    }
+    std::lock_guard<std::mutex> lk(mem.puts_mu);
+    std::sort(mem.puts.begin(), mem.puts.end());
+    CHECK(mem.puts == want);
+    CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
+    CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+    CHECK(job->bytes_written() == data.size());
+    CHECK(pool.free_count() == 2);
   }
 }

@@ -119,13 +119,13 @@ BUGS = (
     Bug("crc-summed-before-put",
         "a staged chunk's CRC is summed on its writer before the put: the disk waits for every CRC",
         (("native/src/write_job.cc",
-          "      const uint64_t base = chunk_begin(c);\n      {\n        PhaseTimer t(timings_.put);\n"
-          "        sink_->put(buf, chunk_len(c), base, true);",
-          "      const uint64_t base = chunk_begin(c);\n"
+          "      const uint64_t at = chunk_begin(c) + lo;\n      {\n        PhaseTimer t(timings_.put);\n"
+          "        sink_->put(buf, len, at, true);",
+          "      const uint64_t at = chunk_begin(c) + lo;\n      const uint64_t base = chunk_begin(c);\n"
           "      for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)  // planted\n"
-          "        span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);\n"
+          "        span_crc_[s] = crc32_update(0, w_.pool->data(slot) + (spans_[s].file_off - base), spans_[s].len);\n"
           "      {\n        PhaseTimer t(timings_.put);\n"
-          "        sink_->put(buf, chunk_len(c), base, true);"),),
+          "        sink_->put(buf, len, at, true);"),),
         ("tests/native/test_native_core.py",)),
     Bug("chunk-slot-freed-at-put",
         "a staging chunk's slot is freed when its put ends, while its CRC may still be summing it",
@@ -147,5 +147,25 @@ BUGS = (
         "staging is left to 4 KiB pages (no huge-page advice): O_DIRECT requests from it stay small",
         (("native/src/io_memory.cc", "  if (huge) ::madvise(start, size_, MADV_HUGEPAGE);",
           "  if (false) ::madvise(start, size_, MADV_HUGEPAGE);  // planted"),),
+        ("tests/native/test_native_core.py",)),
+    Bug("chunk-put-whole",
+        "a staged chunk is always put whole: the disk waits for a chunk's whole copy at the start of a checkpoint",
+        (("native/src/write_job.cc", "  return slice;\n}", "  return chunk_bytes_;  // planted\n}"),),
+        ("tests/native/test_native_core.py",)),
+    Bug("slices-ignore-backlog",
+        "every staged chunk is put in slices, even while the writers have chunks' worth waiting",
+        (("native/src/write_job.cc", " || put_backlog_.load() >= chunk_bytes_)", ")"),),
+        ("tests/native/test_native_core.py",)),
+    Bug("pool-grows-under-lock",
+        "the staging pool faults a new chunk in while holding its lock: writes wait for the growth",
+        (("native/src/staging_pool.cc",
+          "    IoMemory chunk(chunk_bytes_);  // zeroed and present: no fault in the first snapshot\n"
+          "    out.push_back(reinterpret_cast<uintptr_t>(chunk.data()));\n"
+          "    {\n"
+          "      std::lock_guard<std::mutex> lk(mu_);\n",
+          "    std::lock_guard<std::mutex> lk(mu_);  // planted\n"
+          "    IoMemory chunk(chunk_bytes_);\n"
+          "    out.push_back(reinterpret_cast<uintptr_t>(chunk.data()));\n"
+          "    {\n"),),
         ("tests/native/test_native_core.py",)),
 )

@@ -4,7 +4,9 @@
 // itself, e.g. from a CUDA stream), the CRC of every byte, and its Sink (sink.h: a file,
 // or a region of a mapped pool), which it only puts bytes into, persists and finishes.
 // Source x sink, as in the Python write path. Progress is two latches: "copied" (the caller
-// may overwrite its tensors) and "written" (all data is in the sink).
+// may overwrite its tensors) and "written" (all data is in the sink). A staged chunk goes to the
+// writers in slices, each as soon as it is copied, while they have little else to put (at the
+// start of every checkpoint): the disk does not wait for a whole chunk's copy.
 // A held job (layer-wise checkpointing) copies nothing until the caller
 // releases records; each record's copy can then be waited on alone.
 // No wait here is unbounded: every one takes a timeout (the Python write path calls them in
@@ -139,15 +141,22 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
     uint32_t record;
   };
   void copy_chunk(size_t c);
-  void send_chunk(size_t c, int slot);  // a filled chunk to a writer or CRC thread (put) and a CRC thread (sum)
-  void put_chunk(size_t c, int slot);
+  // A staged chunk is put in slices of 1/kSlicesPerChunk, each as soon as it is copied, while the
+  // writers have less than a chunk's bytes to put (put_backlog_): else whole.
+  static constexpr uint64_t kSlicesPerChunk = 8;
+  uint64_t slice_bytes() const;
+  void expect_halves(size_t c, size_t n_puts);
+  // Part of a filled chunk to a writer (a CRC thread where the put is a CPU copy); its sum to a CRC thread.
+  void submit_put(size_t c, int slot, uint64_t lo, uint64_t len);
+  void submit_sum(size_t c, int slot);
+  void put_range(size_t c, int slot, uint64_t lo, uint64_t len);
   void sum_chunk(size_t c, int slot);
-  void chunk_half_done(size_t c, int slot);  // the later of put and sum frees the slot
+  void chunk_half_done(size_t c, int slot);  // the last of its puts and its sum frees the slot
   void put_span(size_t i);
   void persist_span(size_t i);
   void sum_stored(size_t i);  // a span's CRC read back where the sink stored it (Sink::stored_at)
   bool per_span() const { return source_ == Source::Direct; }
-  void fill_chunk(size_t c, uint8_t* buf);
+  void fill_range(size_t c, uint8_t* buf, uint64_t lo, uint64_t hi);
   // A Direct span into a sink that stores on the copy thread (a mapped region), with its CRC
   // in the same pass: block by block, each summed while in this core's cache. Returns the CRC.
   static constexpr uint64_t kCrcBlock = 256 << 10;
@@ -178,6 +187,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   uint32_t n_records_;
   std::unique_ptr<Sink> sink_;
   std::atomic<uint64_t> bytes_written_{0};
+  std::atomic<uint64_t> put_backlog_{0};  // bytes handed to the writers and not yet put
   JobTimings timings_;
   void stamp(std::atomic<int64_t>& at);
 
@@ -187,7 +197,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   size_t running_ = 0;  // tasks submitted to the thread pools and not finished (abort waits for 0)
   // Copy units: chunks (Staged, External) or spans (Direct). 0 held, 1 issued, 2 copied.
   std::vector<uint8_t> unit_state_;
-  std::vector<uint8_t> chunk_halves_;  // per chunk: of its put and its sum, how many are still to end
+  std::vector<uint8_t> chunk_halves_;  // per chunk: of its puts and its sum, how many are still to end
   std::vector<std::vector<size_t>> record_units_;
   bool held_ = false;
   bool failed_ = false;
