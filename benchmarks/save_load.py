@@ -41,10 +41,10 @@ def touch(state: dict[str, torch.Tensor]) -> None:
 
     Every contender that reads the state (the memcpy bound, every save) starts from it just
     touched, as the O_DIRECT bound starts from buffers it has just filled. Memory left idle for a
-    second is slow to touch again on some machines (on this project's VM the first pass over
-    pages idle for 0.5-2 s ran 20-70x slower for tens of milliseconds: the hypervisor maps them
-    again), which would charge whichever contender runs after an idle spell for the machine's
-    doing, not its own."""
+    second is slow to touch again on some machines (on this project's VM a copy of 4 KiB pages
+    idle for 0.5-2 s ran 20-70x slower for tens of milliseconds, a pure-CPU loop did not), which
+    would charge whichever contender runs after an idle spell for the machine's doing, not its
+    own."""
     for v in state.values():
         v.sum()
 
