@@ -286,15 +286,13 @@ void WriteJob::fill_range(size_t c, uint8_t* buf, uint64_t lo, uint64_t hi) {
   if (hi > cursor) std::memset(buf + cursor, 0, hi - cursor);
 }
 
-// A chunk is put in slices, each as soon as it is copied, while the writers have less than a
-// chunk's bytes left to put: they would otherwise wait for the whole copy with the disk idle (at
+// A staged chunk is put in slices, each as soon as it is copied, while the writers have less than
+// a chunk's bytes left to put: they would otherwise wait for the whole copy with the disk idle (at
 // the start of every checkpoint, and whenever the copies fall behind the disk). A put that is a CPU
 // copy gains nothing from it.
 uint64_t WriteJob::slice_bytes() const {
-  const uint64_t slice = std::max<uint64_t>(kAlign, chunk_bytes_ / kSlicesPerChunk / kAlign * kAlign);
-  if (source_ != Source::Staged || sink_->put_is_cpu_copy() || put_backlog_.load() >= chunk_bytes_)
-    return chunk_bytes_;
-  return slice;
+  if (sink_->put_is_cpu_copy() || put_backlog_.load() >= chunk_bytes_) return chunk_bytes_;
+  return std::max<uint64_t>(kAlign, chunk_bytes_ / kSlicesPerChunk / kAlign * kAlign);
 }
 
 void WriteJob::copy_chunk(size_t c) {

@@ -241,19 +241,41 @@ TEST_CASE("every source puts every byte into any sink, persisted, on the threads
 
 namespace {
 
+// Holds a one-thread pool's thread from construction until release() (or destruction): a task
+// queued on it first blocks there, so every task queued after it waits.
+class ThreadHold {
+ public:
+  explicit ThreadHold(ThreadPool& pool) : held_(mu_) {
+    pool.submit([this] {
+      waiting_ = true;
+      { std::lock_guard<std::mutex> lk(mu_); }
+      done_ = true;
+    });
+    while (!waiting_) std::this_thread::yield();
+  }
+  ~ThreadHold() {
+    release();
+    while (!done_) std::this_thread::yield();  // the holding task is done with mu_
+  }
+  ThreadHold(const ThreadHold&) = delete;
+  ThreadHold& operator=(const ThreadHold&) = delete;
+  void release() {
+    if (held_.owns_lock()) held_.unlock();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_lock<std::mutex> held_;
+  std::atomic<bool> waiting_{false}, done_{false};
+};
+
 // A staged job of one record (`bytes`, at kBegin) on one-thread pools and one staging slot, its
 // CRC thread held from the start (the holding task is queued before any of the job's) until
 // release_crc(). The sink is a MemorySink whose put is a CPU copy or not.
 class HeldCrcJob {
  public:
-  HeldCrcJob(const std::vector<uint8_t>& bytes, bool cpu_copy) : held_(hold_) {
+  HeldCrcJob(const std::vector<uint8_t>& bytes, bool cpu_copy) {
     pool.grow(1);
-    summers.submit([this] {
-      crc_waits_ = true;
-      { std::lock_guard<std::mutex> lk(hold_); }
-      crc_done_ = true;
-    });
-    while (!crc_waits_) std::this_thread::yield();
     auto sink = std::make_unique<MemorySink>(kBegin + bytes.size(), false, false, cpu_copy);
     mem = sink.get();
     job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
@@ -262,13 +284,7 @@ class HeldCrcJob {
                                      kBegin, kBegin + bytes.size(), kBegin + bytes.size(), Source::Staged, 4096, 1);
     job->start();
   }
-  ~HeldCrcJob() {
-    release_crc();
-    while (!crc_done_) std::this_thread::yield();  // the holding task is done with hold_
-  }
-  void release_crc() {
-    if (held_.owns_lock()) held_.unlock();
-  }
+  void release_crc() { crc_hold_.release(); }
   // Waits up to 10 s for `n` bytes to be put; the bytes put by then.
   uint64_t put_bytes_within(uint64_t n, int tries = 1000) const {
     for (int i = 0; i < tries && mem->put_bytes.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -282,9 +298,7 @@ class HeldCrcJob {
   std::shared_ptr<WriteJob> job;
 
  private:
-  std::mutex hold_;
-  std::unique_lock<std::mutex> held_;
-  std::atomic<bool> crc_waits_{false}, crc_done_{false};
+  ThreadHold crc_hold_{summers};  // made before the constructor's body queues any of the job's tasks
 };
 
 }  // namespace
@@ -336,14 +350,7 @@ TEST_CASE("a staged chunk is put in slices as it is copied while the writers hav
     pool.grow(2);
     ThreadPool copiers(1), writers(1), summers(1);
     std::atomic<uint64_t> progress{0};
-    std::mutex hold;
-    std::unique_lock<std::mutex> held(hold);
-    std::atomic<bool> writer_waits{false};
-    writers.submit([&] {
-      writer_waits = true;
-      std::lock_guard<std::mutex> lk(hold);
-    });
-    while (!writer_waits) std::this_thread::yield();
+    ThreadHold writer_hold(writers);
     const uint64_t end = kBegin + data.size();
     auto sink = std::make_unique<MemorySink>(end, false, false, cpu_copy);
     MemorySink& mem = *sink;
@@ -353,7 +360,7 @@ TEST_CASE("a staged chunk is put in slices as it is copied while the writers hav
         Source::Staged, 4096, 1);
     job->start();
     REQUIRE(job->wait_copied(10.0));  // both chunks copied while the writer is still held
-    held.unlock();
+    writer_hold.release();
     REQUIRE(job->wait_written(10.0));
     job->finalize({}, end);
     std::vector<std::pair<uint64_t, uint64_t>> want;
