@@ -482,6 +482,7 @@ class Checkpointer:
             self.wait()
             if self._persisting is not None and self._persisting.issue_owed():
                 self.wait()  # the newest checkpoint persist_every left in memory alone, persisted
+            self._commits.join()  # retention and files made ahead: done before the store closes
         finally:
             self._closed = True
             _open_checkpointers.discard(self)

@@ -5,7 +5,8 @@ runs is fastckpt.commit.ordered's business): finishing its file through the stor
 when a tensor was written in place before its snapshot copied it (SnapshotWatch); the rename
 into place, in counter order, since a later save of the same path must land last; the COMMIT
 record (every rank's FileEntry; `store.commit_rank` on every rank, `store.commit` on rank 0);
-and on landing its Pending, the cleanup of a failed checkpoint, and retention afterwards.
+and on landing its Pending, the cleanup of a failed checkpoint, and afterwards retention and the
+next part's file made ahead (store.make_ahead).
 """
 from __future__ import annotations
 
@@ -100,6 +101,8 @@ class CheckpointCommit(CommitUnit):
     def afterwards(self) -> None:
         if self.pending.error is None:
             self._retain()
+            if self.pending.plan is not None:  # the next part's file, about this one's size
+                self.store.make_ahead(self.rank, self.format, self.pending.plan.file_size)
 
 
 def as_write_error(e: BaseException, step: int) -> BaseException:

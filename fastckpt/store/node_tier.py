@@ -84,6 +84,8 @@ def load_lent(folder: str, path: str, committed: bool = True, **how):
 class NodeTier(RootStore):
     """The parts of one rank in a tier before the last; every rank commits and retains its own."""
 
+    makes_ahead = False  # a removed part's file is recycled instead (a new one would hold memory)
+
     def __init__(self, place: str, rank: int, spares: int = 3):
         super().__init__(rank_folder(place, rank))
         self.place, self.rank, self.spares = os.path.abspath(os.fspath(place)), rank, spares

@@ -35,8 +35,9 @@ the order of a checkpoint's life (write side: the Checkpointer and its commit th
      store whose ranks hold each other's parts exchanges them there);
   7. `retain(keep, in_flight)` (rank 0 after a commit; every rank when `every_rank_retains`):
      beyond the newest `keep` committed checkpoints, and dead partial ones, removed — never one
-     in flight;
-  8. `close()`.
+     in flight; then on every rank `make_ahead(rank, fmt, nbytes)`: the file of this rank's next
+     part made now, for the next begin() to take (a store that makes none: nothing);
+  8. `close()` (every commit thread ended: files made ahead are removed here).
 
 The `fastckpt` command reads a place without writing (fastckpt.tools.folders):
   9. `place_at(path)` (a class method): the store whose place path is, opened only to read
@@ -205,6 +206,11 @@ class Store(abc.ABC):
     def retain(self, keep: int, in_flight: set) -> None:
         """(7) Rank 0 after a commit: committed checkpoints beyond the newest `keep` and dead
         partial ones removed, never one whose id is in in_flight (keep=0: all kept)."""
+
+    def make_ahead(self, rank: int, fmt: str, nbytes: int) -> None:
+        """(7) Every rank, after its checkpoint landed and retention ran: the file of its next part
+        (about nbytes, in format fmt) made now, so that the next begin() need not create it.
+        Never raises."""
 
     def close(self) -> None:
         """(8) Resources released; nothing written after."""

@@ -3,7 +3,8 @@
 Layout:  ROOT/step-00000100.c000007/{rank-0.pt, rank-1.pt, COMMIT}  and  ROOT/latest
 Owns naming (the counter in the name orders checkpoints even when steps
 repeat), listing committed checkpoints, moving `latest` forward atomically,
-retention (`keep`), and removing directories that never committed.
+retention (`keep`), and removing directories that never committed. Each rank's next file is made
+ahead once a checkpoint landed (fastckpt.store.ahead: `ROOT/.ahead/`), which begin() takes.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
+from . import ahead
 from .protocol import Listed, Store
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
@@ -28,11 +30,13 @@ EXT = {"torch": "pt", "safetensors": "safetensors"}
 
 class RootStore(Store):
     kind = survey_kind = "root"
+    makes_ahead = True  # each rank's next file made once a checkpoint landed (store.ahead)
 
     def __init__(self, root: str):
         self.root = os.path.abspath(os.fspath(root))
         self.only: Optional[str] = None  # opened at one checkpoint folder (place_at)
         self._latest_lock = threading.Lock()  # two commit threads may move it (a tier's saves and copies)
+        self._ahead_names: set[str] = set()  # the files this process made ahead (removed at close)
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "RootStore":
@@ -68,9 +72,16 @@ class RootStore(Store):
     # -- the store protocol the Checkpointer drives ----------------------
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
               meta=None) -> tuple[str, str]:
-        """(checkpoint id, path this rank writes) for a new checkpoint; target is unused here."""
+        """(checkpoint id, path this rank writes) for a new checkpoint, the file made ahead
+        for it moved there when there is one; target is unused here."""
         ckpt_dir = self.new_dir(step, counter)
-        return ckpt_dir, os.path.join(ckpt_dir, self.file_name(rank, fmt))
+        part = os.path.join(ckpt_dir, self.file_name(rank, fmt))
+        ahead.take(self.root, self.file_name(rank, fmt), part)
+        return ckpt_dir, part
+
+    def make_ahead(self, rank: int, fmt: str, nbytes: int) -> None:
+        if self.makes_ahead and ahead.make(self.root, self.file_name(rank, fmt), nbytes):
+            self._ahead_names.add(self.file_name(rank, fmt))
 
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
         """Each rank, once its file is durable; returns where the file now is."""
@@ -86,7 +97,10 @@ class RootStore(Store):
             self.remove(ckpt_id)
 
     def close(self) -> None:
-        pass
+        """This process's files made ahead removed."""
+        names, self._ahead_names = self._ahead_names, set()
+        if names:
+            ahead.clear(self.root, names)
 
     def move_latest(self, info: CommitInfo) -> None:
         """Points `latest` at info, only forward (by counter), atomically and durably; one thread
@@ -130,7 +144,9 @@ class RootStore(Store):
                 self.remove(path)
 
     def remove_uncommitted(self) -> None:
-        """At the start of a writing session: drop directories a dead writer left."""
+        """At the start of a writing session: drop directories a dead writer left, and the
+        files made ahead before it (it may have been cut short making one)."""
+        ahead.clear(self.root)
         for _, _, path in self._dirs():
             if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
                 self.remove(path)

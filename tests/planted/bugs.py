@@ -169,4 +169,24 @@ BUGS = (
           "    out.push_back(reinterpret_cast<uintptr_t>(chunk.data()));\n"
           "    {\n"),),
         ("tests/native/test_native_core.py",)),
+    Bug("ahead-file-not-taken",
+        "the root store's begin() leaves the file made ahead where it is: every save creates its own",
+        (("fastckpt/store/root_store.py", "        ahead.take(self.root, self.file_name(rank, fmt), part)\n", ""),),
+        ("tests/fastckpt/store/test_ahead.py",)),
+    Bug("ahead-file-recycles-old-checkpoint",
+        "retention keeps a removed checkpoint's file as the next file made ahead (written over in place)",
+        (("fastckpt/store/root_store.py",
+          "        shutil.rmtree(path, ignore_errors=True)\n        try:\n            fsync_dir(self.root)",
+          "        try:  # planted\n"
+          "            os.makedirs(os.path.join(self.root, ahead.FOLDER), exist_ok=True)\n"
+          "            os.replace(os.path.join(path, 'rank-0.pt'), ahead.path_of(self.root, 'rank-0.pt'))\n"
+          "        except OSError:\n"
+          "            pass\n"
+          "        shutil.rmtree(path, ignore_errors=True)\n        try:\n            fsync_dir(self.root)"),),
+        ("tests/fastckpt/store/test_ahead.py",)),
+    Bug("ahead-left-from-a-crash-kept",
+        "a writer starting after a crash keeps what was left half made ahead",
+        (("fastckpt/store/root_store.py", "        ahead.clear(self.root)\n        for _, _, path in self._dirs():",
+          "        for _, _, path in self._dirs():"),),
+        ("tests/fastckpt/store/test_ahead.py",)),
 )
