@@ -2,7 +2,8 @@
 
   protocol.py    the store seam, its calls numbered (Store), and the optional ByPath
   root_store.py  "root": fastckpt names each checkpoint, a directory per checkpoint under the root
-                 and a `latest` pointer (the Checkpointer's own layout)
+                 and a `latest` pointer (the Checkpointer's own layout); ahead.py: each rank's next
+                 file made before its save
   path_store.py  "path": every save names its own path (a local file, a per-rank directory, an
                  fsspec URL), as Lightning does
   pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,

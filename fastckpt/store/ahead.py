@@ -12,7 +12,11 @@ that one (a private mapping shows what is later written into its file), and a fr
 what the O_DIRECT bound of the benchmarks writes too.
 
 Layout:  PLACE/.ahead/rank-R.pt  (made as a unique temporary name there, renamed when whole)
-Not a checkpoint: nothing lists it, and nothing is lost with it. A crash may leave it, or a
+Not a checkpoint: nothing lists it, and nothing is lost with it. Its names are made durable
+before the record of the checkpoint that took it (`durable_moves`, from the store's finish_write,
+while that checkpoint's bytes are still being written):
+where directories are durable one by one (POSIX orders no two), a rename is durable once both
+folders are fsync'ed, and the record fsyncs only the checkpoint's own. A crash may leave it, or a
 temporary one: `clear()` removes them when writing starts, and each rank's own when its owner
 closes. Not made
 on a memory filesystem, where it would hold memory until the next save. Where the disk has no
@@ -27,6 +31,7 @@ import shutil
 import threading
 
 from .. import _native
+from ..fsutil import fsync_dir
 
 log = logging.getLogger("fastckpt")
 
@@ -75,6 +80,12 @@ def take(place: str, name: str, dst: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def durable_moves(place: str) -> None:
+    """The folder of the files made ahead fsync'ed: every file made there, and every one taken
+    from it, durable by name there (before the commit record of a checkpoint that took one)."""
+    fsync_dir(os.path.join(place, FOLDER))
 
 
 def clear(place: str, names=None) -> None:

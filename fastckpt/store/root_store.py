@@ -37,6 +37,7 @@ class RootStore(Store):
         self.only: Optional[str] = None  # opened at one checkpoint folder (place_at)
         self._latest_lock = threading.Lock()  # two commit threads may move it (a tier's saves and copies)
         self._ahead_names: set[str] = set()  # the files this process made ahead (removed at close)
+        self._taken: set[str] = set()  # parts begun in a file made ahead, until finish_write
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "RootStore":
@@ -76,12 +77,22 @@ class RootStore(Store):
         for it moved there when there is one; target is unused here."""
         ckpt_dir = self.new_dir(step, counter)
         part = os.path.join(ckpt_dir, self.file_name(rank, fmt))
-        ahead.take(self.root, self.file_name(rank, fmt), part)
+        if ahead.take(self.root, self.file_name(rank, fmt), part):
+            self._taken.add(part)
         return ckpt_dir, part
 
     def make_ahead(self, rank: int, fmt: str, nbytes: int) -> None:
         if self.makes_ahead and ahead.make(self.root, self.file_name(rank, fmt), nbytes):
             self._ahead_names.add(self.file_name(rank, fmt))
+
+    def finish_write(self, write, part: str):
+        """The commit thread: a part begun in a file made ahead has the folder it came from made
+        durable first, while its bytes are still being written (a rename is durable once both
+        folders are fsync'ed; the record fsyncs the checkpoint's own); then the part, durable."""
+        if part in self._taken:
+            self._taken.discard(part)
+            ahead.durable_moves(self.root)
+        return write.finish()
 
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
         """Each rank, once its file is durable; returns where the file now is."""
@@ -93,6 +104,7 @@ class RootStore(Store):
         self.move_latest(info)
 
     def abort(self, ckpt_id: str, file_path: str, rank: int, stuck: bool = False) -> None:
+        self._taken.discard(file_path)
         if rank == 0 and ckpt_id is not None:
             self.remove(ckpt_id)
 

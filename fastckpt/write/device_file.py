@@ -268,9 +268,10 @@ class DeviceFileWrite(DeviceWrite):
             spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(plan.records, crcs))]
             direct, refused = False, False
         else:
-            self.deadline.wait(lambda: f"the writers of {self.where} ({self._job.status()})", self._job.wait_written)
+            self.deadline.wait(lambda: f"the CRCs of {self.where} ({self._job.status()})", self._job.wait_summed)
             crcs = list(self._job.record_crcs())
-            blobs, file_crc = plan.finish(crcs)
+            blobs, file_crc = plan.finish(crcs)  # built while the writers still put the last chunks
+            self.deadline.wait(lambda: f"the writers of {self.where} ({self._job.status()})", self._job.wait_written)
             self._job.finalize(blobs, plan.file_size)
             spans = [tuple(s) for s in self._job.span_crcs()]
             direct, refused = self._job.used_direct_io, self._job.direct_io_refused

@@ -53,9 +53,10 @@ class HostFileWrite(JobWrite):
         return buf.data_ptr()
 
     def finish(self) -> WriteResult:
-        self._wait_written()
+        self._wait_summed()  # c: the headers are built while the writers still put the last chunks
         crcs = list(self._job.record_crcs())
         blobs, file_crc = self.plan.finish(crcs)
+        self._wait_written()
         self._job.finalize(blobs, self.plan.file_size)
         self._keep.clear()
         self._let_go()

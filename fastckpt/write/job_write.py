@@ -88,11 +88,21 @@ class JobWrite(SnapshotWrite):
             raise
 
     # -- (3) finishing ----------------------------------------------------
-    def _wait_written(self) -> None:
-        """Held time first (no deadline), then every data byte in the sink (under it)."""
+    def _wait_released(self) -> None:
+        """Held time: until its owner released every record (no deadline runs during it)."""
         while not self._released.wait(1.0):
             if self._error is not None:
                 raise self._error
+
+    def _wait_summed(self) -> None:
+        """Held time first, then every CRC known (under the deadline): a staged write's headers
+        are built then, while its last bytes are still on their way to the disk."""
+        self._wait_released()
+        self._wait(self._job.wait_summed, f"the CRCs of {self.where}", None)
+
+    def _wait_written(self) -> None:
+        """Held time first, then every data byte in the sink (under the deadline)."""
+        self._wait_released()
         self._wait(self._job.wait_written, f"the writers of {self.where}", None)
 
     # -- (4) abort --------------------------------------------------------

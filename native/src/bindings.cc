@@ -166,6 +166,8 @@ PYBIND11_MODULE(_native, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("wait_written", &WriteJob::wait_written, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
+      .def("wait_summed", &WriteJob::wait_summed, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
       .def("release", &WriteJob::release)
       .def("release_all", &WriteJob::release_all)
       .def("wait_records_copied", &WriteJob::wait_records_copied, py::arg("records"),

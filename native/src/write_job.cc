@@ -58,10 +58,10 @@ WriteJob::WriteJob(Workers w, std::unique_ptr<Sink> sink, std::vector<Piece> pie
   }
   span_crc_.assign(spans_.size(), 0);
   if (per_span()) {
-    copies_left_ = writes_left_ = spans_.size();
+    copies_left_ = writes_left_ = sums_left_ = spans_.size();
   } else {
     copies_left_ = source == Source::Staged ? n_chunks_ : 0;
-    writes_left_ = n_chunks_;
+    writes_left_ = sums_left_ = n_chunks_;
   }
   if (held && source == Source::External) throw std::invalid_argument("external jobs cannot be held");
   held_ = held;
@@ -244,6 +244,11 @@ void WriteJob::count_written() {
   if (last || running_ == 0) cv_.notify_all();
 }
 
+void WriteJob::count_summed() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (--sums_left_ == 0) cv_.notify_all();
+}
+
 // Staging chunks are freed by writers; a copy waits for one in slices so that a failed job
 // (a writer error, or abort() after a stall) lets its copy threads go.
 int WriteJob::acquire_chunk() {
@@ -401,9 +406,12 @@ void WriteJob::sum_chunk(size_t c, int slot) {
   if (!failed) {
     const uint8_t* buf = w_.pool->data(slot);
     const uint64_t base = chunk_begin(c);
-    PhaseTimer t(timings_.crc);
-    for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
-      span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
+    {
+      PhaseTimer t(timings_.crc);
+      for (size_t s = chunk_first_span_[c]; s < chunk_first_span_[c + 1]; ++s)
+        span_crc_[s] = crc32_update(0, buf + (spans_[s].file_off - base), spans_[s].len);
+    }
+    count_summed();
   }
   chunk_half_done(c, slot);
 }
@@ -437,13 +445,17 @@ void WriteJob::put_span(size_t i) {
         return;
       }
       if (sink_->put_on_copy_thread()) {  // the CRC and the store in one pass: timed as the put
-        PhaseTimer t(timings_.put);
-        span_crc_[i] = put_with_crc(reinterpret_cast<const uint8_t*>(sp.src), sp.len, sp.file_off);
+        {
+          PhaseTimer t(timings_.put);
+          span_crc_[i] = put_with_crc(reinterpret_cast<const uint8_t*>(sp.src), sp.len, sp.file_off);
+        }
+        count_summed();
       } else {  // the pwrite is the copy (the kernel's, or the device's with O_DIRECT): sum, then put
         {
           PhaseTimer t(timings_.crc);
           span_crc_[i] = crc32_update(0, src, sp.len);
         }
+        count_summed();
         PhaseTimer t(timings_.put);
         sink_->put(src, sp.len, sp.file_off, aligned);
       }
@@ -474,6 +486,7 @@ void WriteJob::sum_stored(size_t i) {
       PhaseTimer t(timings_.crc);
       span_crc_[i] = crc32_update(0, sink_->stored_at(sp.file_off), sp.len);
     }
+    count_summed();
     if (!sink_->persist_with_put()) {
       PhaseTimer t(timings_.persist);
       sink_->persist(sp.file_off, sp.len);
@@ -516,6 +529,8 @@ bool WriteJob::wait_latch(const size_t& left, double timeout_s) {
 }
 
 bool WriteJob::wait_copied(double timeout_s) { return wait_latch(copies_left_, timeout_s); }
+
+bool WriteJob::wait_summed(double timeout_s) { return wait_latch(sums_left_, timeout_s); }
 
 bool WriteJob::wait_written(double timeout_s) {
   return wait_until([this] { return writes_left_ == 0 && sink_ready_; }, timeout_s);

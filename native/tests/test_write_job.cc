@@ -379,3 +379,49 @@ TEST_CASE("a staged chunk is put in slices as it is copied while the writers hav
     CHECK(pool.free_count() == 2);
   }
 }
+
+TEST_CASE("every CRC of a staged job is known while its writers still hold the last bytes") {
+  // The writer is held: nothing is written, yet "summed" falls and record_crcs() is right, so the
+  // caller builds the file's headers while the disk is still busy; "written" falls only after.
+  constexpr uint64_t kChunk = 64 << 10;
+  auto data = pattern(3 * kChunk - 1000, 17);
+  StagingPool pool(kChunk);
+  pool.grow(3);
+  ThreadPool copiers(2), writers(1), summers(1);
+  std::atomic<uint64_t> progress{0};
+  ThreadHold writer_hold(writers);
+  const uint64_t end = kBegin + data.size();
+  auto sink = std::make_unique<MemorySink>(end, false, false, false);
+  MemorySink& mem = *sink;
+  auto job = std::make_shared<WriteJob>(
+      Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+      std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
+      Source::Staged, 4096, 1);
+  job->start();
+  REQUIRE(job->wait_summed(10.0));
+  CHECK_FALSE(job->wait_written(0.0));
+  CHECK(mem.put_bytes.load() == 0);
+  CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+  writer_hold.release();
+  REQUIRE(job->wait_written(10.0));
+  job->finalize({}, end);
+  CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
+}
+
+TEST_CASE("every CRC of a direct job is known once each span is summed") {
+  auto data = pattern(5 * 4096 + 123, 19);
+  StagingPool pool(4096);
+  ThreadPool copiers(1), writers(2), summers(1);
+  std::atomic<uint64_t> progress{0};
+  const uint64_t end = kBegin + data.size();
+  auto sink = std::make_unique<MemorySink>(end, false, false, false);
+  auto job = std::make_shared<WriteJob>(
+      Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
+      std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
+      Source::Direct, 4096, 1);
+  job->start();
+  REQUIRE(job->wait_summed(10.0));
+  CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+  REQUIRE(job->wait_written(10.0));
+  job->finalize({}, end);
+}

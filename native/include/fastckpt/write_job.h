@@ -3,8 +3,8 @@
 // engine's staging chunks, direct from the caller's memory, or chunks the caller fills
 // itself, e.g. from a CUDA stream), the CRC of every byte, and its Sink (sink.h: a file,
 // or a region of a mapped pool), which it only puts bytes into, persists and finishes.
-// Source x sink, as in the Python write path. Progress is two latches: "copied" (the caller
-// may overwrite its tensors) and "written" (all data is in the sink). A staged chunk goes to the
+// Source x sink, as in the Python write path. Progress is three latches: "copied" (the caller
+// may overwrite its tensors), "summed" (every CRC is known) and "written" (all data is in the sink). A staged chunk goes to the
 // writers in slices, each as soon as it is copied, while they have little else to put (at the
 // start of every checkpoint): the disk does not wait for a whole chunk's copy.
 // A held job (layer-wise checkpointing) copies nothing until the caller
@@ -105,6 +105,10 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   bool wait_copied(double timeout_s);       // true when copied (throws the job's error)
   // True when every data byte is in the sink and the sink is open (throws the job's error).
   bool wait_written(double timeout_s);
+  // True when every span's CRC is known (throws the job's error): record_crcs() may be read. A
+  // staged job sums a chunk beside its put, so this falls while the last bytes are still being
+  // written: the caller builds the file's headers then, not after the disk is done.
+  bool wait_summed(double timeout_s);
   // Held jobs: start copying (putting, from a Direct source) the units holding these records.
   void release(const std::vector<uint32_t>& records);
   void release_all();
@@ -168,6 +172,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void submit_unit(size_t unit);
   std::vector<size_t> units_of(const std::vector<uint32_t>& records) const;
   void count_written();
+  void count_summed();  // a unit's CRCs are all in span_crc_
   void bump() { w_.progress->fetch_add(1, std::memory_order_relaxed); }
   int acquire_chunk();  // a staging chunk, or -1 once the job has failed
   // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
@@ -193,7 +198,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  size_t copies_left_ = 0, writes_left_ = 0;
+  size_t copies_left_ = 0, writes_left_ = 0, sums_left_ = 0;
   size_t running_ = 0;  // tasks submitted to the thread pools and not finished (abort waits for 0)
   // Copy units: chunks (Staged, External) or spans (Direct). 0 held, 1 issued, 2 copied.
   std::vector<uint8_t> unit_state_;

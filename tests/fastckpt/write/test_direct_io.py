@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fastckpt
+from fastckpt.store import ahead
 from support.page_cache import resident_fraction
 from support.paths import ROOT, python_path
 
@@ -34,7 +35,9 @@ def _state(seed: int) -> dict:
 
 
 def _files(root) -> list[str]:
-    return [os.path.join(d, f) for d, _, names in os.walk(root) for f in names if f.startswith("rank-")]
+    """Every checkpoint's part file under root (not the next one, made ahead: store.ahead)."""
+    return [os.path.join(d, f) for d, _, names in os.walk(root) for f in names
+            if f.startswith("rank-") and os.path.basename(d) != ahead.FOLDER]
 
 
 def test_a_default_checkpoint_is_written_with_o_direct(disk_dir):

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import fastckpt
+from fastckpt.store import ahead
 from fastckpt.write import WriteStalled
 from fastckpt.write.streams import STREAMS, HostStream
 from support.states import assert_same, state_matrix
@@ -121,10 +122,14 @@ def test_policy_skip_grows_staging_at_once(tmp_path):
         p.wait()
 
 
-def _stuck_next_checkpoint(root: str, step: int, counter: int) -> str:
+def _stuck_next_checkpoint(ck, root: str, step: int, counter: int) -> str:
     """The file the next checkpoint will be written to, made a link to a FIFO nobody reads
     (opening it for writing blocks in the kernel). The FIFO lives outside the checkpoint
-    directory, which the failed checkpoint's cleanup removes, so the test can unblock it."""
+    directory, which the failed checkpoint's cleanup removes, so the test can unblock it. The
+    file made ahead for it is removed first (the commit threads joined: none is being made), else
+    the save would move it over the link."""
+    ck._commits.join()
+    ahead.clear(root)
     d = os.path.join(root, f"step-{step:08d}.c{counter:06d}")
     os.makedirs(d)
     fifo = os.path.join(os.path.dirname(root), f"fifo-{step}")
@@ -146,7 +151,7 @@ def test_a_stuck_writer_raises_from_the_gate_instead_of_hanging(tmp_path, strate
     ck = fastckpt.Checkpointer(tmp_path, strategy=strategy, chunk_mb=1, staging_mb=1, direct_io=False,
                                stall_timeout_s=1.0)
     ck.save(state, step=1).wait()
-    fifo = _stuck_next_checkpoint(str(tmp_path), 2, 2)
+    fifo = _stuck_next_checkpoint(ck, str(tmp_path), 2, 2)
     try:
         ck.save(state, step=2)
         t0 = time.monotonic()
@@ -170,7 +175,7 @@ def test_a_stuck_writer_with_on_error_warn_lets_training_go_on(tmp_path):
     ck = fastckpt.Checkpointer(tmp_path, chunk_mb=1, staging_mb=1, direct_io=False, stall_timeout_s=1.0,
                                on_error="warn")
     ck.save(state, step=1).wait()
-    fifo = _stuck_next_checkpoint(str(tmp_path), 2, 2)
+    fifo = _stuck_next_checkpoint(ck, str(tmp_path), 2, 2)
     try:
         ck.save(state, step=2)
         with pytest.warns(UserWarning, match="nothing moved"):
@@ -211,7 +216,7 @@ def test_save_returns_before_a_held_stream_copies_and_the_gate_waits_for_the_cop
         ck.save(state, step=1).wait()  # staging grows meanwhile; the next save draws it
         ck._staging.wait_grown()
         hold.clear()
-        fifo = _stuck_next_checkpoint(str(root), 2, 2)
+        fifo = _stuck_next_checkpoint(ck, str(root), 2, 2)
         got = {}
         try:
             saved = run(lambda: got.setdefault("p", ck.save(state, step=2)))
