@@ -28,6 +28,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import threading
 
 from .. import _native
@@ -74,9 +75,13 @@ def make(place: str, name: str, nbytes: int) -> bool:
 
 def take(place: str, name: str, dst: str) -> bool:
     """The file made ahead for a part named `name`, moved to dst (where the part goes); False
-    when there is none (or it was taken): the sink then creates dst."""
+    when there is none, it was taken, or it is not a plain file (a link there would have the
+    part written wherever it points): the sink then creates dst."""
+    src = path_of(place, name)
     try:
-        os.rename(path_of(place, name), dst)
+        if not stat.S_ISREG(os.lstat(src).st_mode):
+            return False
+        os.rename(src, dst)
         return True
     except OSError:
         return False

@@ -140,3 +140,20 @@ def test_none_is_made_on_a_memory_filesystem_or_by_a_memory_tier(tmp_path):
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(os.path.join(shm, f"fastckpt-ahead-tier-{os.getpid()}"), ignore_errors=True)
+
+
+def test_a_link_left_where_a_file_made_ahead_goes_is_never_written_through(tmp_path):
+    """A symbolic link at .ahead/rank-0.pt (not a file this process made) is not taken: the save
+    creates its own file, and what the link names is untouched."""
+    ck = Checkpointer(tmp_path / "root", strategy="c", keep=1)
+    ck.save(state(1), step=1)
+    settled(ck)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    os.unlink(made_ahead(tmp_path / "root"))
+    os.symlink(victim, made_ahead(tmp_path / "root"))
+    info = ck.save(state(2), step=2).wait()
+    assert victim.read_bytes() == b"keep me"
+    assert not os.path.islink(info.file_for(0))
+    assert ck.load()["step"] == 2
+    ck.close()
