@@ -12,15 +12,14 @@ that one (a private mapping shows what is later written into its file), and a fr
 what the O_DIRECT bound of the benchmarks writes too.
 
 Layout:  PLACE/.ahead/rank-R.pt  (made as a unique temporary name there, renamed when whole)
-Not a checkpoint: nothing lists it, and nothing is lost with it. Its names are made durable
-before the record of the checkpoint that took it (`durable_moves`, from the store's finish_write,
-while that checkpoint's bytes are still being written):
-where directories are durable one by one (POSIX orders no two), a rename is durable once both
-folders are fsync'ed, and the record fsyncs only the checkpoint's own. A crash may leave it, or a
-temporary one: `clear()` removes them when writing starts, and each rank's own when its owner
-closes. Not made
-on a memory filesystem, where it would hold memory until the next save. Where the disk has no
-room for it, none is made and the next save creates its file as before.
+Not a checkpoint: nothing lists it, and nothing is lost with it. Its names are made durable before
+the record of the checkpoint that took it (`durable_moves`, from the store's finish_write, while
+that checkpoint's bytes are still being written): where directories are durable one by one (POSIX
+orders no two), a rename is durable once both folders are fsync'ed, and the record fsyncs only
+the checkpoint's own. A crash may leave a file made ahead, or a temporary one: `clear()` removes
+them when writing starts, and each rank's own when its owner closes. None is made on a memory
+filesystem, where it would hold memory until the next save; where the disk has no room for it,
+none is made and the next save creates its file as before.
 """
 from __future__ import annotations
 

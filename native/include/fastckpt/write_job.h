@@ -4,9 +4,10 @@
 // itself, e.g. from a CUDA stream), the CRC of every byte, and its Sink (sink.h: a file,
 // or a region of a mapped pool), which it only puts bytes into, persists and finishes.
 // Source x sink, as in the Python write path. Progress is three latches: "copied" (the caller
-// may overwrite its tensors), "summed" (every CRC is known) and "written" (all data is in the sink). A staged chunk goes to the
-// writers in slices, each as soon as it is copied, while they have little else to put (at the
-// start of every checkpoint): the disk does not wait for a whole chunk's copy.
+// may overwrite its tensors), "summed" (every CRC is known: the file's headers can be built) and
+// "written" (all data is in the sink). A staged chunk goes to the writers in slices, each as soon
+// as it is copied, while they have little else to put (at the start of every checkpoint): the
+// disk does not wait for a whole chunk's copy.
 // A held job (layer-wise checkpointing) copies nothing until the caller
 // releases records; each record's copy can then be waited on alone.
 // No wait here is unbounded: every one takes a timeout (the Python write path calls them in
