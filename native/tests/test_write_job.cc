@@ -269,36 +269,49 @@ class ThreadHold {
   std::atomic<bool> waiting_{false}, done_{false};
 };
 
-// A staged job of one record (`bytes`, at kBegin) on one-thread pools and one staging slot, its
-// CRC thread held from the start (the holding task is queued before any of the job's) until
-// release_crc(). The sink is a MemorySink whose put is a CPU copy or not.
-class HeldCrcJob {
+// A job of one record (`bytes`, at kBegin) into a MemorySink whose put is a CPU copy or not, on
+// one writer and one CRC thread, one of the two held from the start (the holding task is queued
+// before any of the job's) until release(). Staged on one 4 KiB slot with one copy thread unless
+// its Shape says otherwise.
+enum class Held { Crc, Writer };
+
+struct Shape {
+  uint64_t chunk = 4096;
+  size_t slots = 1;
+  size_t copy_threads = 1;
+  Source source = Source::Staged;
+};
+
+class HeldJob {
  public:
-  HeldCrcJob(const std::vector<uint8_t>& bytes, bool cpu_copy) {
-    pool.grow(1);
-    auto sink = std::make_unique<MemorySink>(kBegin + bytes.size(), false, false, cpu_copy);
+  HeldJob(const std::vector<uint8_t>& bytes, bool cpu_copy, Held held, Shape shape = {})
+      : pool(shape.chunk), copiers(shape.copy_threads), end(kBegin + bytes.size()),
+        hold_(held == Held::Crc ? summers : writers) {
+    pool.grow(shape.slots);
+    auto sink = std::make_unique<MemorySink>(end, false, false, cpu_copy);
     mem = sink.get();
     job = std::make_shared<WriteJob>(Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
                                      std::vector<Piece>{{reinterpret_cast<uintptr_t>(bytes.data()), bytes.size(),
                                                          kBegin, 0}},
-                                     kBegin, kBegin + bytes.size(), kBegin + bytes.size(), Source::Staged, 4096, 1);
+                                     kBegin, end, end, shape.source, 4096, 1);
     job->start();
   }
-  void release_crc() { crc_hold_.release(); }
+  void release() { hold_.release(); }
   // Waits up to 10 s for `n` bytes to be put; the bytes put by then.
   uint64_t put_bytes_within(uint64_t n, int tries = 1000) const {
     for (int i = 0; i < tries && mem->put_bytes.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return mem->put_bytes.load();
   }
 
-  StagingPool pool{4096};
-  ThreadPool copiers{1}, writers{1}, summers{1};
+  StagingPool pool;
+  ThreadPool copiers, writers{1}, summers{1};
   std::atomic<uint64_t> progress{0};
+  const uint64_t end;
   MemorySink* mem = nullptr;
   std::shared_ptr<WriteJob> job;
 
  private:
-  ThreadHold crc_hold_{summers};  // made before the constructor's body queues any of the job's tasks
+  ThreadHold hold_;  // made before the constructor's body queues any of the job's tasks
 };
 
 }  // namespace
@@ -307,12 +320,12 @@ TEST_CASE("a staged chunk is put while its CRC is still being summed, and its sl
   // The CRC threads are held: every put must still land (the disk never waits for a CRC), while the
   // only staging slot stays taken, so the second chunk is not copied over bytes still being summed.
   auto big = pattern(2 * 4096, 5);
-  HeldCrcJob h(big, false);
+  HeldJob h(big, false, Held::Crc);
   CHECK(h.put_bytes_within(4096) == 4096);         // chunk 0 put...
   CHECK(std::get<3>(h.job->span_crcs()[0]) == 0);  // ...before its CRC was summed (the sum is held)
   CHECK_FALSE(h.job->wait_copied(0.2));            // chunk 1 not copied: the slot waits for chunk 0's CRC
   CHECK(h.pool.free_count() == 0);
-  h.release_crc();
+  h.release();
   REQUIRE(h.job->wait_written(10.0));
   h.job->finalize({}, kBegin + big.size());
   CHECK(std::equal(big.begin(), big.end(), h.mem->bytes.begin() + kBegin));
@@ -327,10 +340,10 @@ TEST_CASE("a staged chunk is put by a writer where the device copies it, by a CR
   for (bool cpu_copy : {false, true}) {
     CAPTURE(cpu_copy);
     auto data = pattern(4096, 11);
-    HeldCrcJob h(data, cpu_copy);
+    HeldJob h(data, cpu_copy, Held::Crc);
     REQUIRE(h.job->wait_copied(10.0));
     CHECK(h.put_bytes_within(4096, 50) == (cpu_copy ? 0u : 4096u));
-    h.release_crc();
+    h.release();
     REQUIRE(h.job->wait_written(10.0));
     h.job->finalize({}, kBegin + data.size());
     CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
@@ -346,23 +359,11 @@ TEST_CASE("a staged chunk is put in slices as it is copied while the writers hav
   for (bool cpu_copy : {false, true}) {
     CAPTURE(cpu_copy);
     auto data = pattern(2 * kChunk - 1000, 13);  // chunk 1 ends short of a page
-    StagingPool pool(kChunk);
-    pool.grow(2);
-    ThreadPool copiers(1), writers(1), summers(1);
-    std::atomic<uint64_t> progress{0};
-    ThreadHold writer_hold(writers);
-    const uint64_t end = kBegin + data.size();
-    auto sink = std::make_unique<MemorySink>(end, false, false, cpu_copy);
-    MemorySink& mem = *sink;
-    auto job = std::make_shared<WriteJob>(
-        Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
-        std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
-        Source::Staged, 4096, 1);
-    job->start();
-    REQUIRE(job->wait_copied(10.0));  // both chunks copied while the writer is still held
-    writer_hold.release();
-    REQUIRE(job->wait_written(10.0));
-    job->finalize({}, end);
+    HeldJob h(data, cpu_copy, Held::Writer, {kChunk, 2, 1});
+    REQUIRE(h.job->wait_copied(10.0));  // both chunks copied while the writer is still held
+    h.release();
+    REQUIRE(h.job->wait_written(10.0));
+    h.job->finalize({}, h.end);
     std::vector<std::pair<uint64_t, uint64_t>> want;
     if (cpu_copy) {
       want = {{kBegin, kChunk}, {kBegin + kChunk, data.size() - kChunk}};
@@ -370,13 +371,13 @@ TEST_CASE("a staged chunk is put in slices as it is copied while the writers hav
       for (uint64_t lo = 0; lo < kChunk; lo += kSlice) want.emplace_back(kBegin + lo, kSlice);
       want.emplace_back(kBegin + kChunk, data.size() - kChunk);
     }
-    std::lock_guard<std::mutex> lk(mem.puts_mu);
-    std::sort(mem.puts.begin(), mem.puts.end());
-    CHECK(mem.puts == want);
-    CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
-    CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
-    CHECK(job->bytes_written() == data.size());
-    CHECK(pool.free_count() == 2);
+    std::lock_guard<std::mutex> lk(h.mem->puts_mu);
+    std::sort(h.mem->puts.begin(), h.mem->puts.end());
+    CHECK(h.mem->puts == want);
+    CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
+    CHECK(h.job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+    CHECK(h.job->bytes_written() == data.size());
+    CHECK(h.pool.free_count() == 2);
   }
 }
 
@@ -385,43 +386,24 @@ TEST_CASE("every CRC of a staged job is known while its writers still hold the l
   // caller builds the file's headers while the disk is still busy; "written" falls only after.
   constexpr uint64_t kChunk = 64 << 10;
   auto data = pattern(3 * kChunk - 1000, 17);
-  StagingPool pool(kChunk);
-  pool.grow(3);
-  ThreadPool copiers(2), writers(1), summers(1);
-  std::atomic<uint64_t> progress{0};
-  ThreadHold writer_hold(writers);
-  const uint64_t end = kBegin + data.size();
-  auto sink = std::make_unique<MemorySink>(end, false, false, false);
-  MemorySink& mem = *sink;
-  auto job = std::make_shared<WriteJob>(
-      Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
-      std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
-      Source::Staged, 4096, 1);
-  job->start();
-  REQUIRE(job->wait_summed(10.0));
-  CHECK_FALSE(job->wait_written(0.0));
-  CHECK(mem.put_bytes.load() == 0);
-  CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
-  writer_hold.release();
-  REQUIRE(job->wait_written(10.0));
-  job->finalize({}, end);
-  CHECK(std::equal(data.begin(), data.end(), mem.bytes.begin() + kBegin));
+  HeldJob h(data, false, Held::Writer, {kChunk, 3, 2});
+  REQUIRE(h.job->wait_summed(10.0));
+  CHECK_FALSE(h.job->wait_written(0.0));
+  CHECK(h.mem->put_bytes.load() == 0);
+  CHECK(h.job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+  h.release();
+  REQUIRE(h.job->wait_written(10.0));
+  h.job->finalize({}, h.end);
+  CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
 }
 
 TEST_CASE("every CRC of a direct job is known once each span is summed") {
+  // A direct span is summed on its writer before its put: the CRC threads (held) have no part in it.
   auto data = pattern(5 * 4096 + 123, 19);
-  StagingPool pool(4096);
-  ThreadPool copiers(1), writers(2), summers(1);
-  std::atomic<uint64_t> progress{0};
-  const uint64_t end = kBegin + data.size();
-  auto sink = std::make_unique<MemorySink>(end, false, false, false);
-  auto job = std::make_shared<WriteJob>(
-      Workers{&pool, &copiers, &writers, &summers, &progress}, std::move(sink),
-      std::vector<Piece>{{reinterpret_cast<uintptr_t>(data.data()), data.size(), kBegin, 0}}, kBegin, end, end,
-      Source::Direct, 4096, 1);
-  job->start();
-  REQUIRE(job->wait_summed(10.0));
-  CHECK(job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
-  REQUIRE(job->wait_written(10.0));
-  job->finalize({}, end);
+  HeldJob h(data, false, Held::Crc, {4096, 0, 1, Source::Direct});
+  REQUIRE(h.job->wait_summed(10.0));
+  CHECK(h.job->record_crcs()[0] == crc32_update(0, data.data(), data.size()));
+  REQUIRE(h.job->wait_written(10.0));
+  h.job->finalize({}, h.end);
+  CHECK(std::equal(data.begin(), data.end(), h.mem->bytes.begin() + kBegin));
 }
