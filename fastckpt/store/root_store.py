@@ -75,15 +75,16 @@ class RootStore(Store):
               meta=None) -> tuple[str, str]:
         """(checkpoint id, path this rank writes) for a new checkpoint, the file made ahead
         for it moved there when there is one; target is unused here."""
-        ckpt_dir = self.new_dir(step, counter)
-        part = os.path.join(ckpt_dir, self.file_name(rank, fmt))
-        if ahead.take(self.root, self.file_name(rank, fmt), part):
+        ckpt_dir, name = self.new_dir(step, counter), self.file_name(rank, fmt)
+        part = os.path.join(ckpt_dir, name)
+        if ahead.take(self.root, name, part):
             self._taken.add(part)
         return ckpt_dir, part
 
     def make_ahead(self, rank: int, fmt: str, nbytes: int) -> None:
-        if self.makes_ahead and ahead.make(self.root, self.file_name(rank, fmt), nbytes):
-            self._ahead_names.add(self.file_name(rank, fmt))
+        name = self.file_name(rank, fmt)
+        if self.makes_ahead and ahead.make(self.root, name, nbytes):
+            self._ahead_names.add(name)
 
     def finish_write(self, write, part: str):
         """The commit thread: a part begun in a file made ahead has the folder it came from made

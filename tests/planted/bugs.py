@@ -177,7 +177,7 @@ BUGS = (
     Bug("ahead-file-not-taken",
         "the root store's begin() leaves the file made ahead where it is: every save creates its own",
         (("fastckpt/store/root_store.py",
-          "        if ahead.take(self.root, self.file_name(rank, fmt), part):\n            self._taken.add(part)\n", ""),),
+          "        if ahead.take(self.root, name, part):\n            self._taken.add(part)\n", ""),),
         ("tests/fastckpt/store/test_ahead.py",)),
     Bug("ahead-file-recycles-old-checkpoint",
         "retention keeps a removed checkpoint's file as the next file made ahead (written over in place)",
