@@ -51,6 +51,7 @@ class Slot:
         self.refs: list = []  # weak references to them, whose callbacks count them down
         self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
         self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
+        self.unwinding = False  # the stager's thread has not yet returned from this snapshot's work
 
     def to(self, state: SlotState) -> None:
         """Moves the slot on: to FREE from any state, from FREE only to STAGING; else forward, or
@@ -81,7 +82,7 @@ class Slot:
         """The save that staged here no longer needs the snapshot."""
         if not self.busy:
             return True
-        if not self.delivered:
+        if not self.delivered or self.unwinding:  # unwinding: that thread's frames still hold it
             return False
         ended = self.taken_by is not None and not self.taken_by.is_alive()
         if self.tensors == 0:  # nothing to count: the save thread's end, or taken by the caller itself

@@ -166,7 +166,11 @@ class FastStager(AsyncStager):
             later = []
         if not later:
             slot.to(SlotState.COPIED)
-        self._worker.submit(self._finish, slot, future, leaves, staged, later, spec, event, now_done, device)
+        slot.unwinding = True
+        # one list the stager's thread empties: the executor's own record of the call holds nothing of
+        # the snapshot once _finish has returned (see _unwound)
+        job = [slot, future, leaves, staged, later, spec, event, now_done, device]
+        self._worker.submit(self._finish, job).add_done_callback(lambda _done, s=slot: self._unwound(s))
         return future
 
     def snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
@@ -250,10 +254,13 @@ class FastStager(AsyncStager):
         event.record()
         return event
 
-    def _finish(self, slot: Slot, future: StagedFuture, leaves, staged, later, spec, event, now_done,
-                device) -> None:
+    def _finish(self, job: list) -> None:
         """On the stager's thread: the late copies, the check that the snapshot is whole, the
-        agreement across ranks, then the future — which is resolved whatever happens here."""
+        agreement across ranks, then the future — which is resolved whatever happens here.
+        job: what stage() hands over, emptied here, so that nothing of the snapshot outlives this
+        call on this thread."""
+        slot, future, leaves, staged, later, spec, event, now_done, device = job
+        job.clear()
         self._own_thread = threading.current_thread()
         try:
             with (torch.cuda.device(device) if device is not None else contextlib.nullcontext()):
@@ -312,6 +319,26 @@ class FastStager(AsyncStager):
                 "another rank could not stage its part of this checkpoint; it is not saved "
                 "(the training state itself is intact)"))
 
+    def _unwound(self, slot: Slot) -> None:
+        """The stager's thread has returned from a snapshot's _finish: it holds nothing of it any more."""
+        with self._cond:
+            slot.unwinding = False
+            self._cond.notify_all()
+
+    def _let_go(self) -> None:
+        """Until the stager's thread has returned from every snapshot it already delivered
+        (bounded). Resolving a future is the last thing it does for a snapshot, but until it has
+        returned its frames still hold that snapshot, so a slot whose caller is done with it would
+        be judged in flight, and with policy 'skip' a save skipped for nothing. Not on that thread
+        itself (a callback of a future it resolves, staging again)."""
+        if threading.current_thread() is self._own_thread:
+            return
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while (any(s.unwinding and s.delivered for s in self._slots.every())
+                   and time.monotonic() < deadline):
+                self._cond.wait(0.05)
+
     # -- slots ----------------------------------------------------------------
     def _bytes_of(self, leaves) -> int:
         if self.strategy == "d":
@@ -345,6 +372,7 @@ class FastStager(AsyncStager):
         """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
         after waiting up to commit_timeout_s for one), so a rank that found none never leaves the
         others to start the save's collectives without it."""
+        self._let_go()
         slot = self._slots.take(wait_for(self.timeout_s) if self.policy == "wait" else None,
                                 limit=limit_for(self.concurrency, self.config.staging_mb, nbytes))
         if slot is not None:

@@ -199,4 +199,9 @@ BUGS = (
         (("fastckpt/store/root_store.py", "        ahead.clear(self.root)\n        for _, _, path in self._dirs():",
           "        for _, _, path in self._dirs():"),),
         ("tests/fastckpt/store/test_ahead.py",)),
+    Bug("stager-slot-judged-while-its-thread-returns",
+        "FastStager counts a slot in flight while its own thread, having delivered the snapshot, has not yet returned",
+        (("fastckpt/dcp/stager.py", "        self._let_go()\n        slot = self._slots.take(",
+          "        slot = self._slots.take("),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "let_go_of_frees_its_slot")),
 )

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -291,6 +292,34 @@ def test_a_snapshot_taken_by_its_save_thread_answers_anyone_else_without_raising
         taker.join(30)
         assert isinstance(got[0], dict) and future.result() is None
         del got
+    finally:
+        run.close()
+
+
+def test_a_snapshot_let_go_of_frees_its_slot_though_the_stagers_thread_has_not_yet_returned(tmp_path, monkeypatch):
+    """policy 'skip': the caller takes its snapshot and drops it, then stages again at once. The
+    stager's thread, which resolved the future, still holds the snapshot until it returns (held
+    here for 0.5 s after resolving it): the slot is about to be free, not in flight, and the
+    second stage() must not be skipped for it (on a loaded machine it once was, in CI)."""
+    from fastckpt.dcp.slots import StagedFuture
+    resolve = StagedFuture.set_result
+
+    def resolved_then_descheduled(future, result):
+        resolve(future, result)
+        if threading.current_thread().name.startswith("fastckpt-dcp-stage"):
+            time.sleep(0.5)
+
+    monkeypatch.setattr(StagedFuture, "set_result", resolved_then_descheduled)
+    run = Run(tmp_path, concurrency=1, policy="skip")
+    try:
+        run.step()
+        kept = run.stager.stage(run.state()).result()
+        assert isinstance(kept, dict)
+        del kept
+        run.step()
+        again = run.stager.stage(run.state()).result()  # SaveSkipped while the thread was returning
+        assert isinstance(again, dict) and run.stager.stats["skipped"] == 0
+        del again
     finally:
         run.close()
 
