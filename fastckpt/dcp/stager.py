@@ -31,7 +31,9 @@ it and writes what it holds. What happens between:
 
 A slot is free again once its snapshot is no longer referenced (DCP drops it when the save
 ends) or the thread that took it has ended (a failed save whose traceback still holds it: its
-buffers are then left to the garbage collector and the slot gets new ones). With a plain
+buffers are then left to the garbage collector and the slot gets new ones), and the stager's
+own thread has returned from delivering it (stage() waits for that, briefly, before it judges
+the slots: a snapshot just dropped is not a save in flight). With a plain
 `dcp.save`, pass the snapshot on without keeping it: `dcp.save(stager.stage(sd).result(), ...)`.
 Construct a FastStager on every rank (it makes gloo groups when torch.distributed is up); call
 close() at the end.
