@@ -25,6 +25,7 @@ from helpers import peers  # noqa: E402
 from helpers.results import keep  # noqa: E402
 
 import fastckpt  # noqa: E402
+from fastckpt.timings import steady  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -120,14 +121,16 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
             p = os.path.join(out_dir, d)
             shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.path.exists(p) and os.unlink(p)
         print(f"  round {r}/{runs} of {gib} GiB done{' (warm-up)' if r == 0 else ''}", flush=True)
-    for ck in cks.values():
-        ck.close()
+    retain = {}  # deleting the save before (keep=1), after each landed: the mean per save
+    for s, ck in cks.items():
+        ck.close()  # the last retention ended
+        retain[s] = steady([ck.stats]).get("retain", 0.0)
         shutil.rmtree(ck.root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     # The bound is the faster writer configuration, each taken as the median of its runs like every
     # contender: the faster of two draws in each run would also take the better of the disk's noise.
     med["odirect_write"] = min(med[f"odirect_write_{t}"] for t in bounds.WRITE_THREADS)
-    timed = {s: {p: statistics.median(t.get(p, 0.0) for t in ts) for p in set().union(*ts)}
+    timed = {s: {p: statistics.median(t.get(p, 0.0) for t in ts) for p in set().union(*ts)} | {"retain": retain[s]}
              for s, ts in phases.items() if ts}
     return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows, "phases": timed}
 
@@ -185,13 +188,15 @@ def table(res: dict) -> str:
     row("torch.load, warm", "torch_load_warm")
     if res.get("phases"):
         lines += ["", "Where fastckpt's saves went (Pending.timings, median of the runs, ms; copy, CRC and write are "
-                  "summed over their threads; `written` = every data byte in the file, `durable` = committed):", "",
+                  "summed over their threads; `written` = every data byte in the file, `durable` = committed; "
+                  "`delete before` = removing the checkpoint before it (keep=1), after it landed, the mean per "
+                  "save: off the save's own time, not off the disk's):", "",
                   "| strategy | save call | plan | begin | gate | copied | open | host copy | chunk wait | CRC | write "
-                  "| written | finish + fdatasync | commit | durable |", "|---|" + "---:|" * 14]
+                  "| written | finish + fdatasync | commit | durable | delete before |", "|---|" + "---:|" * 15]
         for s, t in res["phases"].items():
             cells = [t.get(p, 0.0) * 1e3 for p in ("save", "plan", "begin", "gate", "copied_at", "open", "copy",
                                                    "chunk_wait", "crc", "put", "written_at", "finish", "commit",
-                                                   "durable_at")]
+                                                   "durable_at", "retain")]
             lines.append(f"| `{s}` | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines)
 

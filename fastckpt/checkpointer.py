@@ -337,13 +337,18 @@ class Checkpointer:
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
     def _retain(self) -> None:
-        """Retention after the commit is reported: deleting old files is not part of durability."""
+        """Retention after the commit is reported: deleting old files is not part of durability
+        (timed in stats["timings"]["retain"]: it still takes disk time)."""
         if self.rank != 0 and not self.store.every_rank_retains:
             return
+        t = time.monotonic()
         try:
             self.store.retain(self.keep, self._inflight.directories())
         except OSError as e:  # a failed cleanup never fails a committed checkpoint
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
+        finally:
+            with self._lock:
+                self.stats["timings"]["retain"] = self.stats["timings"].get("retain", 0.0) + time.monotonic() - t
 
     # -- preemption --------------------------------------------------------
     def at_step_end(self, step: int, state) -> None:
@@ -396,8 +401,9 @@ class Checkpointer:
         if first:
             log.warning("fastckpt: save() of step %s waited %.2f s for one of the %d checkpoints in flight to "
                         "commit: checkpoints are issued faster than the disk writes them (Pending.timings "
-                        "says where their time goes); checkpoint less often, or raise concurrency if staging "
-                        "allows (said once; stats['slot_waits'] counts them)", step, seconds, self.concurrency)
+                        "says where their time goes, stats['timings']['retain'] what deleting old ones "
+                        "took); checkpoint less often, or raise concurrency if staging allows (said once; "
+                        "stats['slot_waits'] counts them)", step, seconds, self.concurrency)
 
     def _gate_waited(self, pending: Pending, seconds: float) -> None:
         """The gate's wait, in the stats as it happens (the Pending times its own)."""

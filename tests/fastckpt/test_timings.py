@@ -9,12 +9,13 @@ and that the stats are the sums of the saves' own figures.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
 
 import fastckpt
-from fastckpt.timings import INSTANTS, PHASES, steady
+from fastckpt.timings import AFTER, INSTANTS, PHASES, steady
 from fastckpt.write.streams import STREAMS, HostStream
 
 IN_SAVE = ("slot", "plan", "staging", "begin", "start")
@@ -55,12 +56,36 @@ def test_a_host_save_times_every_phase_and_the_stats_sum_them(tmp_path):
     for phase, total in stats.items():
         if phase == "gate":  # timed by gate() around each Pending's own wait, as it happens
             assert total >= sum(t["gate"] for t in saves)
+        elif phase in AFTER:  # after landing: in the stats alone
+            assert not any(phase in t for t in saves)
         else:
             assert total == pytest.approx(sum(t.get(phase, 0.0) for t in saves), rel=1e-9, abs=1e-12), phase
     assert set(INSTANTS) <= set(stats)  # summed: the saves' latencies
     assert first == saves[0] | {"gate": first["gate"]} and landed == 3
     mean = steady([{"timings": stats, "timings_first": first, "landed": landed}])
     assert mean["put"] == pytest.approx((saves[1]["put"] + saves[2]["put"]) / 2)
+
+
+def test_deleting_old_checkpoints_is_timed_in_the_stats_apart_from_every_save(tmp_path, monkeypatch):
+    """keep=1: each save after the first removes the one before, once it landed. That takes disk
+    time (a delete on a filesystem mounted with `discard` trims before it returns), so it is
+    timed, in the stats' `retain`, and in no save's own (each removal slowed here by 0.2 s)."""
+    from fastckpt.store.root_store import RootStore
+    remove = RootStore.remove
+    removed = []
+
+    def slow_remove(store, path):
+        remove(store, path)
+        removed.append(os.path.basename(path))
+        time.sleep(0.2)
+
+    monkeypatch.setattr(RootStore, "remove", slow_remove)
+    with fastckpt.Checkpointer(tmp_path, strategy="c", chunk_mb=1, keep=1) as ck:
+        saves = _saves(ck)
+    assert sorted(removed) == ["step-00000001.c000001", "step-00000002.c000002"]
+    assert ck.stats["timings"]["retain"] >= 0.4
+    assert not any("retain" in t for t in saves)
+    assert steady([ck.stats])["retain"] >= 0.2  # per save after the first: what the benchmarks print
 
 
 def test_a_stream_read_save_times_its_enqueue_and_stream_waits(tmp_path, monkeypatch):
