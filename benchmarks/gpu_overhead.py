@@ -256,7 +256,8 @@ BREAKDOWN = [("save", "save call"), ("slot", "slot"), ("plan", "plan"), ("stagin
              ("begin", "begin"), ("start", "enqueue in save"), ("gate", "gate wait"), ("copied_at", "copied at"),
              ("enqueue", "stream enqueue"), ("stream_wait", "stream wait"), ("copy", "host copy"),
              ("chunk_wait", "chunk wait (disk)"), ("crc", "CRC"), ("put", "write"), ("finish", "finish + fsync"),
-             ("order_wait", "order wait"), ("commit", "commit"), ("durable_at", "durable at")]
+             ("order_wait", "order wait"), ("commit", "commit"), ("durable_at", "durable at"),
+             ("retain", "delete old (after)")]
 
 
 def breakdown(rows: list) -> str:
@@ -266,7 +267,8 @@ def breakdown(rows: list) -> str:
         return ""
     out = ["\nWhere a fastckpt save went, ms per save after the first (fastckpt.timings; mean per save, median of "
            "rounds). The first six columns are inside the save call; threads' sums (copy, CRC, write) may exceed "
-           "the wall time; chunk wait = copies waiting for a free staging chunk (the disk is the limit).\n",
+           "the wall time; chunk wait = copies waiting for a free staging chunk (the disk is the limit); delete old = "
+           "retention removing checkpoints beyond keep, after each landed: disk time the next save may share.\n",
            "| k | contender | " + " | ".join(label for _, label in BREAKDOWN) + " |",
            "|---|---|" + "---:|" * len(BREAKDOWN)]
     for r in timed:
