@@ -348,7 +348,7 @@ class Checkpointer:
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
         finally:
             with self._lock:
-                self.stats["timings"]["retain"] = self.stats["timings"].get("retain", 0.0) + time.monotonic() - t
+                summed(self.stats["timings"], {"retain": time.monotonic() - t})
 
     # -- preemption --------------------------------------------------------
     def at_step_end(self, step: int, state) -> None:

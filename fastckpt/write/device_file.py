@@ -23,6 +23,7 @@ from ..format import device_crc
 from ..format.reading import range_crcs
 from .device_write import DeviceWrite, ReleaseOrder, host_view
 from .gds import GdsFile, finish_file, kvikio_mode
+from .job_write import finalized
 from .protocol import FileSink, WriteResult
 
 DEPTH = 2  # chunks whose copies may be in flight on the stream before the oldest is handed over
@@ -268,11 +269,8 @@ class DeviceFileWrite(DeviceWrite):
             spans = [(i, r.file_off, r.nbytes, c) for i, (r, c) in enumerate(zip(plan.records, crcs))]
             direct, refused = False, False
         else:
-            self.deadline.wait(lambda: f"the CRCs of {self.where} ({self._job.status()})", self._job.wait_summed)
-            crcs = list(self._job.record_crcs())
-            blobs, file_crc = plan.finish(crcs)  # built while the writers still put the last chunks
-            self.deadline.wait(lambda: f"the writers of {self.where} ({self._job.status()})", self._job.wait_written)
-            self._job.finalize(blobs, plan.file_size)
+            crcs, blobs, file_crc = finalized(self._job, plan, lambda latch, what: self.deadline.wait(
+                lambda: f"{what} of {self.where} ({self._job.status()})", latch))
             spans = [tuple(s) for s in self._job.span_crcs()]
             direct, refused = self._job.used_direct_io, self._job.direct_io_refused
         self._written.set()

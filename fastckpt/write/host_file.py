@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import _native
-from .job_write import JobWrite
+from .job_write import JobWrite, finalized
 from .protocol import FileSink, WriteResult
 
 MODES = {"c": "staged", "g": "host-copy", "d": "direct"}
@@ -53,11 +53,9 @@ class HostFileWrite(JobWrite):
         return buf.data_ptr()
 
     def finish(self) -> WriteResult:
-        self._wait_summed()  # c: the headers are built while the writers still put the last chunks
-        crcs = list(self._job.record_crcs())
-        blobs, file_crc = self.plan.finish(crcs)
-        self._wait_written()
-        self._job.finalize(blobs, self.plan.file_size)
+        self._wait_released()
+        crcs, blobs, file_crc = finalized(self._job, self.plan,
+                                          lambda latch, what: self._wait(latch, f"{what} of {self.where}", None))
         self._keep.clear()
         self._let_go()
         return WriteResult(self.sink.path, self.plan.file_size, file_crc, crcs,

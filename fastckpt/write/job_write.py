@@ -4,7 +4,8 @@ Owns release, the bounded waits (each native wait runs in slices under the write
 Deadline and names the job's state when it stalls), the held-time wait before finishing
 (a held write waits for its owner to release it: that time is the owner's, not the write
 path's, and no deadline runs during it), abort (the native job stops its tasks; one stuck in
-the kernel is reported and its engine kept alive) and progress.
+the kernel is reported and its engine kept alive) and progress; and `finalized`, how any write
+of a file through a native job (the device writes' too) ends: headers, then fdatasync.
 """
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def _never_destroy_stuck() -> None:
     for w in STUCK:
         if not w.settled():
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(w))
+
+
+def finalized(job, plan, wait) -> tuple[list[int], list, int]:
+    """A native job's file finished, for every write of a file through one (host and device): its
+    headers built once every CRC is known (a staged job sums each chunk beside its put, so while
+    the writers still put the last chunks), then written, the file truncated and fdatasync'ed,
+    once every data byte is in. wait(latch, what): the caller's bounded wait on one of the job's
+    latches. Returns (the records' CRCs, the header blobs, the file's CRC)."""
+    wait(job.wait_summed, "the CRCs")
+    crcs = list(job.record_crcs())
+    blobs, file_crc = plan.finish(crcs)
+    wait(job.wait_written, "the writers")
+    job.finalize(blobs, plan.file_size)
+    return crcs, blobs, file_crc
 
 
 def stuck_on(engine) -> bool:
@@ -93,12 +108,6 @@ class JobWrite(SnapshotWrite):
         while not self._released.wait(1.0):
             if self._error is not None:
                 raise self._error
-
-    def _wait_summed(self) -> None:
-        """Held time first, then every CRC known (under the deadline): a staged write's headers
-        are built then, while its last bytes are still on their way to the disk."""
-        self._wait_released()
-        self._wait(self._job.wait_summed, f"the CRCs of {self.where}", None)
 
     def _wait_written(self) -> None:
         """Held time first, then every data byte in the sink (under the deadline)."""
