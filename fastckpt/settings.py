@@ -27,6 +27,7 @@ POLICIES = ("wait", "skip")
 DEFAULT_ROOT = "checkpoints"  # the root's default; with tiers, the last tier is the root
 ON_ERROR = ("raise", "warn")
 _PLACED = {"placement": True}  # decided by the front end that names the checkpoints, not a user setting there
+_PER_TIER = {"placement": True, "per_tier": True}  # a list with one value per tier: its length is checked
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class CheckpointerConfig:
     speed and is persisted behind it to each later one from that committed copy; the last is the root.
     With store='path' (checkpoints named by the caller's paths: FastCheckpointIO, DeepSpeed), one
     memory tier, e.g. ('/dev/shm/run7',): the caller's paths are the last tier. None: no tiers."""
-    tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PLACED)
+    tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PER_TIER)
     """Committed checkpoints kept on each tier (None: 1 on each tier before the last, `keep` on the last)."""
     persist_every: int = field(default=1, metadata=_PLACED)
     """With tiers: every n-th checkpoint committed on the memory tier is persisted behind it; the others
@@ -99,8 +100,9 @@ class CheckpointerConfig:
             object.__setattr__(self, "tiers", tiers)
             if isinstance(tiers, tuple) and self.store == "root" and self.root in (None, DEFAULT_ROOT) and tiers:
                 object.__setattr__(self, "root", tiers[-1])
-        if isinstance(self.tier_keep, list):
-            object.__setattr__(self, "tier_keep", tuple(self.tier_keep))
+        for name in PER_TIER:
+            if isinstance(getattr(self, name), list):  # a Hydra list or a plugin's: one frozen spelling
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.preempt_signal is not None:
             from .preempt import signal_number
             try:
@@ -174,9 +176,11 @@ class CheckpointerConfig:
             self._check_tiers()
         elif self.persist_every != 1:
             raise ConfigError("persist_every needs tiers (the places, fastest first)")
-        elif self.tier_keep is not None or self.replicas:
-            raise ConfigError(f"{'tier_keep' if self.tier_keep is not None else 'replicas'} needs tiers "
-                              "(the places, fastest first)")
+        else:
+            given = [name for name in PER_TIER if getattr(self, name) is not None] + (["replicas"] if self.replicas
+                                                                                     else [])
+            if given:
+                raise ConfigError(f"{given[0]} needs tiers (the places, fastest first)")
 
     def _check_tiers(self) -> None:
         if self.store == "path":
@@ -194,12 +198,23 @@ class CheckpointerConfig:
         if self.root is None or os.path.abspath(self.root) != places[-1]:
             raise ConfigError(f"root is the last tier ({tiers[-1]!r}), got root={self.root!r}: "
                               "leave root out or pass the last tier")
+        self._check_per_tier(len(tiers), f"each of the {len(tiers)} tiers")
         keep = self.tier_keep
-        if keep is not None and (not isinstance(keep, tuple) or len(keep) != len(tiers) or any(
-                not isinstance(k, int) or isinstance(k, bool) or k < (0 if i == len(tiers) - 1 else 1)
-                for i, k in enumerate(keep))):
+        if keep is not None and any(not isinstance(k, int) or isinstance(k, bool) or k < (0 if i == len(tiers) - 1
+                                                                                           else 1)
+                                    for i, k in enumerate(keep)):
             raise ConfigError(f"tier_keep must give each of the {len(tiers)} tiers a count (>= 1; the last "
                               f"may be 0: all kept), got {keep!r}")
+
+    def _check_per_tier(self, n: int, which: str) -> None:
+        """Every setting with one value per tier (PER_TIER) is a list of exactly n values, one for
+        `which`: a list that is short or long is a ConfigError here, never an IndexError on a
+        commit thread later nor a tier that silently keeps another tier's count."""
+        for name in PER_TIER:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, tuple) or len(value) != n):
+                count = f"{len(value)} value{'s' * (len(value) != 1)}" if isinstance(value, tuple) else "no list"
+                raise ConfigError(f"{name} must give {which} one value ({n} in all), got {count}: {value!r}")
 
 
     def _check_tiers_before_paths(self) -> None:
@@ -208,8 +223,8 @@ class CheckpointerConfig:
         if not isinstance(tiers, tuple) or len(tiers) != 1 or not isinstance(tiers[0], str) or not tiers[0]:
             raise ConfigError(f"tiers in front of checkpoints named by path is one place, the memory tier (e.g. "
                               f"['/dev/shm/run7']; the paths are the last tier), got {tiers!r}")
-        if keep is not None and (not isinstance(keep, tuple) or len(keep) != 1 or not isinstance(keep[0], int)
-                                 or isinstance(keep[0], bool) or keep[0] < 1):
+        self._check_per_tier(1, "the memory tier (the paths behind it keep what their framework keeps)")
+        if keep is not None and (not isinstance(keep[0], int) or isinstance(keep[0], bool) or keep[0] < 1):
             raise ConfigError(f"tier_keep in front of checkpoints named by path is one count >= 1 (the memory "
                               f"tier's), got {keep!r}")
         if self.replicas:
@@ -221,6 +236,7 @@ class CheckpointerConfig:
 
 
 PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))
+PER_TIER = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("per_tier"))
 WRITING = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in PLACEMENT)
 
 

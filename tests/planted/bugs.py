@@ -203,4 +203,9 @@ BUGS = (
         (("fastckpt/dcp/stager.py", "        self._let_go()\n        slot = self._slots.take(",
           "        slot = self._slots.take("),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "let_go_of_frees_its_slot")),
+    Bug("tier-keep-length-unchecked",
+        "tier_keep's length is not checked against tiers: a short list is an IndexError on a commit thread "
+        "after the first persist, a long one keeps another tier's count",
+        (("fastckpt/settings.py", '        self._check_per_tier(len(tiers), f"each of the {len(tiers)} tiers")\n', ""),),
+        ("tests/fastckpt/tiers/test_tiers.py", "-k", "per_tier")),
 )

@@ -20,6 +20,7 @@ import torch
 import fastckpt
 from fastckpt import _native
 from fastckpt.errors import ConfigError, CorruptCheckpointError
+from fastckpt.named import NamedCheckpoints
 from fastckpt.settings import CheckpointerConfig
 from fastckpt.store import tier_copy
 from fastckpt.store.node_tier import SPARE
@@ -334,6 +335,11 @@ def test_a_state_that_outgrows_the_memory_tier_later_degrades_to_the_disk_at_tha
     ({"tiers": ["/dev/shm/x", "/d"], "store": "path"}, "one place, the memory tier"),
     ({"tiers": ["/dev/shm/x", "/d"], "store": "pmem", "root": "/dev/shm/p.pool"}, "store='root'"),
     ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": [0, 1]}, "tier_keep"),
+    ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": [1]}, r"tier_keep must give each of the 2 tiers one value .*1 value"),
+    ({"tiers": ["/dev/shm/x", "/d", "/e"], "tier_keep": [1, 2]}, "each of the 3 tiers one value"),
+    ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": [1, 2, 3]}, "each of the 2 tiers one value .*3 values"),
+    ({"tiers": ["/dev/shm/x", "/d"], "tier_keep": 2}, "each of the 2 tiers one value .*no list"),
+    ({"tier_keep": [1, 2]}, "tier_keep needs tiers"),
     ({"replicas": 1}, "replicas needs tiers"),
     ({"tiers": ["/dev/shm/x", "/d"], "replicas": 2}, "replicas must be 0 or 1"),
     ({"tiers": ["/dev/shm/x", "/d"], "persist_every": 0}, "persist_every must be an integer >= 1"),
@@ -345,8 +351,74 @@ def test_a_state_that_outgrows_the_memory_tier_later_degrades_to_the_disk_at_tha
     ({"preempt_grace_s": 0}, "preempt_grace_s"),
 ])
 def test_bad_tier_settings_are_one_line_errors(settings, says):
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(ConfigError, match=says) as got:
         fastckpt.Checkpointer(**settings)
+    assert "\n" not in str(got.value)
+
+
+def _hydra(tiers, keep):
+    from hydra import compose, initialize_config_dir
+
+    from fastckpt.config.hydra import instantiate
+    from support.paths import CONFIGS
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        cfg = compose(config_name="config", overrides=[f"tiers=[{','.join(tiers)}]",
+                                                       f"tier_keep=[{','.join(map(str, keep))}]"])
+    return instantiate(cfg)
+
+
+def _deepspeed_entry(memory, keep):
+    pytest.importorskip("deepspeed")
+    from deepspeed_fastckpt.settings import checkpointer_config
+    return checkpointer_config({"tiers": [memory], "tier_keep": keep})
+
+
+def _torchtitan(memory, keep):
+    pytest.importorskip("torchtitan")
+    from torchtitan_fastckpt import CheckpointManager
+    return CheckpointManager.Config(tiers=[memory], tier_keep=keep)
+
+
+def _lightning(memory, keep):
+    from lightning_fastckpt import FastCheckpointIO
+    return FastCheckpointIO(tiers=[memory], tier_keep=keep)
+
+
+def _dcp(memory, keep):
+    from fastckpt.dcp import FastStorageWriter
+    return FastStorageWriter(os.path.join(os.path.dirname(memory), "dcp"), tiers=[memory], tier_keep=keep)
+
+
+# (front end, whether it takes every tier (store 'root') or the one memory tier in front of named paths)
+FRONT_ENDS = {
+    "Checkpointer": (lambda tiers, keep: fastckpt.Checkpointer(tiers=tiers, tier_keep=keep), True),
+    "settings": (lambda tiers, keep: fastckpt.Checkpointer(settings=CheckpointerConfig(tiers=tiers, tier_keep=keep)),
+                 True),
+    "hydra": (_hydra, True),
+    "NamedCheckpoints": (lambda memory, keep: NamedCheckpoints({}, tiers=[memory], tier_keep=keep), False),
+    "FastCheckpointIO": (_lightning, False),
+    "deepspeed": (_deepspeed_entry, False),
+    "FastStorageWriter": (_dcp, False),
+    "torchtitan": (_torchtitan, False),
+}
+
+
+@pytest.mark.parametrize("front_end", list(FRONT_ENDS))
+def test_a_per_tier_list_of_the_wrong_length_is_refused_by_every_front_end_before_anything_is_written(
+        tmp_path, front_end):
+    """tier_keep gives one count per tier (store 'root': every tier; in front of named paths: the
+    one memory tier). Every front end builds its settings through the one check, so a list one
+    too short or one too long is a one-line ConfigError when the settings are made — not an
+    IndexError on a commit thread after the first persist, nor a tier keeping another's count —
+    and nothing is created on disk."""
+    make, every_tier = FRONT_ENDS[front_end]
+    tiers = [str(tmp_path / "memory"), str(tmp_path / "disk")]
+    places, wrong = (tiers, ([2], [2, 2, 2])) if every_tier else (tiers[0], ([], [2, 2]))
+    for keep in wrong:
+        with pytest.raises(ConfigError, match=r"tier_keep must give .* one value \(\d in all\)") as got:
+            make(places, keep)
+        assert "\n" not in str(got.value)
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_root_is_the_last_tier():
