@@ -208,4 +208,24 @@ BUGS = (
         "after the first persist, a long one keeps another tier's count",
         (("fastckpt/settings.py", '        self._check_per_tier(len(tiers), f"each of the {len(tiers)} tiers")\n', ""),),
         ("tests/fastckpt/tiers/test_tiers.py", "-k", "per_tier")),
+    Bug("replica-unchecked-in-place",
+        "a replica received straight into the partner's memory (a tmpfs tier's mapping) is not CRC-checked on "
+        "arrival: one damaged in transit is kept as the replica",
+        (("fastckpt/store/replicas.py",
+          "                verify_file(path, entry, at=at)  # the CRCs over the bytes as received\n",
+          "                if not (in_place and entry.bytes):  # planted\n"
+          "                    verify_file(path, entry, at=at)\n"),),
+        ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "damaged_in_transit")),
+    Bug("memory-bound-forgets-replicas",
+        "the memory tier's room check counts each rank's own part only, not its wards' replicas: with replicas=1 "
+        "the tier holds twice what it was sized for",
+        (("fastckpt/store/tiered_store.py",
+          "        kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)",
+          "        kept = 1  # planted"),),
+        ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "memory_bound")),
+    Bug("tier-retention-on-rank-0-only",
+        "retention of the memory tier runs on rank 0 alone: every other rank's memory-tier folder grows without bound",
+        (("fastckpt/store/tiered_store.py", "        if self.rank == 0 or tier is not self.tiers[-1]:",
+          "        if self.rank == 0:  # planted"),),
+        ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "tier_keep_on_its_memory_tier")),
 )
