@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
+from fastckpt.errors import CheckpointWriteError
 from fastckpt.named import NamedCheckpoints
 from fastckpt.preempt import PreemptSignal
 from fastckpt.training_saves import TrainingSaves
@@ -32,6 +33,11 @@ from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
 ENGINE_NAME = "FastckptEngine"
+
+
+def tag_folder(info: CheckpointCommitInfo) -> str:
+    """Where the files of the tag being saved lie: save_dir/tag."""
+    return os.path.abspath(os.path.join(info.save_dir, str(info.tag)))
 
 
 class FastckptEngine(CheckpointEngine):
@@ -52,6 +58,8 @@ class FastckptEngine(CheckpointEngine):
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
         self.group_gate = GroupGate(self.named.checkpointer)
         self.saves = TrainingSaves(self.named, self.group_gate, scoped=True)
+        self._tag_dir: Optional[str] = None  # the folder of the tag being saved (create .. commit)
+        self._marked = False  # its open mark left (at its first file)
         self._closed = False
         open_engines.opened(self)
 
@@ -64,26 +72,57 @@ class FastckptEngine(CheckpointEngine):
 
     # -- saving ----------------------------------------------------------
     def create(self, info: CheckpointCommitInfo) -> None:
-        self.committer.raise_errors()
+        """Every rank, before DeepSpeed's own collectives of this save (its tag check): a tag that
+        failed on any rank is raised here on every rank alike (fastckpt.commit.agreed_errors)."""
+        self.committer.raise_agreed()
         if self.committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
             self.committer.wait_for(info.save_dir)
         self._files = []
-        mark_open(info.save_dir, info.tag)
+        self._tag_dir, self._marked = tag_folder(info), False
 
     def save(self, state_dict, path: str) -> None:
         path = os.path.abspath(path)
+        if os.path.dirname(path) == self._tag_dir and not self._marked:  # the tag's first file: the tag
+            mark_open(*os.path.split(self._tag_dir))  # is fastckpt's before any byte of it is written
+            self._marked = True
         if isinstance(state_dict, dict) and isinstance(state_dict.get("global_steps"), int):
             self._global_steps = state_dict["global_steps"]  # what its model-states file records
         pending = self.saves.save(state_dict, path, step=self.saves.gate.steps_seen, also_owned=self.update_only)
         self._files.append((path, pending))
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
+        """Every rank: the files saved into the tag's folder are one set of the ordered commit (none on
+        any rank, as save_16bit_model's: no tag, no record); a file saved elsewhere (the 16-bit model
+        in save_dir) is a plain file, durable before this returns, its failure raised on every rank."""
         files, self._files = self._files, []
-        self.committer.submit(info.save_dir, info.tag, files, step=self._global_steps,
+        tag_dir = tag_folder(info)
+        in_tag = [(path, pending) for path, pending in files if os.path.dirname(path) == tag_dir]
+        self.committer.submit(info.save_dir, info.tag, in_tag, step=self._global_steps,
                               save_latest=bool(getattr(info, "save_latest", True)))
         self._global_steps = -1
+        self._tag_dir = None
+        self._plain_files_durable([(path, pending) for path, pending in files if os.path.dirname(path) != tag_dir])
         self.named.forget_landed()
         return True
+
+    def _plain_files_durable(self, files: list) -> None:
+        """Each file saved outside a tag, waited for until durable at its path; then, on every rank
+        in one collective, whether every rank's are: if not, every rank raises (or warns, as
+        on_error says) — never the rank that wrote the file alone."""
+        failed = None
+        for path, pending in files:
+            try:
+                pending.release_all()
+                pending.wait()
+                pending.wait_placed()  # behind a memory tier: persisted at its path, not only in memory
+                if pending.placed_error is not None:
+                    raise pending.placed_error
+            except Exception as e:  # noqa: BLE001 - every rank hears of it below
+                failed = failed or CheckpointWriteError(f"{path}, saved outside a checkpoint tag, failed: {e}")
+        if self.committer.agreement.all_ok(failed is None):
+            return
+        self.named.checkpointer.report_failure(failed or CheckpointWriteError(
+            "a file saved outside a checkpoint tag (save_16bit_model's) failed on another rank; see its error there"))
 
     def in_flight(self) -> int:
         """Files saved and not yet durable on this rank."""

@@ -65,6 +65,10 @@ class TagCommitter:
     def raise_errors(self) -> None:
         self.sets.raise_errors()
 
+    def raise_agreed(self) -> None:
+        """Every rank, at one call (the next save): a tag that failed on any rank, raised on each."""
+        self.sets.raise_agreed()
+
     def close(self) -> None:
         self.sets.close()
 

@@ -5,7 +5,7 @@ slot and staging, issues the snapshot and returns; its commit (fastckpt.commit.c
 through the ordered commit of fastckpt.commit.ordered) finishes the file, then — in counter
 order, agreed by all ranks — writes the commit record, moves `latest` forward and applies retention.
 Errors of background writes are raised by Pending.wait() and, if nobody looked,
-by the next save(), wait() or close(). Every wait of the write path is bounded by
+by the next save() — on every rank alike, agreed in one collective — wait() or close(). Every wait of the write path is bounded by
 one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
 What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 """
@@ -20,6 +20,7 @@ import time
 import warnings
 import weakref
 
+from .commit.agreed_errors import AgreedErrors
 from .commit.agreement import Agreement, make_agreement
 from .commit.checkpoint_unit import CheckpointCommit
 from .commit.in_flight import InFlight
@@ -97,11 +98,14 @@ class Checkpointer:
         self._named_paths = self.store.names_by_path
         self._slots = ConcurrencySlots(c.concurrency)
         self._lock = threading.Lock()
-        self._inflight = InFlight(self._deadline, c.commit_timeout_s)
+        # failed checkpoints and copies nobody observed, raised at the same call on every rank
+        self._errors = AgreedErrors(self._agree)
+        self.raise_at_save = True  # False: a caller raises them at a call every rank makes (take_errors)
+        self._inflight = InFlight(self._deadline, c.commit_timeout_s, self._errors)
         self._commits = OrderedCommits(self._agree, self._deadline, c.commit_timeout_s)
         # tiers: committed saves persisted behind the memory tier (fastckpt.commit.persisting)
-        self._persisting = Persisting(self.store, self._deadline, c, self._count, self._retain_behind) \
-            if c.tiers else None
+        self._persisting = Persisting(self.store, self._deadline, c, self._count, self._retain_behind,
+                                      self._errors) if c.tiers else None
         self._fitted = False
         self._saved_step = None  # the step of the newest save issued (at_step_end promotes it)
         self._preempt = PreemptSignal(c.preempt_signal, c.preempt_grace_s) if c.preempt_signal is not None else None
@@ -147,7 +151,7 @@ class Checkpointer:
             raise ValueError(f"store={self.store_kind!r} here needs save(..., path=...)" if self._named_paths else
                              "save(..., path=...) needs store='path' (or store='pmem' with model=None); "
                              f"store={self.store_kind!r} names its own checkpoints")
-        self._raise_background_errors()
+        self._raise_background_errors(agreed=True)
         if not self._started:
             try:
                 self._start_writing()
@@ -421,18 +425,32 @@ class Checkpointer:
         """Checkpoints issued and not yet committed (or failed), oldest first."""
         return self._inflight.pendings()
 
-    def _raise_background_errors(self) -> None:
+    def _raise_background_errors(self, agreed: bool = False) -> None:
+        """The failed checkpoints and copies nobody observed, each reported (report_failure).
+        agreed (save(), which every rank of the job calls together): in one collective, every rank
+        reports every one that failed on any rank, at this same call (fastckpt.commit.agreed_errors);
+        else (wait, close: everything landed everywhere) those landed here."""
         where, self._refused_at = self._refused_at, None
         if where is not None:
             warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=3)
-        for error in self._inflight.unseen_errors():
+        if agreed and not self.raise_at_save:
+            return
+        for error in self._errors.agreed() if agreed else self._errors.take_local():
             self.report_failure(error)
-        for error in self._persisting.errors() if self._persisting is not None else ():
-            self.report_failure(error)
+
+    def take_errors(self) -> list[BaseException]:
+        """The failed checkpoints and copies nobody observed yet, handed over (each once), for a
+        caller that raises them itself at a call every process of its job makes (raise_at_save
+        False: Lightning's rank 0 saving alone, lightning_fastckpt.watch)."""
+        return self._errors.take_local()
+
+    def raises(self, error: BaseException) -> bool:
+        """Whether report_failure(error) raises it (else it warns: on_error='warn')."""
+        return self.on_error == "raise" or not isinstance(error, (CheckpointWriteError, OSError))
 
     def report_failure(self, error: BaseException) -> None:
         """A failed checkpoint, as on_error says: raised, or warned about and dropped."""
-        if self.on_error == "raise" or not isinstance(error, (CheckpointWriteError, OSError)):
+        if self.raises(error):
             raise error
         log.error("fastckpt: %s (on_error='warn': training goes on)", error)
         warnings.warn(f"fastckpt: {error} (on_error='warn': training goes on)", stacklevel=3)

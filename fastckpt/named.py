@@ -81,6 +81,9 @@ class NamedCheckpoints:
         self._deferred: dict[str, tuple[str, int]] = {}  # removals waiting for a newer commit
         self.closed_stats: list[dict] = []  # the stats of every Checkpointer closed here, in turn
         self.reads: list = []  # with a memory tier: where each load came from (fastckpt.store.named_tiers.NamedRead)
+        # False: a save does not raise a failed earlier one; the caller does (take_errors), at a call every
+        # process of its job makes (Lightning's rank 0 saving alone: lightning_fastckpt.watch)
+        self.raise_at_save = True
 
     def _checked(self, settings) -> CheckpointerConfig:
         """settings: a dict of CheckpointerConfig's fields but PLACEMENT's, or a plugin's
@@ -109,6 +112,7 @@ class NamedCheckpoints:
             self._close_reader()  # one store of the place open at a time
             self._ck = Checkpointer.from_config(self.config)
             self._ck.store.pointers = self.pool_pointers
+            self._ck.raise_at_save = self.raise_at_save
         return self._ck
 
     def timing_stats(self) -> list[dict]:
@@ -250,6 +254,11 @@ class NamedCheckpoints:
         for its saves that sees this grow is not stalled."""
         ck = self._ck  # read once: close() may drop it meanwhile (tag commits poll this)
         return ck.progress() if ck is not None else 0
+
+    def take_errors(self) -> list[BaseException]:
+        """The saves that failed and that nobody observed yet, handed over (each once): what the open
+        Checkpointer would raise at its next save (see raise_at_save)."""
+        return self._ck.take_errors() if self._ck is not None else []
 
     def wait(self) -> None:
         """Until every save in flight has landed; a failed one is raised or warned about as

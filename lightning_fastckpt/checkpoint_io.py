@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
-from fastckpt.errors import ConfigError
+from fastckpt.errors import CheckpointWriteError, ConfigError
 from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way
 from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
@@ -69,6 +69,7 @@ class FastCheckpointIO(CheckpointIO):
                                       distributed=None if per_rank else False, tiers=self.tiers,
                                       tier_keep=self.tier_keep)
         self.verify = self.named.config.verify
+        self._decide: Optional[Callable[[bool], bool]] = None  # see agree_on_errors
         self.stats = {"saves": 0}
         self.saves = TrainingSaves(self.named, self.named.gate)
 
@@ -156,6 +157,35 @@ class FastCheckpointIO(CheckpointIO):
         """New concurrency / writers (the tuner's N*, p*): what is in flight lands first, and the
         next save opens the Checkpointer with them."""
         self.named.reconfigure(concurrency=concurrency, writers=writers)
+
+    # -- errors on every rank ----------------------------------------------
+    def agree_on_errors(self, decide: Optional[Callable[[bool], bool]]) -> None:
+        """decide(this_rank_raises) -> whether any rank raises, in one collective of every process of
+        the job (a Trainer of several ranks whose rank 0 alone saves: lightning_fastckpt.watch sets
+        Lightning's strategy's). While set, a save does not raise an earlier failed one by itself
+        (rank 0 raising inside Trainer.save_checkpoint would leave the others in its barrier until
+        the process group times out): `raise_agreed`, which every rank calls before each save,
+        raises it on every rank. None: each save raises it, as when used alone."""
+        self._decide = decide
+        self.named.raise_at_save = decide is None
+        if self.named.opened:
+            self.named.checkpointer.raise_at_save = decide is None
+
+    def raise_agreed(self) -> None:
+        """Every rank, at once (before each save): a save that failed on the rank that saves is raised
+        on every rank (or, with on_error='warn', warned about there and training goes on everywhere)."""
+        if self._decide is None:
+            return
+        errors = self.named.take_errors()
+        raising = any(self.named.checkpointer.raises(e) for e in errors)
+        if not self._decide(raising):
+            for e in errors:
+                self.named.checkpointer.report_failure(e)  # warned about
+            return
+        for e in errors:
+            self.named.checkpointer.report_failure(e)
+        raise CheckpointWriteError("a checkpoint failed on the rank that saves it (its error is raised there, at "
+                                   "this same save): every rank stops here")
 
     def in_flight(self) -> int:
         """Checkpoints saved and not yet landed."""

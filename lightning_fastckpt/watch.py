@@ -3,7 +3,7 @@
 Lightning adds to every Trainer the callbacks that installed packages name in the entry-point
 group `lightning.pytorch.callbacks_factory` (setup.cfg names lightning_fastckpt.callbacks). It
 returns `FastckptWatch` only in a process that imported fastckpt (either plugin does), and the
-callback acts at `setup` only on the two strategies it concerns; no Lightning class is changed.
+callback acts only on the strategies it concerns; no Lightning class is changed.
 
 - A strategy that saves distributed checkpoints itself with PyTorch DCP — ModelParallelStrategy
   (save_distributed_checkpoint=True, its default) and FSDPStrategy(state_dict_type="sharded") —
@@ -12,6 +12,12 @@ callback acts at `setup` only on the two strategies it concerns; no Lightning cl
   (FastModelParallelStrategy; lightning_fastckpt.bypass_warning). Lightning exposes neither setting publicly; they are read from
   the strategy's `_save_distributed_checkpoint` / `_state_dict_type`, and a strategy lacking
   them is taken as not bypassing.
+- A Trainer of several ranks whose rank 0 alone saves through a FastCheckpointIO (DDP): a save
+  that failed in the background would be raised on rank 0 alone, inside Trainer.save_checkpoint,
+  while the other ranks wait in its barrier until the process group times out. So at every
+  `Trainer.save_checkpoint` (`on_save_checkpoint`, on every rank, before the strategy hands the
+  checkpoint to rank 0) the ranks agree in one collective — the strategy's
+  `reduce_boolean_decision` — and every rank raises, or none (FastCheckpointIO.raise_agreed).
 - Lightning's DeepSpeedStrategy whose config has a "fastckpt" entry (read from the strategy's
   public `config`; deepspeed_fastckpt is never imported here): DeepSpeed's engine (the DeepSpeed plugin's) writes the checkpoints, while ModelCheckpoint drops one it no longer keeps
   (save_top_k) right after issuing the next save, through the strategy's CheckpointIO, which
@@ -65,10 +71,25 @@ class FastckptWatch(Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         strategy = trainer.strategy
-        if trainer.is_global_zero and bypasses_its_checkpoint_io(strategy) and given_io(strategy) is not None:
+        io = given_io(strategy)
+        if trainer.is_global_zero and bypasses_its_checkpoint_io(strategy) and io is not None:
             say_bypassed(f"{type(strategy).__name__} saves its distributed checkpoints itself")
         if _drives_a_fastckpt_engine(strategy) and not isinstance(strategy.checkpoint_io, DeferredRemoval):
             strategy.checkpoint_io = DeferredRemoval(strategy.checkpoint_io)
+        if io is not None and trainer.world_size > 1 and not io.per_rank:  # rank 0 alone saves through it
+            io.agree_on_errors(lambda raising: strategy.reduce_boolean_decision(raising, all=False))
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        """Every rank, inside Trainer.save_checkpoint before the strategy hands the checkpoint to
+        rank 0's CheckpointIO: a failed earlier save is raised on every rank here, or on none."""
+        io = given_io(trainer.strategy)
+        if io is not None:
+            io.raise_agreed()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        io = given_io(trainer.strategy)
+        if io is not None:
+            io.agree_on_errors(None)  # its teardown raises what is left, on the rank that saved
 
 
 def _drives_a_fastckpt_engine(strategy) -> bool:

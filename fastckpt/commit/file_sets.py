@@ -38,6 +38,7 @@ from typing import Callable, Optional
 from ..errors import CheckpointWriteError
 from ..write.deadline import Deadline
 from . import record as commit
+from .agreed_errors import AgreedErrors
 from .agreement import Agreement
 from .committed_under import CommittedUnder
 from .ordered import OrderedCommits
@@ -101,7 +102,8 @@ class FileSets:
         self.after_record, self.on_durable, self._report = after_record, on_durable, report
         self._commits = OrderedCommits(agreement, deadline, slack_s, name=name)
         self._cv = threading.Condition()
-        self._errors: list[BaseException] = []
+        self._errors = AgreedErrors(agreement)  # failed sets, by their place in the order they were submitted
+        self._submitted = 0
         self._owners: dict[str, int] = {}  # parent directory -> sets of it in flight
         self._withdrawn: set[str] = set()  # parents to delete once their sets land
         self._counters: dict[str, int] = {}  # parent -> the next counter (rank 0)
@@ -115,7 +117,9 @@ class FileSets:
         owner = _owner(directory)
         with self._cv:
             self._owners[owner] = self._owners.get(owner, 0) + 1
-        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label))
+            self._submitted += 1
+            seq = self._submitted
+        self._commits.issue(FileSetCommit(self, directory, files, step, fmt, meta, label, seq))
 
     # -- waiting ---------------------------------------------------------
     def wait_for(self, owner: str) -> None:
@@ -136,9 +140,17 @@ class FileSets:
         self.deadline.wait(what, attempt, slack=self.slack_s)
 
     def raise_errors(self) -> None:
-        """Each failed set since the last call, through `report` (raises the first by default)."""
-        with self._cv:
-            errors, self._errors = self._errors, []
+        """Each failed set landed here since the last call, through `report` (raises the first by
+        default); no collective: after every set landed (wait), when every rank holds the same."""
+        self._raise(self._errors.take_local())
+
+    def raise_agreed(self) -> None:
+        """Every rank, at one call each makes (the next save): each set that failed on any rank,
+        through `report` on every rank alike (fastckpt.commit.agreed_errors) — never on one rank
+        while another goes on into its framework's next collective."""
+        self._raise(self._errors.agreed())
+
+    def _raise(self, errors: list) -> None:
         for e in errors:
             if self._report is None:
                 raise e
@@ -178,14 +190,14 @@ class FileSets:
     def _newest_record(self, parent: str) -> int:
         return CommittedUnder(parent).next_counter() - 1
 
-    def landed(self, directory: str, error: Optional[BaseException]) -> None:
-        """One set landed; the last one of a withdrawn owner deletes it before anyone waiting
-        for that owner is woken."""
+    def landed(self, directory: str, error: Optional[BaseException], seq: int = 0) -> None:
+        """One set landed (seq: its place in the order sets were submitted); the last one of a
+        withdrawn owner deletes it before anyone waiting for that owner is woken."""
         key = _owner(directory)
         with self._cv:
             withdrawn = key in self._withdrawn
             if error is not None and not withdrawn:
-                self._errors.append(error)
+                self._errors.landed(seq, error)
             remove = withdrawn and self._owners[key] == 1
         if remove:
             shutil.rmtree(key, ignore_errors=True)
@@ -201,8 +213,8 @@ class FileSetCommit(CommitUnit):
     """One set: this rank's files of it, each a fastckpt save in flight."""
 
     def __init__(self, sets: FileSets, directory: str, files: list, step: int, fmt: str, meta: Optional[dict],
-                 label: Optional[str]):
-        self.sets, self.directory, self.files = sets, os.path.abspath(directory), files
+                 label: Optional[str], seq: int = 0):
+        self.sets, self.directory, self.files, self.seq = sets, os.path.abspath(directory), files, seq
         self.step, self.format, self.meta = step, fmt, dict(meta or {})
         self.label = label or f"the checkpoint in {directory}"
 
@@ -237,6 +249,8 @@ class FileSetCommit(CommitUnit):
         if s.is_withdrawn(os.path.dirname(self.directory)):
             return None
         files = tuple(f for part in parts for f in part)
+        if not files:  # no rank saved a file into it (DeepSpeed's save_16bit_model): nothing to commit
+            return None
         counter = s.next_counter(os.path.dirname(self.directory)) if rank == 0 else 0  # rank 0's record holds it
         info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files), counter=counter,
                           time=time.time(), world_size=s.agreement.world_size, format=self.format, files=files,
@@ -248,7 +262,7 @@ class FileSetCommit(CommitUnit):
         return info
 
     def landed(self, info, error) -> None:
-        self.sets.landed(self.directory, error)
+        self.sets.landed(self.directory, error, self.seq)
 
 
 def _owner(directory: str) -> str:

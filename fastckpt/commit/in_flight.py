@@ -2,8 +2,9 @@
 
 Owns the bookkeeping of the commit threads: which checkpoints are in flight (oldest first),
 which directories they write into (retention must not touch those), waiting for all of them
-and for their copies under the Checkpointer's deadline, and the failed checkpoints whose error
-no caller has observed yet (raised by the next save, wait or close). One checkpoint's handle:
+and for their copies under the Checkpointer's deadline; a failed checkpoint whose error no caller
+has observed is handed to the Checkpointer's errors (fastckpt.commit.agreed_errors: raised by
+the next save, wait or close). One checkpoint's handle:
 fastckpt.pending.
 """
 from __future__ import annotations
@@ -14,14 +15,15 @@ from typing import Callable, Optional
 
 from ..pending import Pending
 from ..write import Deadline, WriteStalled
+from .agreed_errors import AgreedErrors
 
 
 class InFlight:
-    def __init__(self, deadline: Deadline, commit_timeout_s: float):
-        self._deadline, self._slack = deadline, commit_timeout_s
+    def __init__(self, deadline: Deadline, commit_timeout_s: float, errors: AgreedErrors):
+        """errors: where a failed checkpoint nobody observed goes (by counter), for its owner to raise."""
+        self._deadline, self._slack, self._errors = deadline, commit_timeout_s, errors
         self._lock = threading.Lock()
         self._by_counter: dict[int, tuple[Pending, str, threading.Thread]] = {}
-        self._unobserved: list[Pending] = []
 
     def __len__(self) -> int:
         with self._lock:
@@ -32,11 +34,12 @@ class InFlight:
             self._by_counter[pending.counter] = (pending, ckpt_id, thread)
 
     def landed(self, pending: Pending) -> None:
-        """Its commit thread is done; a failure nobody observed is kept for unseen_errors()."""
+        """Its commit thread is done; a failure nobody observed is handed to the owner's errors
+        (raised unless a caller observes it first: its Pending's wait())."""
         with self._lock:
             self._by_counter.pop(pending.counter, None)
-            if pending.error is not None and not pending.observed:
-                self._unobserved.append(pending)
+        if pending.error is not None and not pending.observed:
+            self._errors.landed((0, pending.counter), pending.error, seen=lambda: pending.observed)
 
     def pendings(self) -> list[Pending]:
         """Oldest first."""
@@ -85,10 +88,3 @@ class InFlight:
                 raise TimeoutError(f"snapshot of step {p.step} still copying after {timeout}s")
         return stalled
 
-    def unseen_errors(self) -> list[BaseException]:
-        """Errors of failed checkpoints no caller has observed; each is returned once."""
-        with self._lock:
-            errs, self._unobserved = [p for p in self._unobserved if not p.observed], []
-        for p in errs:
-            p.observed = True
-        return [p.error for p in errs]

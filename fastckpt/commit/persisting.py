@@ -5,17 +5,17 @@ commit order: the same on every rank). The ones the cadence picks (persist_every
 fastckpt.commit.persist_cadence) are copied to the tiers behind it by a PersistCommit
 (fastckpt.commit.persist_unit), one after another on an ordered commit of their own, whose
 collectives run on groups apart from the commits'. What landed is counted in the owner's stats
-(persisted, persist_superseded, persist_failed, persist_skipped), and each failure is kept for the
-owner to report on its caller's thread.
+(persisted, persist_superseded, persist_failed, persist_skipped), and each failure goes to the
+owner's errors (fastckpt.commit.agreed_errors), reported on its caller's thread.
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError
 from ..pending import Pending
 from ..write.deadline import Deadline
+from .agreed_errors import AgreedErrors
 from .agreement import Agreement, make_agreement
 from .ordered import OrderedCommits
 from .persist_cadence import PersistCadence
@@ -24,16 +24,15 @@ from .persist_unit import Superseded
 
 class Persisting:
     def __init__(self, store, deadline: Deadline, config, count: Callable[[str], None],
-                 retain: Callable[[], None]):
+                 retain: Callable[[], None], errors: AgreedErrors):
         """store: a tiered store (persist_unit; behind() with persist_every > 1, which the settings
         allow only there); config: the Checkpointer's settings; count(key): adds one to the owner's
-        stats; retain(): retention once a copy landed, on every tier."""
+        stats; retain(): retention once a copy landed, on every tier; errors: where a failed copy
+        goes (by its checkpoint's counter), for the owner to raise."""
         self._agree = make_agreement(config.commit_timeout_s) if config.distributed is not False else Agreement()
         self._units = OrderedCommits(self._agree, deadline, config.commit_timeout_s, name="fastckpt-persist")
         self._cadence = PersistCadence(config.persist_every) if config.persist_every > 1 else None
-        self._store, self._count, self._retain = store, count, retain
-        self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
+        self._store, self._count, self._retain, self._errors = store, count, retain, errors
 
     def landed(self, pending: Pending) -> bool:
         """A checkpoint just committed (its commit thread, in commit order): its copy behind is
@@ -59,12 +58,6 @@ class Persisting:
         """Until every copy issued so far has landed."""
         self._units.join()
 
-    def errors(self) -> list[BaseException]:
-        """The copies that failed since the last call (each handed over once)."""
-        with self._lock:
-            errors, self._errors = self._errors, []
-        return errors
-
     def close(self) -> None:
         self._agree.close()
 
@@ -83,7 +76,6 @@ class Persisting:
             self._count("persist_superseded")
         else:
             self._count("persist_failed")
-            with self._lock:
-                self._errors.append(CheckpointWriteError(
-                    f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
-                    "copy there stays the latest on disk"))
+            self._errors.landed((1, unit.info.counter), CheckpointWriteError(
+                f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
+                "copy there stays the latest on disk"))

@@ -44,7 +44,7 @@ from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from .node_tier import RANK_RE, NodeTier, load_lent
-from .path_store import PathStore, is_remote, local_path, local_target
+from .path_store import PathStore, is_remote, local_path, local_target, sweep_dead_tmp
 from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
 from .protocol import ByPath, Store
 from .tier_copy import copy_part
@@ -138,6 +138,7 @@ class NamedTiers(Store, ByPath):
             raise CheckpointWriteError(f"a memory tier in front of a URL ({target}) is not supported; "
                                        "save to a local or mounted path")
         target = local_target(target)
+        sweep_dead_tmp(os.path.dirname(target))  # what a copy to a path cut short by a kill left there
         ckpt_id, part = self.memory.begin(step, counter, 0, fmt)
         with open(os.path.join(ckpt_id, TARGET), "w", encoding="utf-8") as f:
             f.write(target)

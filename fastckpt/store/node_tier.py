@@ -38,6 +38,7 @@ from ..commit.committed_under import CommittedUnder
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..format import load_file
+from ..fsutil import fsync_dir
 from ..write.protocol import FileSink, MemoryFileSink
 from .protocol import Listed
 from .root_store import DIR_RE, RootStore
@@ -111,14 +112,19 @@ class NodeTier(RootStore):
         return ckpt_id, part
 
     def recycle_into(self, path: str) -> None:
-        """A spare file (a removed part's) put at path, to be written over, when there is one."""
+        """A spare file (a removed part's) put at path, to be written over, when there is one. On a
+        disk (a node-local SSD tier) the rename is made durable on the spares' side now (the move
+        that put it there was, by remove()); the record makes the part's own folder durable before
+        it is written."""
         spare = self._take_spare()
         if spare is not None:
             try:
                 os.rename(spare, path)
                 self.recycled += 1
             except OSError:
-                pass
+                return
+            if self.sink_kind == "file":
+                fsync_dir(os.path.dirname(spare))
 
     def remove(self, path: str) -> None:
         """Withdrawn first (as the root store does), its files kept aside to be written over."""
@@ -133,10 +139,15 @@ class NodeTier(RootStore):
         try:
             names = [n for n in os.listdir(path) if n.startswith("rank-")]
             os.makedirs(spare_dir, exist_ok=True)
+            moved = 0
             for name in names:
                 if len(os.listdir(spare_dir)) >= self.spares:
                     break
                 os.rename(os.path.join(path, name), os.path.join(spare_dir, f"{os.path.basename(path)}.{name}"))
+                moved += 1
+            if moved and self.sink_kind == "file":  # on a disk: the moves durable on both sides before a
+                fsync_dir(path)  # later save renames a spare into its folder (recycle_into)
+                fsync_dir(spare_dir)
         except OSError:
             pass
         shutil.rmtree(path, ignore_errors=True)

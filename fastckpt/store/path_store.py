@@ -182,7 +182,7 @@ class PathStore(Store, ByPath):
             return target, os.path.join(target, f"{stem}.{os.getpid()}-{counter}.{ext}")
         target = local_target(target)
         parent, name = os.path.split(target)
-        _sweep_dead_tmp(parent)
+        sweep_dead_tmp(parent)
         return target, os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")
 
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
@@ -326,8 +326,10 @@ def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) ->
         later(lambda: _delete_quietly(hidden))
 
 
-def _sweep_dead_tmp(parent: str) -> None:
-    """Temporary files of writers that died (their pid is gone) are removed."""
+def sweep_dead_tmp(parent: str) -> None:
+    """Temporary files of writers that died (their pid is gone) are removed: a path's hidden
+    sibling (this store's) and a memory tier's hidden folder of a copy to that path
+    (fastckpt.store.path_tier) alike."""
     for tmp in glob.glob(os.path.join(parent, TMP_GLOB)):
         try:
             pid = int(os.path.basename(tmp).rsplit(".fastckpt-", 1)[1].split("-")[0])

@@ -71,7 +71,8 @@ class PathTier:
 
     def new_dir(self, step: int, counter: int) -> str:
         parent, name = os.path.split(self.target)
-        folder = os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")  # swept if we die
+        # swept if we die: by the next save of a path in this folder (fastckpt.store.path_store.sweep_dead_tmp)
+        folder = os.path.join(parent, f".{name}.fastckpt-{os.getpid()}-{counter}.tmp")
         os.makedirs(folder, exist_ok=True)
         self._made.append(folder)
         return folder
@@ -86,6 +87,8 @@ class PathTier:
         if not self._place(part, self.target):  # removed by its owner while being copied: nothing lands
             shutil.rmtree(folder, ignore_errors=True)
             return
+        # the rename durable: both its folders synced after it (the hidden one it left, and the path's)
+        fsync_dir(folder)
         fsync_dir(os.path.dirname(self.target))
         shutil.rmtree(folder, ignore_errors=True)
 

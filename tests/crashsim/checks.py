@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .saves import MODEL, PATH_SAVES, POOL, SET_FILES, state_of
+from .saves import MODEL, PATH_SAVES, POOL, REPLICA_TIERS, SET_FILES, state_of
 
 
 def _told(marks: list[str]) -> int | None:
@@ -246,4 +246,30 @@ def deepspeed(folder: str, marks: list[str], expected: str) -> list[str]:
                 open(os.path.join(expected, choice.tag, f.name), "rb") as want:
             if got.read() != want.read():
                 problems.append(f"{choice.tag}/{f.name} differs from the file that was committed")
+    return problems
+
+
+def replicas(folder: str, marks: list[str]) -> list[str]:
+    """A node-local disk tier in front of a shared one, each rank's part also kept by its partner
+    (saves.replicas): every record on either tier names files that are all there and intact — on
+    a rank's local folder that is its own part and the replica it keeps, both durable before the
+    record — and the shared tier's newest record is not older than told, `latest` naming a
+    record that reads."""
+    import json
+    local, shared = (os.path.join(folder, t) for t in REPLICA_TIERS)
+    told, problems = _told(marks), records_hold(folder)
+    newest = newest_recorded(shared)
+    if told is not None and (newest is None or newest < told):
+        problems.append(f"told step {told} was committed, the shared tier's newest is {newest}")
+    try:
+        with open(os.path.join(shared, "latest"), "rb") as f:
+            latest = json.loads(f.read())
+    except (OSError, ValueError):
+        latest = None
+    if isinstance(latest, dict) and not _has_record(os.path.join(shared, str(latest.get("dir")))):
+        problems.append(f"`latest` names {latest.get('dir')}, which has no commit record that reads")
+    for rank in (0, 1):
+        kept = newest_recorded(os.path.join(local, f"rank-{rank}"))
+        if kept is not None and newest is not None and told is not None and kept < told and newest < told:
+            problems.append(f"rank {rank}'s local tier holds step {kept}, older than told ({told})")
     return problems

@@ -8,7 +8,7 @@
  * The pages of such a file mapped shared are watched (the pool): a page whose bytes changed is
  * recorded at the first op after the stores, and msync records the range it made durable.
  * A call is made and numbered under one lock, so within a process the numbers follow the order
- * the calls completed in (across processes: see next_seq). A call not modelled (sendfile,
+ * the calls completed in (across processes: see next_seq, and shared_lock for mkdir). A call not modelled (sendfile,
  * copy_file_range, link, symlink) under the root is logged as "unsupported", and the replay
  * refuses such a log rather than judge it. Opening $FASTCKPT_SIM_ROOT/.sim-mark-TEXT logs a
  * marker (TEXT) and creates nothing.
@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,10 +123,9 @@ static int64_t path_ino(const char* path) {
   return lstat(path, &st) == 0 ? (int64_t)st.st_ino : -1;
 }
 
-/* The next number of the one sequence every recorded process shares (a counter in a file beside
- * the log, mapped by each), so ops of several processes (ranks) order by it: an op a process
- * made before it told another one (a collective) numbers below what that one does next. */
-static uint64_t next_seq(void) {
+/* A page every recorded process maps (a file beside the log): [0] the one sequence they share,
+ * [8] a lock they share. */
+static uint64_t* shared_page(void) {
   static uint64_t* shared;
   if (shared == NULL) {
     REAL(open, open_fn);
@@ -138,8 +138,23 @@ static uint64_t next_seq(void) {
     if (m == MAP_FAILED) abort();
     shared = (uint64_t*)m;
   }
-  return __atomic_add_fetch(shared, 1, __ATOMIC_SEQ_CST);
+  return shared;
 }
+
+/* The next number of the one sequence every recorded process shares, so ops of several processes
+ * (ranks) order by it: an op a process made before it told another one (a collective) numbers
+ * below what that one does next. */
+static uint64_t next_seq(void) { return __atomic_add_fetch(shared_page(), 1, __ATOMIC_SEQ_CST); }
+
+/* Held by one recorded process at a time, across the call and its record: for a call whose effect
+ * another process may rely on without a collective between them (two ranks making one folder:
+ * the one whose mkdir fails with EEXIST goes on to write into it), so that its number is below
+ * anything the other does after seeing it. A spin lock in the shared page (never held long). */
+static void shared_lock(void) {
+  uint64_t* word = shared_page() + 8;
+  while (__atomic_exchange_n(word, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+static void shared_unlock(void) { __atomic_store_n(shared_page() + 8, 0, __ATOMIC_RELEASE); }
 
 static void observe(void);
 
@@ -416,9 +431,11 @@ static int logged_mkdir(int dirfd, const char* name, mode_t mode) {
   if (root() == NULL || full_path(dirfd, name, full, sizeof full) != 0 || !under_root(full))
     return real_mkdirat(dirfd, name, mode);
   pthread_mutex_lock(&lock);
+  shared_lock();  /* another rank's mkdir of the same folder (EEXIST) returns only once this is numbered */
   int r = real_mkdirat(dirfd, name, mode);
   int saved = errno;
   if (r == 0) emit(OP_MKDIR, path_ino(full), 0, 0, 0, 0, full, NULL, NULL, 0, 0);
+  shared_unlock();
   pthread_mutex_unlock(&lock);
   errno = saved;
   return r;

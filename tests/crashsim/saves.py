@@ -9,6 +9,11 @@
                                                # front of ROOT, 4 saves persisted behind it
     python tests/crashsim/saves.py deepspeed ROOT  # a DeepSpeed engine with a "fastckpt" entry: 3 tags,
                                                    # each copied to ROOT.expected once committed
+    python tests/crashsim/saves.py tiers_buffered ROOT  # tiers, each copy to ROOT through the page cache
+    python tests/crashsim/saves.py path_tiers ROOT      # path's saves through a memory tier ROOT.memory
+    python tests/crashsim/saves.py path_tiers_buffered ROOT  # the same, copies through the page cache
+    python tests/crashsim/saves.py replicas ROOT   # 2 gloo ranks: a node-local disk tier ROOT/local in
+                                                   # front of ROOT/shared, each part also kept by the partner
 
 Each marks what it was told (mark(): opening ROOT/.sim-mark-TEXT, which the recording shim logs
 and nothing creates, and a line `sim-mark TEXT` on stdout for a run without the shim):
@@ -82,6 +87,55 @@ def tiers(root: str) -> None:
         four_saves(ck, root)
 
 
+def tiers_buffered(root: str) -> None:
+    """tiers' saves with direct_io=False: each copy to the root goes through the page cache (as on
+    a filesystem refusing O_DIRECT), made durable by its own fdatasync."""
+    import fastckpt
+    with fastckpt.Checkpointer(tiers=[root + ".memory", root], concurrency=2, keep=2, chunk_mb=1, writers=2,
+                               direct_io=False) as ck:
+        four_saves(ck, root)
+
+
+REPLICA_TIERS = ("local", "shared")  # replicas' tiers: ROOT/local (a node-local disk), ROOT/shared
+
+
+def replicas(root: str) -> None:
+    """Two gloo ranks on two nodes (FASTCKPT_NODE), each this program's `replicas_rank`: a
+    node-local disk tier ROOT/local in front of the shared ROOT/shared, each rank's part also kept
+    by its partner beside its own (replicas=1: received into a buffer, written through the page
+    cache, fdatasync'ed before the record), 3 saves, the local tier keeping one (a part written into
+    a removed one's file); "committed:K" (rank 0) once wait() says every save up to K is durable on
+    the shared tier."""
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "replicas_rank", root],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), FASTCKPT_NODE=f"node-{r}")) for r in (0, 1)]
+    codes = [p.wait(timeout=300) for p in procs]
+    if codes != [0, 0]:
+        raise SystemExit(f"the ranks exited {codes}")
+
+
+def replicas_rank(root: str) -> None:
+    import torch.distributed as dist
+
+    import fastckpt
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    local, shared = (os.path.join(root, t) for t in REPLICA_TIERS)
+    with fastckpt.Checkpointer(tiers=[local, shared], replicas=1, tier_keep=[1, 2], concurrency=1, chunk_mb=1,
+                               writers=2, commit_timeout_s=120) as ck:
+        for step in (1, 2, 3):  # step 3's part written into step 1's file (recycled: tier_keep 1)
+            ck.save(state_of(step + 100 * rank), step=step)
+            ck.wait()
+            if rank == 0:
+                mark(root, f"committed:{step}")
+    dist.destroy_process_group()
+
+
 PATH_SAVES = (("last.ckpt", 1), ("epoch=0.ckpt", 2), ("last.ckpt", 3), ("last.ckpt", 4))
 
 
@@ -89,6 +143,19 @@ def path_store(root: str) -> None:
     """ModelCheckpoint's pattern: a named file saved over again (last.ckpt), another beside it."""
     import fastckpt
     with fastckpt.Checkpointer(root, store="path", concurrency=2, chunk_mb=1, writers=2) as ck:
+        for i, (name, step) in enumerate(PATH_SAVES):
+            ck.save(state_of(step), step=step, path=os.path.join(root, name))
+            ck.wait()
+            mark(root, f"committed:{i}")
+
+
+def path_tiers(root: str, direct_io: bool = True) -> None:
+    """path_store's saves through a memory tier beside the root (tiers=[ROOT.memory]): each save of
+    a path committed there, then persisted to its path (a hidden sibling, renamed over the path
+    once durable); "committed:I" once wait() says save I reached its path."""
+    import fastckpt
+    with fastckpt.Checkpointer(store="path", tiers=[root + ".memory"], concurrency=2, chunk_mb=1, writers=2,
+                               direct_io=direct_io) as ck:
         for i, (name, step) in enumerate(PATH_SAVES):
             ck.save(state_of(step), step=step, path=os.path.join(root, name))
             ck.wait()
@@ -270,4 +337,6 @@ if __name__ == "__main__":
     if os.environ.get("FASTCKPT_TEST_PLANT"):
         plant(os.environ["FASTCKPT_TEST_PLANT"])
     {"root": root_store, "path": path_store, "dcp": dcp, "pool": pool, "deepspeed": deepspeed,
-     "file_set": file_set, "tiers": tiers}[kind](where)
+     "file_set": file_set, "tiers": tiers, "tiers_buffered": tiers_buffered, "path_tiers": path_tiers,
+     "path_tiers_buffered": lambda r: path_tiers(r, direct_io=False), "replicas": replicas,
+     "replicas_rank": replicas_rank}[kind](where)

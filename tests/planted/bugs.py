@@ -228,4 +228,67 @@ BUGS = (
         (("fastckpt/store/tiered_store.py", "        if self.rank == 0 or tier is not self.tiers[-1]:",
           "        if self.rank == 0:  # planted"),),
         ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "tier_keep_on_its_memory_tier")),
+    Bug("tier-copy-buffered-no-fdatasync",
+        "the copy of a part behind the memory tier through the page cache (a filesystem refusing O_DIRECT; "
+        "replicas always) is never fdatasync'ed: recorded as persisted while its bytes are only in the page cache",
+        (("fastckpt/store/tier_copy.py", "    try:\n        os.fdatasync(fd)\n", "    try:\n        pass  # planted\n"),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and tiers_buffered")),
+    Bug("tier-copy-direct-no-fdatasync",
+        "the O_DIRECT copy of a part behind the memory tier (and of a named path's memory copy) is not fdatasync'ed: "
+        "its size and the blocks' allocation are not durable when the record is written",
+        (("native/src/tensor_io.cc",
+          'throw_io("ftruncate", path, off + n, errno);\n  if (sync) fdatasync_or_throw(fd.get(), path);',
+          'throw_io("ftruncate", path, off + n, errno);\n  (void)sync;  // planted'),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and path_tiers")),
+    Bug("replica-not-fdatasynced",
+        "a replica received into a buffer (a memory tier on a disk) is written through the page cache and never "
+        "fdatasync'ed before the record that counts it",
+        (("fastckpt/store/replicas.py", "                    write_durably(path, at, buf.numel(), direct_io=False)\n",
+          "                    _native.write_buffered(path, 0, at, buf.numel(), False)  # planted\n"),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and replicas")),
+    Bug("named-path-rename-half-durable",
+        "the rename of a named path's persisted copy over the path is made durable in the path's folder only, not "
+        "in the hidden folder it came from: a power loss can undo it after the save was reported persisted",
+        (("fastckpt/store/path_tier.py", "        fsync_dir(folder)\n        fsync_dir(os.path.dirname(self.target))",
+          "        fsync_dir(os.path.dirname(self.target))  # planted"),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and path_tiers")),
+    Bug("spare-moves-not-durable",
+        "retention on a disk-backed node tier moves a removed part's file aside (to be written over) without making "
+        "the move durable: a later part renamed out of the spares can vanish in a power loss under its record",
+        (("fastckpt/store/node_tier.py", "                fsync_dir(path)  # later save renames a spare into its folder (recycle_into)\n"
+                                         "                fsync_dir(spare_dir)\n",
+          "                pass  # planted\n"),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and replicas")),
+    Bug("recycled-part-rename-not-durable",
+        "a spare file renamed into a new part's folder on a disk-backed node tier is not made durable on the spares' "
+        "side: the record can name a part a power loss leaves in the spares",
+        (("fastckpt/store/node_tier.py", "            if self.sink_kind == \"file\":\n                fsync_dir(os.path.dirname(spare))",
+          "            pass  # planted"),),
+        ("tests/crashsim/test_power_loss.py", "-k", "over_the_tiers and replicas")),
+    Bug("deepspeed-error-on-one-rank",
+        "a failed DeepSpeed tag is raised at the next save only on the ranks whose commit thread already recorded "
+        "it: the others go on into DeepSpeed's tag check and wait there for the process group's timeout",
+        (("deepspeed_fastckpt/engine.py", "        self.committer.raise_agreed()\n",
+          "        self.committer.raise_errors()  # planted\n"),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "same_save")),
+    Bug("16bit-export-as-a-tag",
+        "a file DeepSpeed saves outside its tag folder (save_16bit_model's) is committed as a file of the tag: the "
+        "export is reported failed on every rank",
+        (("deepspeed_fastckpt/engine.py",
+          "        in_tag = [(path, pending) for path, pending in files if os.path.dirname(path) == tag_dir]\n",
+          "        in_tag = files  # planted\n"),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "16bit")),
+    Bug("tag-marked-at-create",
+        "the tag's open mark is left when DeepSpeed opens a save, whether or not it writes a file into the tag: "
+        "save_16bit_model leaves a stray global_stepN/fastckpt-tag.open",
+        (("deepspeed_fastckpt/engine.py", "        self._tag_dir, self._marked = tag_folder(info), False\n",
+          "        self._tag_dir, self._marked = tag_folder(info), True  # planted\n"
+          "        mark_open(info.save_dir, info.tag)\n"),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "16bit")),
+    Bug("named-tier-leftovers-kept",
+        "a save through a memory tier in front of named paths never sweeps what a copy to a path cut short by a kill "
+        "left there: hidden .NAME.fastckpt-PID-N.tmp folders pile up beside the checkpoints",
+        (("fastckpt/store/named_tiers.py",
+          "        sweep_dead_tmp(os.path.dirname(target))  # what a copy to a path cut short by a kill left there\n", ""),),
+        ("tests/fastckpt/tiers/test_named_tiers_campaign.py",)),
 )

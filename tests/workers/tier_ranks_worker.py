@@ -64,6 +64,7 @@ def retention(memory: str, disk: str, rank: int) -> dict:
             ck.wait()  # committed and persisted; retention may still run on the commit thread (it
             held.append(settled(lambda: len(step_folders(own.root)), min(step, 2)))  # never delays a commit)
         ck.close()
+        dist.barrier()  # the shared disk is rank 0's to prune: read once its close() is done too
         out[run] = {"memory": steps_in(own), "folders": step_folders(own.root), "held": held,
                     "disk": steps_in(ck.store.tiers[-1])}
     return out
@@ -112,7 +113,7 @@ def flip(memory: str, disk: str, rank: int) -> dict:
                                    commit_timeout_s=60)
         for step in (1, 2, 3):
             ck.save(state_for(rank, step), step).wait()
-        ck.wait()
+            ck.wait()  # persisted too (a copy waiting its turn would give way to a newer one)
         kept = {str(info.step): list(wards) for info, wards in ck.store._replicas.kept().values()}
         step2 = next(i for i in ck.store.tiers[0].committed() if i.step == 2)
         ward = 1 - rank

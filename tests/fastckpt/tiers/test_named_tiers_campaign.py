@@ -6,12 +6,15 @@ step (tests/workers/named_tiers_worker.py) until it is killed (SIGKILL) at a ran
   wipe   the memory tier is removed (the node's memory lost): the next resume reads the file on
          disk, whatever step it holds.
 Every round: the file on disk, when there, is whole (every CRC checked) and bit-exact its step's
-state; the resume is bit-exact (checked by the worker). The campaign must have resumed from
+state; the resume is bit-exact (checked by the worker); the hidden folders of copies to a path
+that a kill cut short are the last process's alone (the next save sweeps them), none older than
+the newest checkpoint. The campaign must have resumed from
 memory and, after a wipe, from disk; with --many also from a memory copy newer than the file (a
 kill between the commit in memory and the copy to disk). 12 rounds; 100 with --many.
 """
 from __future__ import annotations
 
+import glob
 import os
 import random
 import shutil
@@ -25,6 +28,7 @@ import pytest
 import torch
 
 import fastckpt
+from fastckpt.store.path_store import TMP_GLOB
 from support.paths import ROOT, WORKERS, python_path
 
 pytestmark = pytest.mark.slow
@@ -63,11 +67,20 @@ class Child:
         return max([int(line.split()[1]) for line in self.lines if line.startswith("committed ")], default=0)
 
 
+def left_behind(folder: str) -> list[tuple[int, float]]:
+    """(the writer's pid, the modification time) of each hidden temporary file or folder in folder (a
+    copy to a path cut short: .NAME.fastckpt-PID-N.tmp)."""
+    out = []
+    for path in glob.glob(os.path.join(folder, TMP_GLOB)):
+        out.append((int(os.path.basename(path).rsplit(".fastckpt-", 1)[1].split("-")[0]), os.path.getmtime(path)))
+    return out
+
+
 def test_kill9_campaign_over_a_memory_tier_in_front_of_named_paths(tmp_path, shm, many):
     memory, folder = os.path.join(shm, "memory"), str(tmp_path / "ck")
     rng = random.Random(45)
     expect_at_least, expect_exactly, on_disk = 0, None, None
-    seen = {"memory": 0, "memory newer than the file": 0, "disk after a wipe": 0}
+    seen = {"memory": 0, "memory newer than the file": 0, "disk after a wipe": 0, "left by the kill": 0}
     for round_ in range(100 if many else 12):
         child = Child(memory, folder)
         resumed = child.wait_for("resumed ").split()
@@ -81,6 +94,11 @@ def test_kill9_campaign_over_a_memory_tier_in_front_of_named_paths(tmp_path, shm
             seen["memory newer than the file"] += on_disk is None or step > on_disk
         time.sleep(rng.uniform(0.2, 1.2))
         child.kill()
+        left = left_behind(folder)
+        assert all(pid == child.proc.pid for pid, _ in left), f"round {round_}: left by earlier rounds: {left}"
+        newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(folder, "*.ckpt"))), default=0.0)
+        assert all(when >= newest for _, when in left), f"round {round_}: older than the newest checkpoint: {left}"
+        seen["left by the kill"] += bool(left)
         mode = rng.choice(("kill", "kill", "wipe"))
         last = os.path.join(folder, "last.ckpt")
         on_disk = None
