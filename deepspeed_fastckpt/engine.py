@@ -115,8 +115,7 @@ class FastckptEngine(CheckpointEngine):
                 pending.release_all()
                 pending.wait()
                 pending.wait_placed()  # behind a memory tier: persisted at its path, not only in memory
-                if pending.placed_error is not None:
-                    raise pending.placed_error
+                pending.raise_placed()
             except Exception as e:  # noqa: BLE001 - every rank hears of it below
                 failed = failed or CheckpointWriteError(f"{path}, saved outside a checkpoint tag, failed: {e}")
         if self.committer.agreement.all_ok(failed is None):

@@ -28,6 +28,7 @@ class Pending:
         self._info: CommitInfo | None = None
         self._error: BaseException | None = None
         self.observed = False
+        self.placed_observed = False  # a caller was given why it was not placed (raise_placed)
         self.skipped = skipped
         self.write = None  # the SnapshotWrite in flight (None when skipped or failed to start)
         self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
@@ -134,6 +135,14 @@ class Pending:
     def placed_error(self) -> BaseException | None:
         """Why it did not reach where its save asked (None: it did, or not known yet)."""
         return self._placed_error
+
+    def raise_placed(self) -> None:
+        """Raises why it did not reach where its save asked, if it did not: its caller reports it
+        (a DeepSpeed tag, a DCP checkpoint, a file saved outside a tag), and its owner then does not
+        report it again (placed_observed)."""
+        if self._placed_error is not None:
+            self.placed_observed = True
+            raise self._placed_error
 
     def settle(self, info: CommitInfo | None, error: BaseException | None) -> None:
         """Its commit landed: committed (info) or failed (error). Called once, by the commit."""

@@ -228,8 +228,7 @@ class FileSetCommit(CommitUnit):
                 # behind a memory tier: the set's record vouches for files at their paths, so it waits
                 # until each was persisted there (not only committed in memory)
                 s.deadline.wait(f"{path} of {self.label}, persisted", pending.wait_placed, slack=s.slack_s)
-                if pending.placed_error is not None:
-                    raise pending.placed_error
+                pending.raise_placed()
                 if os.path.dirname(os.path.abspath(path)) != self.directory:
                     raise CheckpointWriteError(f"{path} is not a file of {self.directory}")
                 if s.on_durable is not None:

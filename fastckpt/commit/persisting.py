@@ -44,7 +44,7 @@ class Persisting:
             return False
 
         def copied(unit, infos, error):
-            self._copied(unit, infos, error)
+            self._copied(unit, infos, error, seen=lambda: pending.placed_observed)
             pending.placed(error)
         return self._issue(pending.info, copied) is not None
 
@@ -68,8 +68,9 @@ class Persisting:
             self._units.issue(unit)
         return unit
 
-    def _copied(self, unit, infos, error) -> None:
-        """A copy landed (its commit thread)."""
+    def _copied(self, unit, infos, error, seen=None) -> None:
+        """A copy landed (its commit thread); seen(): whoever waits for its checkpoint to be placed
+        was given the error (Pending.raise_placed): the owner does not raise it again."""
         if error is None:
             self._count("persisted")
         elif isinstance(error, Superseded):  # a newer one was copied instead
@@ -78,4 +79,4 @@ class Persisting:
             self._count("persist_failed")
             self._errors.landed((1, unit.info.counter), CheckpointWriteError(
                 f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
-                "copy there stays the latest on disk"))
+                "copy there stays the latest on disk"), seen)

@@ -214,8 +214,7 @@ class FastStorageWriter(StorageWriter):
             info = pending.wait()
             # behind a memory tier: the record DCP's finish writes vouches for the file at its path
             deadline.wait(f"{path} of the DCP checkpoint {directory}, persisted", pending.wait_placed)
-            if pending.placed_error is not None:
-                raise pending.placed_error
+            pending.raise_placed()
             torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
             if torn:  # FastStager's 'd': the snapshot was the live tensors until written
                 raise TornSnapshotError(f"{torn} was written in place while it was being written "

@@ -5,7 +5,8 @@ real deepspeed.initialize engines on 2 gloo ranks (tests/workers/ds_export_worke
   TestZeROSaveLoadEdgeCase::test_save_before_accum_grad_is_done calls it: the file is a plain
   durable file in save_dir when the call returns — no tag folder, no record — and loads to the
   model's values; the save_checkpoint after it commits as usual;
-- a tag whose write fails on rank 0 while rank 1's commit thread records the failure seconds late:
+- a tag whose write (or, behind a memory tier, whose copy to the tag folder) fails on rank 0 while
+  rank 1's commit thread records the failure seconds late:
   both ranks raise at the same next save_checkpoint (its create(), before DeepSpeed's own tag
   check), neither waits for the other past the deadline, and destroy() raises nothing twice;
 - a process leaving through os._exit (DeepSpeed's own harness) with a tag in flight: that tag is
@@ -56,12 +57,17 @@ def test_save_16bit_model_writes_one_durable_file_and_no_tag(tmp_path, stage):
     assert (save_dir / "global_step0" / "COMMIT").is_file()
 
 
-def test_a_tag_failed_on_one_rank_is_raised_on_every_rank_at_the_same_save(tmp_path, fault_shim):
+@pytest.mark.parametrize("tiers", [False, True], ids=["write", "persist"])
+def test_a_tag_failed_on_one_rank_is_raised_on_every_rank_at_the_same_save(tmp_path, fault_shim, shm, tiers):
+    """write: rank 0's optimizer file of global_step2 fails as it is written. persist: the entry has
+    a memory tier; that file commits in memory and its copy to the tag folder fails (a tag whose
+    files are not all on disk is never committed, in memory or not)."""
     save_dir = tmp_path / "ck"
     faulty = str(save_dir / "global_step2" / ".zero_pp_rank_0_")  # rank 0's optimizer file of that tag alone
+    memory = {"TIERS": os.path.join(shm, "memory")} if tiers else {}
     t = time.monotonic()
     got = run_ranks("held-error", save_dir, tmp_path / "out", timeout=60, LD_PRELOAD=fault_shim,
-                    FASTCKPT_FAULT_PATH=faulty, HOLD_RANK="1", HOLD_S="6")
+                    FASTCKPT_FAULT_PATH=faulty, HOLD_RANK="1", HOLD_S="6", **memory)
     took = time.monotonic() - t
     for rank, out in enumerate(got):
         assert out["raised_at"] == 3, (rank, out)  # the next save after the failed tag, on both ranks

@@ -291,4 +291,20 @@ BUGS = (
         (("fastckpt/store/named_tiers.py",
           "        sweep_dead_tmp(os.path.dirname(target))  # what a copy to a path cut short by a kill left there\n", ""),),
         ("tests/fastckpt/tiers/test_named_tiers_campaign.py",)),
+    Bug("file-set-persist-error-ignored",
+        "a set's file whose copy from the memory tier to its path failed (disk full) still gets its set committed: "
+        "a DeepSpeed tag gets its COMMIT and its fastckpt-latest while its file is not on disk",
+        (("fastckpt/commit/file_sets.py", "                pending.raise_placed()\n", ""),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "same_save and persist")),
+    Bug("dcp-persist-error-ignored",
+        "a DCP rank file whose copy from the memory tier failed counts as written: the checkpoint is committed "
+        "without it on disk",
+        (("fastckpt/dcp/writer.py", "            pending.raise_placed()\n", ""),),
+        ("tests/fastckpt/tiers/test_persist_errors.py", "-k", "dcp")),
+    Bug("persist-error-raised-twice",
+        "a failed copy behind the memory tier that its caller already raised (a DeepSpeed tag, a DCP checkpoint) is "
+        "raised again by the owner at the next call",
+        (("fastckpt/commit/persisting.py", "            self._copied(unit, infos, error, seen=lambda: pending.placed_observed)",
+          "            self._copied(unit, infos, error)  # planted"),),
+        ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "same_save and persist")),
 )

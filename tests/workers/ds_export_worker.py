@@ -17,6 +17,7 @@ through os._exit.
     python ds_export_worker.py resume SAVE_DIR OUT
         a new engine's load_checkpoint(SAVE_DIR): the tag it loaded and the warnings
 Every rank runs the same command (RANK/WORLD_SIZE from the environment) and writes OUT.RANK.
+TIERS=DIR: the entry's memory tier (every file committed there, then persisted to its path).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def make_engine(stage: int, accumulation: int = 1):
            "train_batch_size": 4 * accumulation * world,
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True, **SMALL_BUCKETS},
-           "fastckpt": {"concurrency": 2, "chunk_mb": 1, "commit_timeout_s": 60, "stall_timeout_s": 60}}
+           "fastckpt": {"concurrency": 2, "chunk_mb": 1, "commit_timeout_s": 60, "stall_timeout_s": 60,
+                        **({"tiers": [os.environ["TIERS"]]} if os.environ.get("TIERS") else {})}}
     eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     return eng
 
