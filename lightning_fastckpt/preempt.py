@@ -10,6 +10,9 @@ CheckpointIO (FastCheckpointIO, or any other), which is then torn down (everythi
 flight durable), the ranks meet, and the process exits with the signal's status. A second
 signal, or `grace_s` running out (from the signal), ends the process at once: the checkpoint's
 commit record being written last, the previous checkpoint stays the newest, never a torn one.
+Once the checkpoint is durable, Lightning's `last` (what `fit(ckpt_path="last")` resolves) is made
+a link to it, as ModelCheckpoint(save_last="link") makes its own: a resume from "last" is a
+resume from the preemption.
 """
 from __future__ import annotations
 
@@ -31,6 +34,10 @@ class PreemptCheckpoint(pl.Callback):
 
         trainer = Trainer(plugins=[FastCheckpointIO()],
                           callbacks=[PreemptCheckpoint("ckpts", grace_s=30)])
+
+    Once it is durable, the `last` checkpoint of the trainer's ModelCheckpoint (each one with
+    save_last; else the first one's folder) links to it (point_last_at), so that
+    `Trainer.fit(ckpt_path="last")` resumes from it, as from any newest checkpoint.
     """
 
     def __init__(self, dirpath, signal=signals.SIGTERM, grace_s: float = 30.0,
@@ -57,6 +64,8 @@ class PreemptCheckpoint(pl.Callback):
         try:
             trainer.save_checkpoint(path)
             trainer.strategy.checkpoint_io.teardown()  # what it has in flight, durable
+            if trainer.is_global_zero:
+                point_last_at(trainer, path)
             trainer.strategy.barrier("fastckpt-preempted")
         except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
             log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", trainer.global_step, e)
@@ -66,3 +75,33 @@ class PreemptCheckpoint(pl.Callback):
         if self._signal is not None and self._signal.arrived is None:
             self._signal.uninstall()
             self._signal = None  # a next fit installs it again
+
+
+def last_links(trainer: "pl.Trainer") -> list[str]:
+    """Where `Trainer.fit(ckpt_path="last")` looks, as Lightning resolves it: the `last` file of every
+    ModelCheckpoint that saves one (save_last), or, when none does, of the trainer's first
+    ModelCheckpoint (Lightning looks in every ModelCheckpoint's folder); none without one."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+    saving = [cb for cb in callbacks if cb.save_last] or callbacks[:1]
+    return [cb.format_checkpoint_name(dict(trainer.callback_metrics), cb.CHECKPOINT_NAME_LAST) for cb in saving]
+
+
+def point_last_at(trainer: "pl.Trainer", path: str) -> None:
+    """Rank 0, once the checkpoint at path is durable: every `last` Lightning's ckpt_path="last" reads
+    becomes a link to it, as ModelCheckpoint(save_last="link") makes its own — atomically (a link
+    made beside it, renamed over it) and durably (its folder synced). Lightning resolves "last" by
+    modification time among those files, so the link (the preemption checkpoint's time, the newest)
+    is what a resume reads; the next `last` ModelCheckpoint saves replaces the link itself."""
+    from fastckpt.fsutil import fsync_dir
+    for link in last_links(trainer):
+        if os.path.abspath(link) == os.path.abspath(path):
+            continue
+        try:
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            made = f"{link}.fastckpt-link-{os.getpid()}"
+            os.symlink(os.path.relpath(path, os.path.dirname(link)), made)
+            os.replace(made, link)
+            fsync_dir(os.path.dirname(link))
+        except OSError as e:  # the checkpoint itself is durable: resume from its path
+            log.error("fastckpt: could not make %s point to the preemption checkpoint %s: %s", link, path, e)

@@ -82,6 +82,30 @@ def test_sigterm_checkpoints_the_agreed_step_exits_and_resumes_bit_exact(tmp_pat
     assert_equal(loaded["state_dict"], saved["state_dict"])
 
 
+def test_after_a_sigterm_a_resume_from_last_resumes_from_the_sigterm_checkpoint(tmp_path):
+    """ModelCheckpoint(save_last=True) every 4 steps beside PreemptCheckpoint in one folder: the
+    SIGTERM comes after last.ckpt was saved at an earlier step. `fit(ckpt_path="last")` (the lines
+    docs/tiers.md shows) resumes from the SIGTERM step, bit-exact — not from the older last.ckpt —
+    and trains on; the next last.ckpt it saves is a file again, of that run."""
+    out = str(tmp_path / "run")
+    run = start(out, "--last", "4")
+    run.wait_step(6)
+    os.kill(run.procs[0].pid, signal.SIGTERM)
+    assert run.ended(GRACE_S) == [-signal.SIGTERM], run.text()
+    path = check_preempted(out, run)
+    step = fastckpt.load(path)["global_step"]
+    last = os.path.join(out, "ck", "last.ckpt")
+    assert os.path.islink(last) and os.path.realpath(last) == os.path.realpath(path), os.listdir(os.path.dirname(last))
+    again = start(out, "--last", "4", "--resume", "last", "--max-steps", str(step + 5))
+    assert again.ended(120) == [0], again.text()
+    loaded = torch.load(os.path.join(out, "loaded-rank0.pt"), weights_only=True)
+    saved = fastckpt.load(path)
+    assert loaded["global_step"] == step
+    assert_equal(loaded["state_dict"], saved["state_dict"])
+    assert max(again.steps(0)) == step + 5
+    assert not os.path.islink(last) and fastckpt.load(last)["global_step"] > step
+
+
 def test_sigterm_while_saves_are_in_flight_and_a_second_sigterm(tmp_path):
     out = str(tmp_path / "run")
     run = start(out, "--every", "2", "--big", "2048")  # 16 MiB a save, one every 2 steps

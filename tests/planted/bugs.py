@@ -307,4 +307,10 @@ BUGS = (
         (("fastckpt/commit/persisting.py", "            self._copied(unit, infos, error, seen=lambda: pending.placed_observed)",
           "            self._copied(unit, infos, error)  # planted"),),
         ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "same_save and persist")),
+    Bug("preempt-last-not-linked",
+        "Lightning's `last` is left as it was after a SIGTERM checkpoint: fit(ckpt_path=\"last\") resumes from the "
+        "older last.ckpt and the steps since are lost",
+        (("lightning_fastckpt/preempt.py", "            if trainer.is_global_zero:\n                point_last_at(trainer, path)\n",
+          ""),),
+        ("tests/lightning_fastckpt/test_lightning_preempt.py", "-k", "resume_from_last")),
 )
