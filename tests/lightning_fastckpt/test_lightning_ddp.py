@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from support import warm
+from fastckpt import load as fastckpt_load
 from support.lightning_runs import launch, losses, run
 from workers.lit_app import assert_equal
 
@@ -97,3 +98,26 @@ def test_kill9_then_resume_is_bit_exact(tmp_path, ddp):
     assert later and all(got[s] == want[s] for s in later), "a loss after the resume differs"
     for r in range(2 if ddp else 1):
         assert_equal(torch.load(crash / f"final-rank{r}.pt"), torch.load(ref / f"final-rank{r}.pt"))
+
+
+def test_a_save_that_failed_on_rank_0_is_raised_on_every_rank_at_the_next_save(tmp_path, fault_shim):
+    """Rank 0 alone saves (DDP); its save of epoch 1 fails as it is written (the fault shim: EIO).
+    At the next Trainer.save_checkpoint every rank raises — rank 0 its error, rank 1 that the rank
+    that saves failed — instead of rank 0 alone while rank 1 waits in the save's barrier until the
+    process group times out. Both end within a minute; the checkpoints before stay."""
+    procs = launch(tmp_path, "--epochs", "4", ddp=True, LD_PRELOAD=fault_shim, FASTCKPT_FAULT_PATH=".epoch=1-step=")
+    t = time.monotonic()
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(max(1.0, 90 - (time.monotonic() - t))))
+        except Exception:  # noqa: BLE001 - a rank left waiting: the failure this test is about
+            for q in procs:
+                q.kill()
+            raise AssertionError("a rank still runs 90 s on:\n" + "\n---\n".join(
+                open(tmp_path / f"log-{r}.txt").read()[-2000:] for r in (0, 1)))
+    logs = [open(tmp_path / f"log-{r}.txt").read() for r in (0, 1)]
+    assert codes[0] != 0 and codes[1] != 0, (codes, logs[0][-2000:], logs[1][-2000:])
+    assert "Input/output error" in logs[0], logs[0][-3000:]
+    assert "failed on the rank that saves" in logs[1], logs[1][-3000:]
+    assert fastckpt_load(tmp_path / "ck" / "epoch=0-step=4.ckpt")["global_step"] == 4

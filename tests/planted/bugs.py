@@ -313,4 +313,17 @@ BUGS = (
         (("lightning_fastckpt/preempt.py", "            if trainer.is_global_zero:\n                point_last_at(trainer, path)\n",
           ""),),
         ("tests/lightning_fastckpt/test_lightning_preempt.py", "-k", "resume_from_last")),
+    Bug("checkpointer-error-on-one-rank",
+        "a failed checkpoint is raised at the next save only on the ranks whose commit thread already recorded it: "
+        "the others issue the next save and their commit waits for a rank that is gone",
+        (("fastckpt/checkpointer.py", "        self._raise_background_errors(agreed=True)",
+          "        self._raise_background_errors(agreed=False)  # planted"),),
+        ("tests/fastckpt/test_agreed_errors.py", "-k", "checkpointer")),
+    Bug("lightning-error-on-rank-0-only",
+        "under DDP a failed save is raised on rank 0 alone, inside Trainer.save_checkpoint, while the other ranks "
+        "wait in its barrier",
+        (("lightning_fastckpt/watch.py",
+          "            io.agree_on_errors(lambda raising: strategy.reduce_boolean_decision(raising, all=False))\n",
+          "            pass  # planted\n"),),
+        ("tests/lightning_fastckpt/test_lightning_ddp.py", "-k", "failed_on_rank_0")),
 )

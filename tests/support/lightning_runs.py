@@ -13,9 +13,9 @@ from .processes import free_port
 WORKER = os.path.join(WORKERS, "lit_worker.py")
 
 
-def launch(out, *args, ddp=False) -> list[subprocess.Popen]:
+def launch(out, *args, ddp=False, **env_extra: str) -> list[subprocess.Popen]:
     os.makedirs(out, exist_ok=True)
-    base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env_extra}
     if not ddp:
         return [warm.popen([sys.executable, WORKER, str(out), *args], env=base,
                            stdout=open(os.path.join(out, "log-0.txt"), "a"), stderr=subprocess.STDOUT,
