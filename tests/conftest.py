@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 
 import pytest
 import torch
-from support.paths import ROOT
+from support.paths import ROOT, WORKERS
+
+if WORKERS not in sys.path:  # the test programs import their siblings by name, as when run (one_line, lit_app)
+    sys.path.append(WORKERS)
 
 pytest_plugins = ["crashsim.fixtures"]  # shim and work, for the power-loss tests
 

@@ -41,9 +41,16 @@ import sys
 import torch
 
 
+def say(line: str) -> None:
+    """One line to stdout in one write(2): a commit thread's crash message can never run into a
+    mark the main thread writes at the same moment (the suite parses both)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 def mark(root: str, text: str) -> None:
     """Tells the recording something (the shim logs it; nothing is created), and stdout."""
-    print(f"sim-mark {text}", flush=True)
+    say(f"sim-mark {text}")
     try:
         open(os.path.join(root, f".sim-mark-{text}"), "rb").close()
     except FileNotFoundError:
@@ -215,7 +222,7 @@ def crash_before(call: str, nth: int, kind: str) -> None:
 
         def _call(self, name: str, *args):
             if self.doomed and name == call:
-                print(f"crash before {call} of unit {nth} ({type(self.unit).__name__}: {self.label})", flush=True)
+                say(f"crash before {call} of unit {nth} ({type(self.unit).__name__}: {self.label})")
                 os._exit(137)
             return getattr(self.unit, name)(*args)
 

@@ -9,6 +9,7 @@ import sys
 import torch
 
 import fastckpt
+from one_line import say  # noqa: E402
 
 
 def state_for(step: int, device: str = "cpu") -> dict:
@@ -27,14 +28,14 @@ def main() -> None:
     ck = fastckpt.Checkpointer(root, concurrency=concurrency, chunk_mb=1, keep=2, format=fmt, strategy=strategy)
     latest = ck.latest()
     step = latest.step + 1 if latest else 1
-    print("ready", flush=True)
+    say("ready")
     pending = []
     while True:
         pending.append(ck.save(state_for(step, device), step=step))
         step += 1
         while pending and (len(pending) >= concurrency or pending[0].done()):
             info = pending.pop(0).wait()
-            print(f"committed {info.step}", flush=True)
+            say(f"committed {info.step}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fastckpt
+from one_line import say  # noqa: E402
 
 
 def state_for(rank: int, step: int) -> dict:
@@ -51,13 +52,13 @@ def main() -> None:
         print(f"rank {rank} {outcome} | latest on each rank {steps}", flush=True)
     elif mode == "loop":
         step = 1
-        print("ready", flush=True)
+        say("ready")
         pending = []
         while True:
             pending.append(ck.save(state_for(rank, step), step=step))
             step += 1
             while pending and (len(pending) >= 2 or pending[0].done()):
-                print(f"committed {pending.pop(0).wait().step}", flush=True)
+                say(f"committed {pending.pop(0).wait().step}")
     ck.close()
     dist.destroy_process_group()
 

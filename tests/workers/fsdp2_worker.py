@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from one_line import say  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -66,9 +67,9 @@ def report(saves: list, wait: bool) -> None:
     while saves and (wait or saves[0][1].upload_completion.done()):
         step, saving = saves.pop(0)
         saving.upload_completion.result()
-        print(f"committed {step}", flush=True)
+        say(f"committed {step}")
         if step == 1:
-            print("ready", flush=True)
+            say("ready")
 
 
 def main() -> None:
@@ -143,7 +144,7 @@ def main() -> None:
         if rank == 0:
             keep(loaded, os.path.join(out, "loaded.pt"))
             keep(after, os.path.join(out, "next.pt"))
-        print(f"resumed {step}", flush=True)
+        say(f"resumed {step}")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from fastckpt.named import NamedCheckpoints
+from one_line import say  # noqa: E402
 
 
 def state_for(step: int) -> dict:
@@ -34,7 +35,7 @@ def main() -> None:
         step, where = got["step"], named.reads[-1].tier
         want = state_for(step)
         assert all(torch.equal(got[k], want[k]) for k in ("w", "b")), f"step {step} from {where} differs"
-    print(f"resumed {step} {where}", flush=True)
+    say(f"resumed {step} {where}")
     while True:
         step += 1
         state = state_for(step)
@@ -43,7 +44,7 @@ def main() -> None:
         if step > 2:
             named.remove(os.path.join(folder, f"step-{step - 2}.ckpt"))
         pending.wait()
-        print(f"committed {step}", flush=True)
+        say(f"committed {step}")
 
 
 if __name__ == "__main__":

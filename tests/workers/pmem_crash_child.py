@@ -8,6 +8,7 @@ import sys
 
 import fastckpt
 from crash_child import state_for
+from one_line import say  # noqa: E402
 
 MODELS = ("alpha", "beta")
 
@@ -17,7 +18,7 @@ def main() -> None:
     cks = {m: fastckpt.Checkpointer(pool, store="pmem", model=m, pool_mb=64, persist=persist,
                                     concurrency=concurrency) for m in MODELS}
     step = {m: (ck.latest().step + 1 if ck.latest() else 1) for m, ck in cks.items()}
-    print("ready", flush=True)
+    say("ready")
     pending = {m: [] for m in MODELS}
     while True:
         for m, ck in cks.items():
@@ -25,7 +26,7 @@ def main() -> None:
             step[m] += 1
             while pending[m] and (len(pending[m]) >= concurrency or pending[m][0].done()):
                 info = pending[m].pop(0).wait()
-                print(f"committed {m} {info.step}", flush=True)
+                say(f"committed {m} {info.step}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import fastckpt
 from fastckpt import _native
+from one_line import say  # noqa: E402
 
 
 def state_for(rank: int, step: int) -> dict:
@@ -54,28 +55,28 @@ def main() -> None:
         except fastckpt.NoCheckpointError:
             loaded = None
     if loaded is None:
-        print("resumed 0 - 1 0", flush=True)
+        say("resumed 0 - 1 0")
     else:
         step = loaded.info.step
         want = state_for(rank, step)
         exact = torch.equal(loaded.state["w"], want["w"]) and loaded.state["step"] == step
         tiers = ",".join(sorted({r.tier.replace(" ", "_") for r in ck.store.reads}))
-        print(f"resumed {step} {tiers} {int(exact)} {len(said)}", flush=True)
+        say(f"resumed {step} {tiers} {int(exact)} {len(said)}")
         for w in said:
-            print(f"warned {w.message}", flush=True)
-    print("ready", flush=True)
+            say(f"warned {w.message}")
+    say("ready")
     pending, saves = [], 0
     while True:
         if idle and saves == idle:
             ck.wait()
-            print(f"committed {step}", flush=True)
-            print(f"idle {held_replica(ck, 1 - rank)}", flush=True)
+            say(f"committed {step}")
+            say(f"idle {held_replica(ck, 1 - rank)}")
             time.sleep(3600)
         step, saves = step + 1, saves + 1
         pending.append(ck.save(state_for(rank, step), step=step))
         ck.gate()
         while pending and (len(pending) >= 2 or pending[0].done()):
-            print(f"committed {pending.pop(0).wait().step}", flush=True)
+            say(f"committed {pending.pop(0).wait().step}")
 
 
 if __name__ == "__main__":
