@@ -4,9 +4,10 @@ Owns the life of a checkpoint: save() plans the file, reserves a concurrency
 slot and staging, issues the snapshot and returns; its commit (fastckpt.commit.checkpoint_unit,
 through the ordered commit of fastckpt.commit.ordered) finishes the file, then — in counter
 order, agreed by all ranks — writes the commit record, moves `latest` forward and applies retention.
-Errors of background writes are raised by Pending.wait() and, if nobody looked,
-by the next save() — on every rank alike, agreed in one collective — wait() or close(). Every wait of the write path is bounded by
-one Deadline (stall_timeout_s without progress -> WriteStalled, see fastckpt.write).
+Errors of background writes are raised by Pending.wait() and, if nobody looked, by the next
+save() — on every rank alike, agreed in one collective (fastckpt.commit.agreed_errors) — wait()
+or close(). Every wait of the write path is bounded by one Deadline (stall_timeout_s without
+progress -> WriteStalled, see fastckpt.write).
 What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 """
 from __future__ import annotations

@@ -36,10 +36,10 @@ class InFlight:
     def landed(self, pending: Pending) -> None:
         """Its commit thread is done; a failure nobody observed is handed to the owner's errors
         (raised unless a caller observes it first: its Pending's wait())."""
+        if pending.error is not None and not pending.observed:  # recorded before it leaves the in-flight list
+            self._errors.landed((0, pending.counter), pending.error, seen=lambda: pending.observed)
         with self._lock:
             self._by_counter.pop(pending.counter, None)
-        if pending.error is not None and not pending.observed:
-            self._errors.landed((0, pending.counter), pending.error, seen=lambda: pending.observed)
 
     def pendings(self) -> list[Pending]:
         """Oldest first."""

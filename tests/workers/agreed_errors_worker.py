@@ -2,8 +2,9 @@
 rank 0 alone (the test's fault shim), while rank HOLD_RANK's thread records the outcome HOLD_S
 seconds late. Usage: agreed_errors_worker.py MODE ROOT OUT (env: RANK, WORLD_SIZE, MASTER_*).
 
-  checkpointer  a Checkpointer over ROOT (every rank saves its part): steps 1, 2, 3, a second
-                apart, none waited for; the commit thread of HOLD_RANK records a failure late
+  checkpointer  a Checkpointer over ROOT (every rank saves its part): steps 1, 2, 3, each once the
+                one before landed on this rank, unless it is HOLD_RANK, whose commit thread
+                records a failure late
   dcp           FastStorageWriter: dcp.save of ROOT/step-1, step-2 and step-3; the thread of
                 HOLD_RANK that waits for its file to be durable takes HOLD_S longer on step 2
 OUT.RANK: the step whose call raised on this rank, its error, how long that call took, and any
@@ -45,8 +46,10 @@ def checkpointer(root: str, out: dict) -> None:
     from fastckpt.commit import agreed_errors
     hold_failures_here(agreed_errors, "AgreedErrors", "landed")
     ck = fastckpt.Checkpointer(root, concurrency=2, chunk_mb=1, commit_timeout_s=60, stall_timeout_s=60)
+    held = RANK == int(os.environ.get("HOLD_RANK", "-1"))
     for step in (1, 2, 3):
-        time.sleep(1.0)  # the checkpoint before landed on the rank that is not held
+        while ck.in_flight() and not held:  # the checkpoint before landed here (a failure recorded first);
+            time.sleep(0.01)  # on the held rank it lands late
         t = time.monotonic()
         try:
             ck.save(state_for(RANK, step), step)

@@ -36,14 +36,15 @@ GRACE_S = 20
 class Job(Output):
     """Both ranks of preempt_worker.py, their output read as it comes."""
 
-    def __init__(self, memory: str, disk: str, every: int, mb: int, persist_every: int = 1):
+    def __init__(self, memory: str, disk: str, every: int, mb: int, persist_every: int = 1, gate: str = ""):
         port = free_port()
         procs = []
         for rank in (0, 1):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONPATH=python_path(ROOT, WORKERS))
             procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "preempt_worker.py"), memory, disk,
-                                     str(every), str(mb), str(persist_every)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     str(every), str(mb), str(persist_every), *([gate] if gate else [])],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, env=env, start_new_session=True))
         super().__init__(procs)
 
@@ -96,10 +97,12 @@ def test_sigterm_as_a_save_is_issued_checkpoints_that_step_durably_and_exits(pla
     written. persist_every=1000: the cadence persists no save, so the step is persisted from its
     memory copy at close, and it is the only one on the disk."""
     memory, disk = places
-    job = Job(memory, disk, every=4, mb=mb, persist_every=persist_every)
+    gate = os.path.join(os.path.dirname(disk), "signalled")  # each rank holds its first save's step until
+    job = Job(memory, disk, every=4, mb=mb, persist_every=persist_every, gate=gate)  # the signal is there
     job.wait_for(0, "saving")
     for p in job.procs:
         os.kill(p.pid, signal.SIGTERM)
+    open(gate, "w").close()
     codes = job.ended(GRACE_S)
     assert codes == [-signal.SIGTERM] * 2, (codes, job.text())
     info, states = newest_on_disk(disk)
