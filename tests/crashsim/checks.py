@@ -70,18 +70,22 @@ def _has_record(folder: str, every_rank: bool = True) -> bool:
         return False
 
 
-def root_store(folder: str, marks: list[str]) -> list[str]:
+def latest_names_a_record(folder: str) -> list[str]:
+    """A root's `latest`, when it reads, names a folder whose commit record reads (the record before `latest`)."""
     import json
-
-    import fastckpt
-    told, problems = _told(marks), records_hold(folder)
     try:
         with open(os.path.join(folder, "latest"), "rb") as f:
             latest = json.loads(f.read())
     except (OSError, ValueError):
         latest = None
     if isinstance(latest, dict) and not _has_record(os.path.join(folder, str(latest.get("dir")))):
-        problems.append(f"`latest` names {latest.get('dir')}, which has no commit record that reads")
+        return [f"`latest` names {latest.get('dir')}, which has no commit record that reads"]
+    return []
+
+
+def root_store(folder: str, marks: list[str]) -> list[str]:
+    import fastckpt
+    told, problems = _told(marks), records_hold(folder) + latest_names_a_record(folder)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         ck = fastckpt.Checkpointer(folder)
@@ -255,19 +259,11 @@ def replicas(folder: str, marks: list[str]) -> list[str]:
     a rank's local folder that is its own part and the replica it keeps, both durable before the
     record — and the shared tier's newest record is not older than told, `latest` naming a
     record that reads."""
-    import json
     local, shared = (os.path.join(folder, t) for t in REPLICA_TIERS)
-    told, problems = _told(marks), records_hold(folder)
+    told, problems = _told(marks), records_hold(folder) + latest_names_a_record(shared)
     newest = newest_recorded(shared)
     if told is not None and (newest is None or newest < told):
         problems.append(f"told step {told} was committed, the shared tier's newest is {newest}")
-    try:
-        with open(os.path.join(shared, "latest"), "rb") as f:
-            latest = json.loads(f.read())
-    except (OSError, ValueError):
-        latest = None
-    if isinstance(latest, dict) and not _has_record(os.path.join(shared, str(latest.get("dir")))):
-        problems.append(f"`latest` names {latest.get('dir')}, which has no commit record that reads")
     for rank in (0, 1):
         kept = newest_recorded(os.path.join(local, f"rank-{rank}"))
         if kept is not None and newest is not None and told is not None and kept < told and newest < told:

@@ -15,13 +15,13 @@ real deepspeed.initialize engines on 2 gloo ranks (tests/workers/ds_export_worke
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
 import torch
 
 from support.deepspeed_runs import launch
+from support.processes import outputs_of
 
 pytest.importorskip("deepspeed")
 
@@ -29,13 +29,7 @@ pytest.importorskip("deepspeed")
 def run_ranks(mode: str, save_dir, out, *extra: str, timeout: float = 180, **env) -> list[dict]:
     """Both ranks of ds_export_worker.py MODE; each one's OUT.RANK (they must exit 0 within timeout)."""
     procs = launch(mode, save_dir, out, *extra, ranks=2, script="ds_export_worker.py", **env)
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        tails = [p.communicate()[0][-3000:] for p in procs]
-        raise AssertionError(f"{mode}: the ranks hung (killed after {timeout:g} s):\n" + "\n---\n".join(tails))
+    logs = outputs_of(procs, timeout, mode)
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-6000:]}"
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]

@@ -16,7 +16,7 @@ import torch
 
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
-from support.processes import free_port
+from support.processes import free_port, outputs_of
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,7 @@ def run_ranks(mode: str, root, out, fault: str, fault_shim: str, timeout: float 
                    HOLD_RANK="1", HOLD_S="6")
         procs.append(warm.popen([sys.executable, os.path.join(WORKERS, "agreed_errors_worker.py"), mode, str(root),
                                  str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        tails = [p.communicate()[0][-3000:] for p in procs]
-        raise AssertionError(f"{mode}: a rank waited past {timeout:g} s:\n" + "\n---\n".join(tails))
+    logs = outputs_of(procs, timeout, mode)
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-4000:]}"
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]

@@ -11,7 +11,7 @@ import torch
 
 from . import warm
 from .paths import WORKERS, python_path
-from .processes import free_port
+from .processes import free_port, outputs_of
 
 
 def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py",
@@ -31,13 +31,7 @@ def launch(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = 
 def run(mode: str, save_dir, out, *extra: str, ranks: int = 1, script: str = "ds_worker.py", timeout: float = 600,
         **env_extra: str) -> dict:
     procs = launch(mode, save_dir, out, *extra, ranks=ranks, script=script, **env_extra)
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        tails = [p.communicate()[0][-3000:] for p in procs]
-        raise AssertionError(f"{mode}: the ranks hung (killed after {timeout:g} s):\n" + "\n---\n".join(tails))
+    logs = outputs_of(procs, timeout, mode)
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-6000:]}"
     return torch.load(out, weights_only=False)

@@ -45,6 +45,18 @@ def kill_at_random(script: str, args: list[str], rng, max_delay: float, on_line)
     t.join()
 
 
+def outputs_of(procs: list, timeout: float, what: str) -> list[str]:
+    """Each process's whole output (stdout, stderr merged) once all ended; one still running after
+    timeout seconds is a hang: all are killed and an AssertionError shows the end of each output."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        tails = [p.communicate()[0][-3000:] for p in procs]
+        raise AssertionError(f"{what}: the ranks hung (killed after {timeout:g} s):\n" + "\n---\n".join(tails))
+
+
 def kill_ranks(procs: list, victims: list) -> None:
     """Kills victims' process groups with SIGKILL, then (their peers cannot finish a collective
     without them) every other rank's, and reaps them all."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import fastckpt
+from one_line import raised
 
 RANK = None
 
@@ -50,11 +51,7 @@ def checkpointer(root: str, out: dict) -> None:
     for step in (1, 2, 3):
         while ck.in_flight() and not held:  # the checkpoint before landed here (a failure recorded first);
             time.sleep(0.01)  # on the held rank it lands late
-        t = time.monotonic()
-        try:
-            ck.save(state_for(RANK, step), step)
-        except Exception as e:  # noqa: BLE001 - the test reads it
-            out.update(raised_at=step, error=f"{type(e).__name__}: {e}", took_s=time.monotonic() - t)
+        if raised(out, step, lambda: ck.save(state_for(RANK, step), step)):
             break
     try:
         ck.close()
@@ -82,11 +79,8 @@ def dcp(root: str, out: dict) -> None:
         writer_module.FastStorageWriter._begin_file = begin
     writer = FastStorageWriter(os.path.join(root, "step-1"), chunk_mb=1, commit_timeout_s=60)
     for step in (1, 2, 3):
-        t = time.monotonic()
-        try:
-            dcp_api.save(state_for(RANK, step), checkpoint_id=os.path.join(root, f"step-{step}"), storage_writer=writer)
-        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException; the test reads it
-            out.update(raised_at=step, error=f"{type(e).__name__}: {e}", took_s=time.monotonic() - t)
+        if raised(out, step, lambda: dcp_api.save(state_for(RANK, step), checkpoint_id=os.path.join(root, f"step-{step}"),
+                                                  storage_writer=writer)):
             break
     try:
         writer.close()

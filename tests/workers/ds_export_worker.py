@@ -40,6 +40,7 @@ fastckpt.reproducible(threads=1)
 import deepspeed  # noqa: E402
 
 import deepspeed_fastckpt  # noqa: E402,F401  (registers the engine)
+from one_line import raised  # noqa: E402
 from small_buckets import SMALL_BUCKETS  # noqa: E402
 
 RANK = int(os.environ["RANK"])
@@ -108,11 +109,7 @@ def held_error(a, out: dict) -> None:
         step(eng, i)
         if not held:  # the tag before landed here (its failure recorded); on the held rank it lands late
             eng.checkpoint_engine.committer.wait_for(a.save_dir)
-        t = time.monotonic()
-        try:
-            eng.save_checkpoint(a.save_dir, tag=f"global_step{i}")
-        except Exception as e:  # noqa: BLE001 - the test reads it
-            out.update(raised_at=i, error=f"{type(e).__name__}: {e}", took_s=time.monotonic() - t)
+        if raised(out, i, lambda: eng.save_checkpoint(a.save_dir, tag=f"global_step{i}")):
             break
     try:
         eng.destroy()
