@@ -1,5 +1,6 @@
 """fastckpt for DeepSpeed: a `"fastckpt": {...}` entry in the DeepSpeed config selects
-FastckptEngine (asynchronous, crash-safe checkpoints) once this package is imported.
+FastckptEngine (asynchronous, crash-safe checkpoints) once this package is imported (before or
+after DeepSpeed: it registers as DeepSpeed is imported, and never imports DeepSpeed itself).
 
     import deepspeed_fastckpt  # noqa: F401  (registers the engine with DeepSpeed)
     engine, *_ = deepspeed.initialize(model=model, config={..., "fastckpt": {"concurrency": 2}})
@@ -8,13 +9,45 @@ FastckptEngine (asynchronous, crash-safe checkpoints) once this package is impor
     # a checkpoint on SIGTERM: "fastckpt": {"preempt_signal": "SIGTERM"}, and after every engine.step():
     deepspeed_fastckpt.at_step_end(engine, save_dir)
 """
-from .engine import FastckptEngine
-from .interval import checkpoint_due
-from .offload import offload_activations
-from .preempt import at_step_end
-from .register import register
-from .settings import VALID as SETTINGS
+import sys
 
-register()
+from fastckpt import front_ends
+
+from .on_import import after_import
 
 __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offload_activations", "register"]
+
+
+def __getattr__(name: str):
+    """The public names, imported on first use: DeepSpeed is imported only by the program (this
+    package's folder kind, which `fastckpt ls` loads, must not import it)."""
+    if name == "FastckptEngine":
+        from .engine import FastckptEngine as value
+    elif name == "checkpoint_due":
+        from .interval import checkpoint_due as value
+    elif name == "offload_activations":
+        from .offload import offload_activations as value
+    elif name == "at_step_end":
+        from .preempt import at_step_end as value
+    elif name == "register":
+        from .register import register as value
+    elif name == "SETTINGS":
+        from .settings import VALID as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _register(_deepspeed) -> None:
+    from .register import register
+    globals()["register"] = register  # the function, not the submodule its import bound here
+    register()
+
+
+front_ends.started("deepspeed")  # Lightning's DeepSpeedStrategy then gets lightning_fastckpt.watch's callback
+if "deepspeed" in sys.modules:  # the program imported DeepSpeed first
+    _register(sys.modules["deepspeed"])
+else:  # once it does
+    after_import("deepspeed", _register)
+

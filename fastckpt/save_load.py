@@ -44,9 +44,12 @@ class Saved(int):
 
 def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
          progress: Callable[[int, int], None] | None = None, tool=None,
-         stall_timeout_s: float = DEFAULT_STALL_S) -> Saved:
+         stall_timeout_s: float = DEFAULT_STALL_S, plain: bool = False) -> Saved:
     """Writes state to path durably; returns the number of bytes written (a Saved: also which
     tool wrote how many records, and whether O_DIRECT carried the data).
+
+    plain (format="safetensors"): a file for other tools, as `fastckpt export` writes it:
+    exactly the state's tensors under their dotted paths, no pad entries, no shared storages.
 
     progress(bytes_written, total), if given, is called from this thread while data moves.
     tool: None writes through the parallel writer (strategy); "auto" has Fastensor's adaptive
@@ -63,7 +66,7 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
         raise FileNotFoundError(f"cannot save to {path!r}: directory {parent!r} does not exist")
     if tool is not None:
         return _save_with_tool(state, path, format, tool)
-    plan = plan_file(state, format)
+    plan = plan_file(state, format, plain=plain)
     tmp = path + ".tmp"
     engine = _take_engine()
     w = start_write(engine, plan, FileSink(tmp), strategy, Deadline(stall_timeout_s, lambda: engine.progress))

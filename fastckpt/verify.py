@@ -106,11 +106,10 @@ def verify_survey(found) -> Report:
     """Every checkpoint `fastckpt ls` lists in found (folders.survey), every byte read. An
     incomplete one is skipped in a folder of many (it is never loaded) and reported when it is
     the one checkpoint asked about; an invalid one is reported as corrupt."""
-    from tqdm import tqdm
+    from . import progress
     report = Report()
     total = sum(os.path.getsize(p) for e in found.entries for p, _ in e.checks if os.path.isfile(p))
-    with found.loading(), tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None,
-                                        leave=False) as bar:
+    with found.loading(), progress.shown(total, "verify") as bar:
         for e in found.entries:
             if e.status == "incomplete" and found.single:
                 report.bad(f"{e.path}: incomplete ({e.detail}): it cannot be loaded")
@@ -122,12 +121,17 @@ def verify_survey(found) -> Report:
                 report.bad(f"{e.path}: {e.detail}")
                 continue
             for path, entry in e.checks:
+                before = bar.n if bar is not None else 0
                 try:
                     report.good(found.check(path, entry) + (" (foreign: no fastckpt record)"
                                                             if e.status == "foreign" else ""))
                 except (CorruptCheckpointError, OSError) as err:
                     report.bad(str(err))
-                bar.update(os.path.getsize(path) if os.path.isfile(path) else 0)
+                if bar is not None:  # the whole file counted once, however much of it its check reported
+                    bar.n = before + (os.path.getsize(path) if os.path.isfile(path) else 0)
+                    bar.refresh()
+    for e in found.temporaries:
+        report.lines.append(f"skip    {e.path}: not a checkpoint ({e.detail})")
     return report
 
 

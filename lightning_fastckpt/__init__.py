@@ -14,12 +14,10 @@ and exits.
 
 The names load on first use (PEP 562): importing the package itself imports no Lightning.
 Through the entry-point group `lightning.pytorch.callbacks_factory` (callbacks() below),
-Lightning adds lightning_fastckpt.watch's callback to a Trainer made in a process that
-imported fastckpt (either plugin does), and to no other.
+Lightning adds lightning_fastckpt.watch's callback to a Trainer made while a FastCheckpointIO
+exists or after the DeepSpeed plugin was imported, and to no other.
 """
 from __future__ import annotations
-
-import sys
 
 __all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "PreemptCheckpoint",
            "TensorOffload", "TunedModelCheckpoint"]
@@ -45,9 +43,14 @@ def __getattr__(name: str):
 
 
 def callbacks() -> list:
-    """Lightning's `lightning.pytorch.callbacks_factory` entry point (called once per Trainer):
-    lightning_fastckpt.watch's callback in a process that imported fastckpt, else nothing."""
-    if "fastckpt" not in sys.modules:
+    """Lightning's `lightning.pytorch.callbacks_factory` entry point, called once per Trainer with
+    nothing that says which Trainer: lightning_fastckpt.watch's callback while a FastCheckpointIO
+    exists in this process or the DeepSpeed plugin was imported (what the callback serves), else
+    nothing — a Trainer of a process that uses neither gets no callback and no log line."""
+    from fastckpt import front_ends
+
+    from .checkpoint_io import MADE
+    if not (len(MADE) or front_ends.is_started("deepspeed")):
         return []
     from .watch import FastckptWatch
     return [FastckptWatch()]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -28,6 +29,9 @@ from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
 from .bypass_warning import is_dcp_folder, say_bypassed
+
+
+MADE: "weakref.WeakSet[FastCheckpointIO]" = weakref.WeakSet()  # the instances alive in this process
 
 
 class FastCheckpointIO(CheckpointIO):
@@ -57,6 +61,7 @@ class FastCheckpointIO(CheckpointIO):
     def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
                  layerwise: bool = False, pool: Optional[str] = None, tiers=None, tier_keep=None,
                  **overrides: Any):
+        MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
         given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
         self.tiers = [os.fspath(t) for t in tiers] if tiers is not None else None

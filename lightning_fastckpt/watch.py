@@ -2,7 +2,8 @@
 
 Lightning adds to every Trainer the callbacks that installed packages name in the entry-point
 group `lightning.pytorch.callbacks_factory` (setup.cfg names lightning_fastckpt.callbacks). It
-returns `FastckptWatch` only in a process that imported fastckpt (either plugin does), and the
+returns `FastckptWatch` only while a FastCheckpointIO exists in the process or after the
+DeepSpeed plugin was imported (the factory is not told which Trainer it is called for), and the
 callback acts only on the strategies it concerns; no Lightning class is changed.
 
 - A strategy that saves distributed checkpoints itself with PyTorch DCP — ModelParallelStrategy

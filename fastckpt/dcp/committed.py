@@ -36,6 +36,7 @@ from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
+from .stock_warning import warn_stock_once
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
 IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being written (fastckpt.store.path_store)
@@ -43,20 +44,33 @@ IN_FLIGHT = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")  # a data file being wr
 ATOMIC_IN_FLIGHT = tuple(f"{n}.tmp" for n in (md_file.NAME,) + record.NAMES)
 
 
-@dataclasses.dataclass(frozen=True)
-class Resumable:
-    """A checkpoint to resume from: its directory (`os.fspath` of it, and str()), its step (-1:
-    neither its record nor its name says), and who wrote it ("fastckpt" or "dcp")."""
-    path: str
+class Resumable(str):
+    """A checkpoint to resume from: its directory, as a str (so `.endswith`, `json.dumps`,
+    `os.path` and FastStorageReader take it as they take a path), with its step (`.step`, -1:
+    neither its record nor its name says), who wrote it (`.by`: "fastckpt" or "dcp") and
+    fastckpt's commit counter (`.counter`, its commit order in the folder; -1 for DCP's)."""
+
     step: int
     by: str
-    counter: int = -1  # fastckpt's commit counter (its commit order in the folder); -1 for DCP's
+    counter: int
+
+    def __new__(cls, path, step: int, by: str, counter: int = -1) -> "Resumable":
+        self = super().__new__(cls, os.fspath(path))
+        self.step, self.by, self.counter = step, by, counter
+        return self
+
+    @property
+    def path(self) -> str:
+        return str.__str__(self)
 
     def __fspath__(self) -> str:
         return self.path
 
-    def __str__(self) -> str:
-        return self.path
+    def __repr__(self) -> str:
+        return f"Resumable({self.path!r}, step={self.step}, by={self.by!r})"
+
+    def __reduce__(self):
+        return Resumable, (self.path, self.step, self.by, self.counter)
 
 
 def committed(parent) -> list[CommitInfo]:
@@ -205,7 +219,8 @@ def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
         warnings.warn(f"fastckpt: {len(passed)} checkpoint(s) under {os.fspath(parent)} cannot be used ({listed}); "
                       f"{outcome}", stacklevel=2)
     if newest is not None and newest.by == "dcp":
-        warnings.warn(f"fastckpt: resuming from {newest.path} (step {newest.step}), written by DCP's own writer: "
-                      "it has no fastckpt commit record; its files' sizes were checked, each item's CRC-32 is "
-                      "checked as it loads", stacklevel=2)
+        warn_stock_once(newest.path, f"fastckpt: resuming from {newest.path} (step {newest.step}), written by "
+                        "DCP's own writer: it has no fastckpt commit record; its files' sizes were checked, each "
+                        "item's CRC-32 is checked as it loads", stacklevel=3)
     return newest
+

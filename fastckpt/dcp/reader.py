@@ -51,9 +51,9 @@ from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from ..verify import verify_as_recorded
 from . import in_place
+from .stock_warning import warn_stock_once
 from . import metadata as md_file
 
-_warned_stock = False
 STAGED_BATCH = 256 << 20  # bytes of archives a staged read holds at once
 
 
@@ -94,7 +94,6 @@ class FastStorageReader(StorageReader):
         if kwargs.get("rank") is not None:
             raise FileNotFoundError("FastStorageReader reads checkpoints committed across ranks: there is no "
                                     "per-rank metadata (use_collectives=False) to read")
-        global _warned_stock
         meta_path = os.path.join(self.path, md_file.NAME)
         commit = self._commit()
         try:
@@ -112,10 +111,8 @@ class FastStorageReader(StorageReader):
                 raise CorruptCheckpointError(
                     f"{self.path}: fastckpt began this checkpoint but never committed it (no commit record: "
                     "a save killed before its end?); it is not loaded")
-            if not _warned_stock:
-                _warned_stock = True
-                warnings.warn(f"fastckpt: {self.path} has no fastckpt commit record (written by DCP's own "
-                              "writer?): loading it with each item's own CRC-32 checks only", stacklevel=2)
+            warn_stock_once(self.path, f"fastckpt: {self.path} has no fastckpt commit record (written by DCP's "
+                            "own writer?): loading it with each item's own CRC-32 checks only", stacklevel=2)
         self.commit = commit
         return metadata
 

@@ -11,15 +11,16 @@ from .plan import FilePlan
 FORMATS = ("torch", "safetensors")
 
 
-def plan_file(state, fmt: str = "torch", allow_pickle: bool = False) -> FilePlan:
+def plan_file(state, fmt: str = "torch", allow_pickle: bool = False, plain: bool = False) -> FilePlan:
     """allow_pickle (safetensors): values JSON cannot hold are pickled into the skeleton;
-    loading them goes through the restricted unpickler unless weights_only=False."""
+    loading them goes through the restricted unpickler unless weights_only=False.
+    plain (safetensors): a file for other tools, exactly the state's tensors (an export)."""
     if fmt == "torch":
         from .torch_format import plan_torch
         return plan_torch(state)
     if fmt == "safetensors":
         from .safetensors_format import plan_safetensors
-        return plan_safetensors(state, allow_pickle)
+        return plan_safetensors(state, allow_pickle, plain)
     raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
@@ -49,10 +50,15 @@ def sniff(path: str, at: int | None = None) -> str:
 
 def load_file(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
               expect_crc: int | None = None, mmap: bool | None = None):
-    """mmap=None/True: tensors are views of a private (copy-on-write) mapping of the file."""
+    """mmap=None/True: tensors are views of a private (copy-on-write) mapping of the file.
+    A file of a GiB or more shows a progress bar on a terminal (fastckpt.progress)."""
+    import os
+
+    from .. import progress
     fmt = sniff(path)
-    if fmt == "torch":
-        from .torch_format import read_torch
-        return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
-    from .safetensors_format import read_safetensors
-    return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
+    with progress.shown(os.path.getsize(path), f"load {os.path.basename(path)}"):
+        if fmt == "torch":
+            from .torch_format import read_torch
+            return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
+        from .safetensors_format import read_safetensors
+        return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)

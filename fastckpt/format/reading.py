@@ -15,10 +15,28 @@ from contextlib import contextmanager
 
 import torch
 
-from .. import _native
+from .. import _native, progress
 from ..machine import hardware_threads, read_threads
 
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
+GROUP = 256 << 20  # with a progress bar open, the records are read in groups of about this many bytes
+
+
+def _in_groups(items: list, nbytes, call) -> list:
+    """call(items) -> one result per item, over all items at once; with a progress bar open
+    (fastckpt.progress), over groups of about GROUP bytes, the bar moved after each."""
+    if progress.bar() is None:
+        return list(call(items))
+    out, group, size = [], [], 0
+    for item in items + [None]:
+        if item is not None:
+            group.append(item)
+            size += nbytes(item)
+        if group and (item is None or size >= GROUP):
+            out.extend(call(group))
+            progress.report(size)
+            group, size = [], 0
+    return out
 
 
 @contextmanager
@@ -50,12 +68,13 @@ def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bo
         whole = torch.UntypedStorage.from_file(path, False, size)
         bufs = [torch.empty(0, dtype=torch.uint8).set_(whole[off:off + n]) if n
                 else torch.empty(0, dtype=torch.uint8) for off, n in spans]
-        crcs = (_native.crc_ranges([(b.data_ptr(), b.numel()) for b in bufs], threads, SPLIT)
+        crcs = (_in_groups([(b.data_ptr(), b.numel()) for b in bufs], lambda r: r[1],
+                           lambda rs: _native.crc_ranges(rs, threads, SPLIT))
                 if verify else [0] * len(bufs))
         return bufs, list(crcs)
     bufs = [torch.empty(n, dtype=torch.uint8) for _, n in spans]
-    crcs = _native.read_ranges(path, [(b.data_ptr(), off, n) for b, (off, n) in zip(bufs, spans)],
-                               threads, SPLIT, verify)
+    crcs = _in_groups([(b.data_ptr(), off, n) for b, (off, n) in zip(bufs, spans)], lambda r: r[2],
+                      lambda rs: _native.read_ranges(path, rs, threads, SPLIT, verify))
     return bufs, list(crcs)
 
 
@@ -67,9 +86,9 @@ def read_into(path: str, places: list[tuple[torch.Tensor, int]], verify: bool,
     for t, _ in places:
         if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError("read_into fills contiguous CPU tensors")
-    crcs = _native.read_ranges(path, [(t.data_ptr(), off, t.nbytes) for t, off in places],
-                               threads or read_threads(), SPLIT, verify)
-    return list(crcs)
+    threads = threads or read_threads()
+    return _in_groups([(t.data_ptr(), off, t.nbytes) for t, off in places], lambda r: r[2],
+                      lambda rs: _native.read_ranges(path, rs, threads, SPLIT, verify))
 
 
 def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 << 20,
@@ -78,8 +97,8 @@ def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 
     at: the address where the file's bytes already lie in memory (a mapping or a buffer the
     caller holds, as long as the file): computed there, in parallel, nothing read or copied."""
     if at is not None:
-        return list(_native.crc_ranges([(at + off, n) for off, n in ranges], hardware_threads(), SPLIT)) \
-            if ranges else []
+        return _in_groups([(at + off, n) for off, n in ranges], lambda r: r[1],
+                          lambda rs: _native.crc_ranges(rs, hardware_threads(), SPLIT)) if ranges else []
     bounce = torch.empty(min(bounce_bytes, max([n for _, n in ranges] + [1])), dtype=torch.uint8)
     out = []
     for off, n in ranges:
@@ -88,5 +107,6 @@ def range_crcs(path: str, ranges: list[tuple[int, int]], bounce_bytes: int = 64 
             k = min(bounce.numel(), n - done)
             (c,) = _native.read_ranges(path, [(bounce.data_ptr(), off + done, k)], 4, 16 << 20, True)
             crc = _native.crc32_concat(crc, c, k)
+            progress.report(k)
         out.append(crc)
     return out

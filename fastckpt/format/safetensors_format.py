@@ -17,7 +17,7 @@ import zlib
 import torch
 
 from .. import _native
-from ..errors import CorruptCheckpointError
+from ..errors import ConfigError, CorruptCheckpointError
 from . import skeleton
 from .plan import ALIGN, DataRecord, FilePlan
 from .reading import file_bytes, read_records
@@ -37,7 +37,12 @@ CRC_KEY, RECORDS_KEY, SKELETON_KEY = "fastckpt.crc32", "fastckpt.records", "fast
 PAD_BELOW = 4096  # entries at least this large start 4096-aligned
 
 
-def plan_safetensors(state, allow_pickle: bool = False) -> FilePlan:
+def plan_safetensors(state, allow_pickle: bool = False, plain: bool = False) -> FilePlan:
+    """plain: a file for other tools (`fastckpt export`): exactly the state's tensors, each under
+    its dotted path (`state_dict.layer.weight`), no pad entries and no shared storages (a view
+    is stored as a copy of what it sees; a complex128 tensor, a dtype safetensors lacks, as its
+    float64 (real, imag) pairs, as torch.view_as_real gives them); the skeleton and CRCs stay in
+    __metadata__, which safetensors' loaders pass over."""
     users: dict[int, list[torch.Tensor]] = {}
     storages: dict[int, torch.UntypedStorage] = {}
 
@@ -59,6 +64,18 @@ def plan_safetensors(state, allow_pickle: bool = False) -> FilePlan:
         ref = {"requires_grad": t.requires_grad, "param": isinstance(t, torch.nn.Parameter)}
         whole = (len(users[s._cdata]) == 1 and t.storage_offset() == 0 and t.is_contiguous()
                  and t.numel() * t.element_size() == s.nbytes() and t.dtype in ST_DTYPES)
+        if plain and t.is_complex() and t.dtype not in ST_DTYPES:  # complex128: its (real, imag) pairs, as
+            pairs = torch.view_as_real(t.detach().resolve_conj()).contiguous()  # torch.view_as_real gives
+            name = _unique(path or "tensor", used)
+            entries.append((name, ST_DTYPES[pairs.dtype], list(pairs.shape), pairs.untyped_storage()))
+            return {**ref, "storage": name, "dtype": str(t.dtype).removeprefix("torch."), "offset": 0,
+                    "size": list(t.shape), "stride": list(torch.empty(t.shape).stride())}
+        if plain and not whole:
+            if t.dtype not in ST_DTYPES:
+                raise ConfigError(f"safetensors has no dtype {t.dtype} (the tensor at {path or '<root>'!r}); "
+                                  "export it --to torch")
+            t = t.detach().clone(memory_format=torch.contiguous_format)
+            s, whole = t.untyped_storage(), True
         if whole:
             name = _unique(path or "tensor", used)
             entries.append((name, ST_DTYPES[t.dtype], list(t.shape), s))
@@ -70,7 +87,7 @@ def plan_safetensors(state, allow_pickle: bool = False) -> FilePlan:
                 "offset": t.storage_offset(), "size": list(t.shape), "stride": list(t.stride())}
 
     skel = json.dumps(skeleton.encode(state, on_tensor, allow_pickle), separators=(",", ":"))
-    return _layout(entries, skel)
+    return _layout(entries, skel, pad=not plain)
 
 
 def _unique(name: str, used: set[str]) -> str:
@@ -81,11 +98,11 @@ def _unique(name: str, used: set[str]) -> str:
     return name
 
 
-def _layout(entries, skel: str) -> FilePlan:
+def _layout(entries, skel: str, pad: bool = True) -> FilePlan:
     placed, cursor, pads = [], 0, 0
     for name, dtype, shape, s in entries:
         nbytes = s.nbytes()
-        if nbytes >= PAD_BELOW and cursor % ALIGN:
+        if pad and nbytes >= PAD_BELOW and cursor % ALIGN:
             gap = ALIGN - cursor % ALIGN
             placed.append((f"__pad__.{pads}", "U8", [gap], None, cursor, gap))
             pads, cursor = pads + 1, cursor + gap

@@ -108,9 +108,9 @@ class PathStore(Store, ByPath):
         for name in names:
             path = os.path.join(self.folder, name)
             tmp = TMP_RE.match(name)
-            if tmp:
-                rows.append(Listed(tmp.group(1), path, "incomplete", "a save in flight, or one cut short",
-                                   time=os.path.getmtime(path)))
+            if tmp:  # listed under its own name: it is no checkpoint, and its target may not exist
+                rows.append(Listed(name, path, "temporary", f"{tmp.group(1)} being saved, or a save of it a kill "
+                                   "cut short; the next save into this folder removes it", time=os.path.getmtime(path)))
             elif name.endswith(MARKER_SUFFIX) or not name.endswith(CHECKPOINT_EXT):
                 continue
             elif os.path.isdir(path) and os.path.exists(os.path.join(path, commit.COMMIT_NAME)):

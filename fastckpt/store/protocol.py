@@ -69,6 +69,7 @@ class Listed:
     name: str
     path: str
     status: str  # committed | complete (a file renamed into place whole) | incomplete | invalid
+    #             | temporary (a file of a save in flight or a dead writer's, under its own name: no checkpoint)
     detail: str = ""
     info: Optional[CommitInfo] = None  # its record, when committed
     latest: bool = False  # the place's own pointer names it

@@ -13,7 +13,10 @@ NOTHING = 2  # exit status when there is nothing to list or verify (1 is kept fo
 
 
 def _nothing(cmd: str, found) -> int:
-    print(f"fastckpt {cmd}: {found.note}", file=sys.stderr)
+    print(f"fastckpt {cmd}: {found.note or f'no checkpoints in {found.path}'}", file=sys.stderr)
+    if found.temporaries:
+        print(f"only files of saves in flight or cut short: {', '.join(e.name for e in found.temporaries)}",
+              file=sys.stderr)
     if found.hints:
         print("checkpoints are in: " + ", ".join(found.hints), file=sys.stderr)
     return NOTHING
@@ -37,7 +40,16 @@ def _ls(args) -> int:
         detail = f" ({e.detail})" if e.detail else ""
         print(f"{'*' if e.latest else ' '} {e.name:<32} {step:>8} {size:>11} {when:>19}  {e.status}{detail}")
     if any(e.latest for e in found.entries):
-        print("* the latest, as the folder's own `latest` names it")
+        print("* the latest, as the folder's own `latest` names it" if found.latest_by == "pointer" else
+              "* the newest: the highest training step that can be loaded (then the newest file); what "
+              "`fastckpt export` takes")
+    if found.temporaries:
+        print("not checkpoints: files of saves in flight, or of saves a kill cut short (the next save into this "
+              "folder removes them):")
+        for e in found.temporaries:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)) if e.time else "-"
+            size = "-" if e.bytes is None else _size(e.bytes)
+            print(f"  {e.name:<32} {'':>8} {size:>11} {when:>19}")
     print("committed/complete: records and sizes checked; `fastckpt verify` reads every byte")
     return 0
 
@@ -71,12 +83,13 @@ def _verify(args) -> int:
 
 
 def _export(args) -> int:
-    from tqdm import tqdm
-
+    from .. import progress
     from ..checkpointer import Checkpointer
+    from ..tune.profile import state_bytes
     from ..format import load_file
     from ..save_load import save
     from ..pmem.commands import export_pool, is_pool
+    from .folders import survey
     what = ""
     if is_pool(args.src):
         state = export_pool(args.src, args.model, args.out, args.to, args.step)
@@ -85,36 +98,58 @@ def _export(args) -> int:
             return 0
     elif os.path.isfile(args.src):
         state = load_file(args.src, weights_only=not args.trust_pickle)
+        what = _step_said(state, os.path.basename(args.src))
+    elif not os.path.isdir(args.src):
+        raise FileNotFoundError(f"{args.src} does not exist")
     elif kind_of(args.src) is not None:  # a plugin's kind of folder (a DCP checkpoint) reads itself
         state, which = kind_of(args.src).full_state(args.src, args.step)
         what = f"{which}, all ranks' shards"
+    elif survey(args.src).kind == "files":  # Lightning's folder: the newest that loads, as `ls` marks it
+        state, what = _newest_file(survey(args.src), args)
     else:
-        if not os.path.isdir(args.src):
-            raise FileNotFoundError(f"{args.src} does not exist")
         ck = Checkpointer(args.src)
         newest = ck.latest() if args.step is None else None
-        if newest is not None and newest.bytes >= (256 << 20) and sys.stderr.isatty():
-            print(f"reading step {newest.step} ({_size(newest.bytes)}), every byte checked ...", file=sys.stderr)
-        loaded = ck.load_with_record(step=args.step, rank=args.rank, weights_only=not args.trust_pickle)
+        with progress.shown(newest.bytes if newest is not None else 0, f"export: reading step {newest.step}"
+                            if newest is not None else "export: reading"):
+            loaded = ck.load_with_record(step=args.step, rank=args.rank, weights_only=not args.trust_pickle)
         state = loaded.state
         what = f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}" if loaded.skipped else "")
-    bars: list = []
+    with progress.shown(state_bytes(state), f"export: writing {args.to}") as bar:
+        def moved(done: int, total: int) -> None:
+            if bar is not None:
+                bar.total, bar.n = total, done  # the file's bytes: the tensors' and the format's own
+                bar.refresh()
 
-    def progress(done: int, total: int) -> None:
-        if total < (256 << 20):
-            return  # small exports finish before a bar would say anything
-        if not bars:
-            bars.append(tqdm(total=total, unit="B", unit_scale=True, desc=f"export {args.to}"))
-        bars[0].n = done
-        bars[0].refresh()
-
-    try:
-        size = save(state, args.out, format=args.to, progress=progress)
-    finally:
-        for bar in bars:
-            bar.close()
+        size = save(state, args.out, format=args.to, progress=moved, plain=True)
     print(f"wrote {args.out} ({_size(size)}, format {args.to}){': ' + what if what else ''}")
     return 0
+
+
+def _step_said(state, name: str) -> str:
+    """Which checkpoint an export holds, as its state says (Lightning's records its step)."""
+    step = state.get("global_step") if isinstance(state, dict) else None
+    return f"step {step} ({name})" if isinstance(step, int) else name
+
+
+def _newest_file(found, args):
+    """(the state, which it is) of the newest checkpoint in a folder of checkpoint files that
+    loads, every byte checked (`ls`'s order: the highest step first); --step picks a step."""
+    from ..errors import CorruptCheckpointError, NoCheckpointError
+    from ..store.path_store import read_path
+    passed = []
+    for e in found.entries:
+        if e.status not in ("complete", "committed") or (args.step is not None and e.step != args.step):
+            continue
+        try:
+            state = read_path(e.path, args.rank, verify=True, weights_only=not args.trust_pickle)
+        except CorruptCheckpointError as err:
+            passed.append(f"{e.name}: {err}")
+            continue
+        return state, _step_said(state, e.name) + (f"; passed over: {'; '.join(passed)}" if passed else "")
+    which = f"of step {args.step} " if args.step is not None else ""
+    raise NoCheckpointError(f"no loadable checkpoint {which}in {found.path}" +
+                            (f" (passed over: {'; '.join(passed)})" if passed else "") +
+                            "; `fastckpt ls` lists what is there")
 
 
 def kind_of(path: str):

@@ -19,6 +19,10 @@ Each Entry's status says how far it was checked without reading its bytes:
   foreign     a plugin's folder another engine wrote (a DeepSpeed tag): no fastckpt record
   incomplete  a save in flight, or one cut short (never loaded)
   invalid     its record is damaged or disagrees with its files (never loaded)
+A file of a save in flight or of a killed writer (`.NAME.fastckpt-PID-N.tmp`) is no checkpoint:
+it is kept apart, under its own name, in `temporaries`. `latest` is the checkpoint the folder's
+own pointer names (a root's `latest`, a DeepSpeed folder's); in a folder of checkpoint files,
+which keeps none, it is the newest: the highest training step, then the newest file (`by` says which).
 "Verified" is stronger and only `fastckpt verify` (fastckpt.verify) says it: every byte read
 and its CRC-32s checked. `checks` lists what verify reads: (file, its record entry or None).
 """
@@ -60,6 +64,8 @@ class Survey:
     note: str = ""
     hints: list[str] = field(default_factory=list)
     single: bool = False  # the path is one checkpoint (one the user asked about)
+    temporaries: list[Entry] = field(default_factory=list)  # files of saves in flight or cut short
+    latest_by: str = "pointer"  # "pointer": the folder's own names its latest; "step": the newest by step
     loading: Callable = contextlib.nullcontext  # the context its files are read in (a plugin kind's)
     check: Optional[Callable] = None  # how verify reads one of its files (a plugin kind's; None: the core's)
 
@@ -110,12 +116,39 @@ def _store_survey(path: str, stores: list) -> Optional[Survey]:
         if store is None:
             continue
         try:
-            entries = [_listed_entry(row) for row in store.listing()]
+            rows = store.listing()
         finally:
             store.close()
+        entries = [_listed_entry(row) for row in rows if row.status != "temporary"]
+        temporaries = [Entry(r.name, r.path, r.status, detail=r.detail, time=r.time,
+                             bytes=_size_or_none(r.path)) for r in rows if r.status == "temporary"]
         kind = "checkpoint" if store.single else store.survey_kind
-        return Survey(kind, store.place, entries, single=store.single)
+        found = Survey(kind, store.place, entries, single=store.single, temporaries=temporaries)
+        if kind == "files":
+            found.entries = newest_first(entries)
+            found.latest_by = "step"
+        return found
     return None
+
+
+def newest_first(entries: list[Entry]) -> list[Entry]:
+    """A folder of checkpoint files, which names no latest: the highest training step first (then
+    the newest file), and the first that can be loaded (complete or committed) marked latest —
+    what `fastckpt export` of the folder takes."""
+    ordered = sorted(entries, key=lambda e: (-(e.step if e.step is not None else -1), -(e.time or 0)))
+    for e in ordered:
+        e.latest = False
+    usable = next((e for e in ordered if e.status in ("complete", "committed")), None)
+    if usable is not None:
+        usable.latest = True
+    return ordered
+
+
+def _size_or_none(path: str) -> Optional[int]:
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    except OSError:
+        return None
 
 
 def _listed_entry(row) -> Entry:

@@ -214,3 +214,63 @@ def test_the_readme_says_tested_on_gpu_only_once_a_gpu_run_is_recorded():
             assert "not yet run on a GPU" in p, f"a GPU passage of {name} without its mark: {p[:200]}"
     for name, day in claims:
         assert day in results, f"{name} says tested on GPU on {day}; RESULTS.md has no run of that day"
+
+
+def test_the_readmes_dcp_block_runs_on_a_first_run_and_on_the_resume_after_it(tmp_path):
+    """Run as written in an empty folder (the first run: nothing to resume from), then again in
+    the same folder: the second resumes from the first one's checkpoint."""
+    import socket
+    import sys
+
+    from support import readme_blocks
+    section = next(name for name in _block_sections() if name.startswith("README.md: PyTorch DCP"))
+    (tmp_path / "block.py").write_text(readme_blocks.script(_block_sections()[section]))
+    said = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT))
+        r = warm.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-4000:]
+        said.append(r.stdout)
+    assert "resumed" not in said[0] and "resumed from ckpt/step-0 at step 0" in said[1], said
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step-0", "step-1"]
+
+
+def test_the_readmes_deepspeed_block_runs_on_the_ranks_its_launch_line_asks_for(tmp_path):
+    """The README's own launch line (torchrun, N=2) runs its DeepSpeed block as written on 2 CPU
+    ranks: a bare `deepspeed script.py` started one rank there, and the README said nothing more."""
+    import shlex
+    import sys
+
+    pytest.importorskip("deepspeed")
+    from support import readme_blocks
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    line = re.search(r"`(torchrun --nproc_per_node N script\.py)`", readme)
+    assert line, "the README names no torchrun line for N ranks"
+    code = _block_sections()["README.md: DeepSpeed"]
+    probe = "\nprint('rank', engine.global_rank, 'of', engine.world_size, 'loaded', engine.global_steps, flush=True)\n"
+    (tmp_path / "script.py").write_text(readme_blocks.script(code) + probe)
+    args = shlex.split(line.group(1).replace(" N ", " 2 "))
+    torchrun = os.path.join(os.path.dirname(sys.executable), args[0])
+    from support.processes import free_port
+    r = warm.run([torchrun, "--master_port", str(free_port()), *args[1:]], cwd=tmp_path, capture_output=True, text=True,
+                 timeout=600, env=dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(x for x in r.stdout.splitlines() if x.startswith("rank ")) == [
+        "rank 0 of 2 loaded 0", "rank 1 of 2 loaded 0"], r.stdout[-2000:]
+
+
+def test_the_torchtitan_install_docs_dcp_gives_is_the_one_the_suite_makes():
+    """docs/dcp.md said `pip install fastckpt[torchtitan]`, which pulls torchtitan's training stack
+    and downgrades fsspec; the install it gives now is the suite's own (the Makefile's torchtitan
+    without its dependencies, and the two packages of the dev extra it needs)."""
+    doc = open(os.path.join(ROOT, "docs", "dcp.md")).read()
+    said = re.search(r"`pip install --no-deps (torchtitan==\S+) ([^`]+)`", doc)
+    assert said, "docs/dcp.md gives no install of torchtitan without its training stack"
+    assert re.search(rf"pip install -q --no-deps {re.escape(said.group(1))}$",
+                     open(os.path.join(ROOT, "Makefile")).read(), flags=re.M)
+    dev = open(os.path.join(ROOT, "setup.cfg")).read().split("dev =", 1)[1].split("\n\n", 1)[0].split()
+    assert all(pkg in dev for pkg in said.group(2).split()), (said.group(2), dev)

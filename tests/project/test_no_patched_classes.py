@@ -46,22 +46,45 @@ def test_no_framework_class_changes_but_the_ones_deepspeed_gives_no_hook_for(tmp
 
 
 WHICH_CALLBACKS = """
+import gc
 import json
+import logging
 import lightning as L
-def names():
-    return json.dumps([type(c).__name__ for c in L.Trainer(logger=False, enable_progress_bar=False).callbacks])
+said = []
+class Said(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("lightning.fabric.utilities.registry").addHandler(Said())
+logging.getLogger("lightning.fabric.utilities.registry").setLevel(logging.INFO)
+def names(**kw):
+    said.clear()
+    t = L.Trainer(logger=False, enable_progress_bar=False, **kw)
+    return json.dumps([[type(c).__name__ for c in t.callbacks], [m for m in said if "entry point" in m]])
 print(names())
 import lightning_fastckpt
 print(names())
-from lightning_fastckpt import FastCheckpointIO
+import fastckpt
+from lightning_fastckpt import FastCheckpointIO, PreemptCheckpoint
+print(names(callbacks=[PreemptCheckpoint(dirpath="ck")]))  # fastckpt imported, neither IO nor DeepSpeed used
+io = FastCheckpointIO()
+print(names(plugins=[io]))
+del io
+gc.collect()
+print(names())
+import deepspeed_fastckpt
 print(names())
 """
 
 
-def test_lightning_adds_the_watch_only_to_a_trainer_of_a_process_that_imported_fastckpt():
+def test_lightning_adds_the_watch_only_to_trainers_it_concerns():
+    """Only while a FastCheckpointIO exists, or once the DeepSpeed plugin is imported: a Trainer
+    of a process that merely imported fastckpt gets no callback and no log line (issue 65)."""
     done = warm.run([sys.executable, "-c", WHICH_CALLBACKS], capture_output=True, text=True, timeout=300,
                     preload=("lightning",))
     assert done.returncode == 0, done.stderr[-3000:]
-    alone, package_only, used = [json.loads(line) for line in done.stdout.splitlines()[-3:]]
-    assert "FastckptWatch" not in alone and "FastckptWatch" not in package_only  # the package imports no fastckpt
-    assert used.count("FastckptWatch") == 1
+    alone, package_only, imported, with_io, io_gone, deepspeed = [json.loads(line) for line in
+                                                                   done.stdout.splitlines()[-6:]]
+    for callbacks, logged in (alone, package_only, imported, io_gone):
+        assert "FastckptWatch" not in callbacks and logged == [], (callbacks, logged)
+    for callbacks, logged in (with_io, deepspeed):
+        assert callbacks.count("FastckptWatch") == 1 and len(logged) == 1, (callbacks, logged)

@@ -86,8 +86,6 @@ def test_our_checkpoint_loads_with_dcps_stock_reader_and_theirs_with_ours(tmp_pa
     dcp.load(out, storage_reader=dcp.FileSystemReader(tmp_path / "ours"))
     assert same(out, state())
     dcp.save(state(), storage_writer=dcp.FileSystemWriter(tmp_path / "theirs"))
-    import fastckpt.dcp.reader as reader_module
-    reader_module._warned_stock = False
     with pytest.warns(UserWarning, match="no fastckpt commit record"):
         out = blank()
         dcp.load(out, storage_reader=FastStorageReader(tmp_path / "theirs"))
@@ -207,8 +205,6 @@ def test_a_byte_item_that_would_run_code_is_refused_before_dcps_planner_unpickle
 
     dcp.save({"w": torch.ones(3), "extra": Payload()}, storage_writer=dcp.FileSystemWriter(tmp_path / "h"))
     assert not marker.exists()
-    import fastckpt.dcp.reader as reader_module
-    reader_module._warned_stock = True
     with pytest.raises(CheckpointException, match="DCP item 'extra'.*refusing to load global"):
         dcp.load({"w": torch.zeros(3), "extra": None}, storage_reader=FastStorageReader(tmp_path / "h"))
     assert not marker.exists()

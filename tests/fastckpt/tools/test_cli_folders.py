@@ -47,16 +47,19 @@ def test_a_lightning_checkpoint_folder_lists_and_verifies(lightning_folder, caps
     assert "CORRUPT" not in out and out.count("ok ") == 4 and "OK: every byte checks" in out
 
 
-def test_a_save_in_flight_is_listed_as_incomplete_and_skipped(lightning_folder, tmp_path, capsys):
+def test_a_save_in_flight_is_no_checkpoint_and_is_listed_apart_under_its_own_name(lightning_folder, tmp_path,
+                                                                                  capsys):
     folder = tmp_path / "copy"
     folder.mkdir()
     for name in os.listdir(lightning_folder):
         (folder / name).write_bytes((lightning_folder / name).read_bytes())
-    (folder / ".epoch=0-step=8.ckpt.fastckpt-4242-9.tmp").write_bytes(b"PK\x03\x04 half a file")
+    tmp = ".epoch=0-step=8.ckpt.fastckpt-4242-9.tmp"
+    (folder / tmp).write_bytes(b"PK\x03\x04 half a file")
     assert main(["ls", str(folder)]) == 0
-    assert "incomplete (a save in flight, or one cut short)" in capsys.readouterr().out
+    table, apart = capsys.readouterr().out.split("not checkpoints:", 1)
+    assert "step=8.ckpt" not in table and tmp in apart
     assert main(["verify", str(folder)]) == 0
-    assert "skip " in capsys.readouterr().out
+    assert f"skip    {folder / tmp}: not a checkpoint" in capsys.readouterr().out
 
 
 def test_a_damaged_lightning_checkpoint_is_named(lightning_folder, tmp_path, capsys):

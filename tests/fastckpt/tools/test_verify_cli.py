@@ -79,7 +79,7 @@ def test_ls_export_info(tmp_path, capsys):
         assert torch.equal(f.get_tensor("big"), state["big"])
     back = str(tmp_path / "back.pt")
     assert main(["export", st, back, "--to", "torch"]) == 0
-    assert_same(state, torch.load(back, weights_only=True))
+    assert_same(state, torch.load(back, weights_only=True), strides=False)  # an export holds values, not views
     assert main(["info"]) == 0
     assert "o_direct" in capsys.readouterr().out
     assert main(["ls", str(tmp_path / "nothing")]) == 2  # nothing there is not corruption (1)
