@@ -2,7 +2,8 @@
 (tests/project/test_first_hour.py).
 
 The README (and each docs/ page with blocks) declares what its blocks leave to the reader:
-`model`, `opt`, `batch()`, `steps`, `x`, `t` and `state` (PLACEHOLDERS defines small ones), and
+`model`, `opt`, `batch()`, `steps`, `x`, `t` and `state` (PLACEHOLDERS defines small ones; a
+Lightning block's `module` and `data`: LIGHTNING_PLACEHOLDERS), and
 `/ssd`, a folder on an SSD (PATHS maps it, and /dev/shm, into the run's own folder). Nothing else
 is filled in: a block that needs more than these fails its test. The blocks of one `## ` section
 of one file run in order in one process (a later block may use what an earlier one made, as a
@@ -10,6 +11,7 @@ reader would type them).
 """
 from __future__ import annotations
 
+import ast
 import glob
 import os
 import re
@@ -30,6 +32,22 @@ t = torch.randn(1 << 16)
 state = {"model": model.state_dict(), "step": 0}
 '''
 PATHS = {'"/ssd': '"ssd', '"/dev/shm/': '"shm/'}
+# a Lightning block's `module` and `data` (a page with Lightning blocks declares them): a small
+# LightningModule and its DataLoader, defined only for a block that imports Lightning
+LIGHTNING_PLACEHOLDERS = '''
+import lightning as _L
+class _Module(_L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(16, 1)
+    def training_step(self, b, i):
+        return torch.nn.functional.mse_loss(self.net(b[0]), b[1])
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+module = _Module()
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 1)),
+                                   batch_size=8)
+'''
 
 
 def sections(readme: str) -> dict[str, str]:
@@ -67,13 +85,12 @@ def script(code: str) -> str:
     """A section's code with the placeholders filled in."""
     for declared, here in PATHS.items():
         code = code.replace(declared, here)
-    return PLACEHOLDERS + "\n" + code
+    lightning = LIGHTNING_PLACEHOLDERS if "import lightning" in code and re.search(r"\b(module|data)\b", code) else ""
+    return PLACEHOLDERS + lightning + "\n" + code
 
 
-def lines_not_in(doc_path: str, section: str, marker: str, worker_path: str) -> list[str]:
-    """The lines of the first `py` block after `marker` in the `## section` of a page (the README
-    or a docs/ page) that are not lines of the worker program a test runs (the page shows what the
-    test runs); raises when there is no such section or block."""
+def section_block(doc_path: str, section: str, marker: str = "") -> str:
+    """The first ```python block after `marker` in the `## section` of a page."""
     parts = re.split(rf"^## {re.escape(section)}[ \t]*$", open(doc_path).read(), maxsplit=1, flags=re.M)
     if len(parts) < 2:
         raise AssertionError(f"no section '## {section}' in {doc_path}")
@@ -81,8 +98,33 @@ def lines_not_in(doc_path: str, section: str, marker: str, worker_path: str) -> 
     if marker and marker not in text:
         raise AssertionError(f"no {marker!r} in {doc_path}'s {section!r}")
     after = text.split(marker, 1)[1] if marker else text
-    block = after.split("```py\n", 1)[1].split("```", 1)[0] if "```py\n" in after else ""
-    if not block.strip():
-        raise AssertionError(f"no py block after {marker!r} in {doc_path}'s {section!r}")
-    worker = {line.strip() for line in open(worker_path)}
-    return [line for line in block.splitlines() if line.strip() and line.strip() not in worker]
+    found = re.search(r"^```python\n(.*?)^```", after, flags=re.M | re.S)
+    if not found:
+        raise AssertionError(f"no python block after {marker!r} in {doc_path}'s {section!r}")
+    return found.group(1)
+
+
+def _calls(source: str, names: tuple[str, ...]) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(the function's name, how many positional arguments, its keyword names) of each call of
+    one of names (a plain name or an attribute: `trainer.fit` is `fit`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in names:
+                out.append((name, len(node.args), tuple(sorted(k.arg or "**" for k in node.keywords))))
+    return out
+
+
+def calls_not_in(doc_path: str, section: str, marker: str, worker_path: str, names: tuple[str, ...]) -> list[str]:
+    """The page's block runs as written (test_first_hour runs every python block); the program a
+    test runs on several ranks with real signals makes the same calls: each call in the block of
+    one of `names` (the API the page is about), with the same number of positional arguments and
+    the same keyword names, is a call the worker makes too (its values are the test's own).
+    Returns the block's calls the worker does not make; raises when the block makes none."""
+    doc = _calls(section_block(doc_path, section, marker), names)
+    if not doc:
+        raise AssertionError(f"{doc_path}'s {section!r} block calls none of {names}")
+    worker = set(_calls(open(worker_path).read(), names))
+    return [f"{n}({a} positional, keywords {k})" for n, a, k in doc if (n, a, k) not in worker]

@@ -294,9 +294,10 @@ def test_a_damaged_memory_copy_of_a_dcp_file_is_named_and_the_file_is_read(tmp_p
     assert "does not verify" in out and part in out and "__1_0.distcp" in out, out[-3000:]
 
 
-def test_the_docs_dcp_tier_lines_are_the_ones_the_worker_runs():
-    """Every line of docs/tiers.md's DCP block is a line of tests/workers/dcp_worker.py."""
+def test_the_docs_dcp_tier_calls_are_the_ones_the_worker_makes():
+    """docs/tiers.md's DCP block runs as written (test_first_hour); its FastStorageWriter and
+    FastStorageReader calls, with their keyword names, are ones tests/workers/dcp_worker.py makes."""
     from support import readme_blocks
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of DCP's files (FSDP2, torchtitan)", "",
-                                         os.path.join(WORKERS, "dcp_worker.py"))
+    missing = readme_blocks.calls_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of DCP's files (FSDP2, torchtitan)",
+                                         "", os.path.join(WORKERS, "dcp_worker.py"), ("FastStorageWriter", "FastStorageReader"))
     assert not missing, missing

@@ -234,9 +234,10 @@ def test_deepspeed_resumes_bit_exact_from_its_memory_tier_on_two_ranks(tmp_path,
     assert resumed["read_from"] == ["memory"], resumed["read_from"]
 
 
-def test_the_docs_lines_are_the_ones_these_tests_run():
-    """Every line of docs/tiers.md's block for Lightning's and DeepSpeed's paths is a line of this file."""
+def test_the_docs_calls_are_the_ones_these_tests_make():
+    """docs/tiers.md's block for Lightning's and DeepSpeed's paths runs as written (test_first_hour);
+    its FastCheckpointIO call, with its keyword names, is one this file makes."""
     from support import readme_blocks
-    missing = readme_blocks.lines_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of Lightning's and "
-                                         "DeepSpeed's paths", "", os.path.abspath(__file__))
+    missing = readme_blocks.calls_not_in(os.path.join(ROOT, "docs", "tiers.md"), "In front of Lightning's and "
+                                         "DeepSpeed's paths", "", os.path.abspath(__file__), ("FastCheckpointIO",))
     assert not missing, missing
