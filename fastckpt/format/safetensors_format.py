@@ -64,8 +64,8 @@ def plan_safetensors(state, allow_pickle: bool = False, plain: bool = False) -> 
         ref = {"requires_grad": t.requires_grad, "param": isinstance(t, torch.nn.Parameter)}
         whole = (len(users[s._cdata]) == 1 and t.storage_offset() == 0 and t.is_contiguous()
                  and t.numel() * t.element_size() == s.nbytes() and t.dtype in ST_DTYPES)
-        if plain and t.is_complex() and t.dtype not in ST_DTYPES:  # complex128: its (real, imag) pairs, as
-            pairs = torch.view_as_real(t.detach().resolve_conj()).contiguous()  # torch.view_as_real gives
+        if plain and t.is_complex() and t.dtype not in ST_DTYPES:  # complex128: its (real, imag) pairs
+            pairs = torch.view_as_real(t.detach().resolve_conj()).contiguous()
             name = _unique(path or "tensor", used)
             entries.append((name, ST_DTYPES[pairs.dtype], list(pairs.shape), pairs.untyped_storage()))
             return {**ref, "storage": name, "dtype": str(t.dtype).removeprefix("torch."), "offset": 0,

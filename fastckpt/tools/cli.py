@@ -89,6 +89,7 @@ def _export(args) -> int:
     from ..format import load_file
     from ..save_load import save
     from ..pmem.commands import export_pool, is_pool
+    from .folder_kinds import kind_named
     from .folders import survey
     what = ""
     if is_pool(args.src):
@@ -101,11 +102,11 @@ def _export(args) -> int:
         what = _step_said(state, os.path.basename(args.src))
     elif not os.path.isdir(args.src):
         raise FileNotFoundError(f"{args.src} does not exist")
-    elif kind_of(args.src) is not None:  # a plugin's kind of folder (a DCP checkpoint) reads itself
-        state, which = kind_of(args.src).full_state(args.src, args.step)
+    elif kind_named((found := survey(args.src)).kind) is not None:  # a plugin's kind (a DCP checkpoint) reads itself
+        state, which = kind_named(found.kind).full_state(args.src, args.step)
         what = f"{which}, all ranks' shards"
-    elif survey(args.src).kind == "files":  # Lightning's folder: the newest that loads, as `ls` marks it
-        state, what = _newest_file(survey(args.src), args)
+    elif found.kind == "files":  # Lightning's folder: the newest that loads, as `ls` marks it
+        state, what = _newest_file(found, args)
     else:
         ck = Checkpointer(args.src)
         newest = ck.latest() if args.step is None else None
@@ -150,13 +151,6 @@ def _newest_file(found, args):
     raise NoCheckpointError(f"no loadable checkpoint {which}in {found.path}" +
                             (f" (passed over: {'; '.join(passed)})" if passed else "") +
                             "; `fastckpt ls` lists what is there")
-
-
-def kind_of(path: str):
-    """The plugin FolderKind of the folder at path (None: a core kind, or not a folder)."""
-    from .folder_kinds import kind_named
-    from .folders import survey
-    return kind_named(survey(path).kind) if os.path.isdir(path) else None
 
 
 def _repack(args) -> int:
