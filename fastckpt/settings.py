@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +161,8 @@ class CheckpointerConfig:
         for name in ("verify", "direct_io"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.store == "root" and isinstance(self.root, str):
+            local_place(self.root, "the root")
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
         check_seconds("preempt_grace_s", self.preempt_grace_s)
@@ -183,6 +186,9 @@ class CheckpointerConfig:
                 raise ConfigError(f"{given[0]} needs tiers (the places, fastest first)")
 
     def _check_tiers(self) -> None:
+        for tier in self.tiers if isinstance(self.tiers, tuple) else ():
+            if isinstance(tier, str):
+                local_place(tier, "the tier")
         if self.store == "path":
             return self._check_tiers_before_paths()
         tiers = self.tiers
@@ -238,6 +244,21 @@ class CheckpointerConfig:
 PLACEMENT = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("placement"))
 PER_TIER = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.metadata.get("per_tier"))
 WRITING = tuple(f.name for f in dataclasses.fields(CheckpointerConfig) if f.name not in PLACEMENT)
+
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, file://, ...
+
+
+def local_place(path, what: str) -> str:
+    """path, when it is a local path; a one-line ConfigError when it is a URL (`s3://bucket/run`),
+    which, taken for a local path, would silently become a folder named `s3:` and leave the bucket
+    empty. what: the place, for the message ("the root", "a tier", "the DCP checkpoint")."""
+    p = os.fspath(path)
+    if isinstance(p, str) and URL.match(p):
+        scheme = p.split("://", 1)[0]
+        raise ConfigError(f"{what} {p!r} is a URL: fastckpt has no {scheme}:// store here, only local paths (it "
+                          f"makes no folder named '{scheme}:'); give a local folder")
+    return p
 
 
 def check_seconds(name: str, value) -> None:

@@ -32,6 +32,7 @@ from ..commit.committed_under import CommittedUnder
 from ..commit.record import plain_name
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
+from ..settings import local_place
 from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
@@ -76,7 +77,7 @@ class Resumable(str):
 def committed(parent) -> list[CommitInfo]:
     """Every checkpoint fastckpt committed directly under parent, newest commit first (a damaged
     one is not one to resume from: fastckpt.commit.committed_under)."""
-    return CommittedUnder(parent).newest_first()
+    return CommittedUnder(local_place(parent, "the folder of DCP checkpoints")).newest_first()
 
 
 def is_committed(directory) -> bool:
@@ -163,7 +164,7 @@ def _examine(directory: str):
 def resumable(parent) -> tuple[list[Resumable], list[Unusable]]:
     """(every checkpoint under parent a run can resume from, newest first; the ones that look
     like checkpoints and cannot be resumed from)."""
-    parent = os.fspath(parent)
+    parent = local_place(parent, "the folder of DCP checkpoints")
     usable, unusable = [], []
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         directory = os.path.join(parent, name)

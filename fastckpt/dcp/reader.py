@@ -45,6 +45,7 @@ from torch.futures import Future
 from ..commit import record
 from ..commit.record import plain_name
 from ..errors import ConfigError, CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
+from ..settings import local_place
 from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import read_index
@@ -72,7 +73,7 @@ class FastStorageReader(StorageReader):
         if path is None:
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
                                     "found none under its folder: start from scratch, or name a checkpoint)")
-        self.path, self.verify, self.threads = os.fspath(path), verify, threads
+        self.path, self.verify, self.threads = local_place(path, "the DCP checkpoint"), verify, threads
         self.storage_data: dict = {}
         self.commit = None
         self.reads: list[tuple[str, str]] = []  # (where: "memory" | "disk", the file read)
@@ -87,7 +88,7 @@ class FastStorageReader(StorageReader):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path = local_place(checkpoint_id, "the DCP checkpoint")
         self.storage_data, self.commit = {}, None
 
     def read_metadata(self, *args, **kwargs) -> Metadata:

@@ -60,6 +60,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
+from ..settings import local_place
 from ..write.deadline import Deadline
 from . import metadata as md_file
 from .committed import cut_short_below, resumable, withdraw
@@ -94,7 +95,7 @@ class FastStorageWriter(StorageWriter):
         super().__init__()
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
-        self.path = os.fspath(path)
+        self.path = local_place(path, "the DCP checkpoint")
         self.step = step
         self.named = NamedCheckpoints(settings if settings is not None else kwargs, tiers=tiers, tier_keep=tier_keep)
         self.config = self.named.config
@@ -126,7 +127,7 @@ class FastStorageWriter(StorageWriter):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
-            self.path = os.fspath(checkpoint_id)
+            self.path = local_place(checkpoint_id, "the DCP checkpoint")
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         """Every save calls it (reset only when a checkpoint_id is given): this save's own id, step

@@ -358,4 +358,9 @@ BUGS = (
         (("fastckpt/dcp/committed.py", "        self = super().__new__(cls, os.fspath(path))\n",
           "        self = super().__new__(cls, os.path.basename(os.fspath(path)))  # planted\n"),),
         ("tests/fastckpt/dcp/test_resumable.py", "-k", "a_str")),
+    Bug("url-root-taken-for-a-local-folder",
+        "a URL given as the Checkpointer's root is taken for a local path: Checkpointer('s3://ckpt/run') writes a "
+        "local folder 's3:' and the bucket stays empty",
+        (("fastckpt/settings.py", '            local_place(self.root, "the root")\n', "            pass  # planted\n"),),
+        ("tests/fastckpt/test_urls_refused.py", "-k", "root")),
 )
