@@ -63,7 +63,8 @@ SLOW = ("tests/benchmarks/test_bench_gpu_overhead.py::test_make_gpu_check", "tes
         "tests/lightning_fastckpt/test_lightning_ddp.py", "tests/lightning_fastckpt/test_lightning_model_parallel.py",
         "tests/project/test_first_hour.py", "tests/project/test_no_thread_left.py::test_no_thread_outlives_a_destroyed_deepspeed",
         "tests/project/test_run_isolated.py::test_every_test_gets_its_own_line_and_a_hang_is_killed",
-        "tests/fastckpt/tools/test_cli_folders.py::test_a_deepspeed", "tests/fastckpt/tools/test_folder_kind_conformance.py")
+        "tests/fastckpt/tools/test_cli_folders.py::test_a_deepspeed", "tests/fastckpt/tools/test_folder_kind_conformance.py",
+        "tests/fastckpt/s3/")
 
 
 # make gpu-check (tests/support/gpu_check.sh) collects only the files that spell this, not the whole
@@ -127,3 +128,13 @@ def fault_shim(tmp_path_factory) -> str:
     so = str(tmp_path_factory.mktemp("shim") / "eio_shim.so")
     subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, src, "-ldl"], check=True, capture_output=True)
     return so
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS, tests/support/s3_server.py) on loopback for this test process,
+    with a bucket and credentials; stopped at the end of the session. No `weed` here is an error."""
+    from support.s3_server import S3Server
+    server = S3Server(str(tmp_path_factory.mktemp("s3"))).start()
+    yield server
+    server.stop()

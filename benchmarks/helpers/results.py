@@ -35,6 +35,8 @@ SECTIONS = [
     ("tiers", "a memory tier + partner replica in front of the disk: recovery by failure, SIGTERM to durable, "
               "cost per step, goodput"),
     ("reliability", "the reliability campaign: kills, corruptions, faults, distributed kills, hostile files"),
+    ("s3_clients", "which S3 client to build on: one multipart upload to a local SeaweedFS by obstore and by boto3, "
+                   "with the client's and the server's CPU"),
 ]
 
 
