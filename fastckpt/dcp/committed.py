@@ -64,9 +64,6 @@ class Resumable(str):
     def path(self) -> str:
         return str.__str__(self)
 
-    def __fspath__(self) -> str:
-        return self.path
-
     def __repr__(self) -> str:
         return f"Resumable({self.path!r}, step={self.step}, by={self.by!r})"
 

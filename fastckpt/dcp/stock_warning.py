@@ -16,8 +16,3 @@ def warn_stock_once(directory: str, message: str, stacklevel: int = 2) -> None:
     if key not in _said:
         _said.add(key)
         warnings.warn(message, stacklevel=stacklevel + 1)
-
-
-def forget() -> None:
-    """Every checkpoint may be warned about again (tests that read one checkpoint twice)."""
-    _said.clear()

@@ -5,6 +5,9 @@ picking the reader from the file's own bytes (zip or safetensors).
 """
 from __future__ import annotations
 
+import os
+
+from .. import progress
 from ..errors import ConfigError
 from .plan import FilePlan
 
@@ -52,9 +55,6 @@ def load_file(path: str, map_location=None, verify: bool = True, weights_only: b
               expect_crc: int | None = None, mmap: bool | None = None):
     """mmap=None/True: tensors are views of a private (copy-on-write) mapping of the file.
     A file of a GiB or more shows a progress bar on a terminal (fastckpt.progress)."""
-    import os
-
-    from .. import progress
     fmt = sniff(path)
     with progress.shown(os.path.getsize(path), f"load {os.path.basename(path)}"):
         if fmt == "torch":

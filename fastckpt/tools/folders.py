@@ -121,7 +121,7 @@ def _store_survey(path: str, stores: list) -> Optional[Survey]:
             store.close()
         entries = [_listed_entry(row) for row in rows if row.status != "temporary"]
         temporaries = [Entry(r.name, r.path, r.status, detail=r.detail, time=r.time,
-                             bytes=_size_or_none(r.path)) for r in rows if r.status == "temporary"]
+                             bytes=commit.file_size(r.path)) for r in rows if r.status == "temporary"]
         kind = "checkpoint" if store.single else store.survey_kind
         found = Survey(kind, store.place, entries, single=store.single, temporaries=temporaries)
         if kind == "files":
@@ -142,13 +142,6 @@ def newest_first(entries: list[Entry]) -> list[Entry]:
     if usable is not None:
         usable.latest = True
     return ordered
-
-
-def _size_or_none(path: str) -> Optional[int]:
-    try:
-        return os.path.getsize(path) if os.path.isfile(path) else None
-    except OSError:
-        return None
 
 
 def _listed_entry(row) -> Entry:

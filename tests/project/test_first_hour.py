@@ -49,11 +49,19 @@ def test_the_blocks_run_come_from_the_readme_and_from_docs():
         assert all(b in ran for b in blocks), name
 
 
-@pytest.mark.parametrize("section", sorted(_block_sections()))
-def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
-    import socket
+def _run_block(folder):
+    """folder/block.py run as one process, as the README says a plain `python script.py` of the
+    DeepSpeed block needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, a free MASTER_PORT)."""
     import sys
 
+    from support.processes import free_port
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=python_path(ROOT))
+    return warm.run([sys.executable, "block.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("section", sorted(_block_sections()))
+def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
     from support import readme_blocks
     code = _block_sections()[section]
     if "deepspeed" in code:
@@ -61,14 +69,7 @@ def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
     if "torchtitan" in code:
         pytest.importorskip("torchtitan")
     (tmp_path / "block.py").write_text(readme_blocks.script(code))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # a single process, as the README says a plain `python script.py` of the DeepSpeed block needs
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYTHONPATH=python_path(ROOT))
-    r = warm.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                 timeout=600)
+    r = _run_block(tmp_path)
     assert r.returncode == 0, f"the code of {section!r} fails as written:\n{r.stderr[-4000:]}"
 
 
@@ -222,20 +223,12 @@ def test_the_readme_says_tested_on_gpu_only_once_a_gpu_run_is_recorded():
 def test_the_readmes_dcp_block_runs_on_a_first_run_and_on_the_resume_after_it(tmp_path):
     """Run as written in an empty folder (the first run: nothing to resume from), then again in
     the same folder: the second resumes from the first one's checkpoint."""
-    import socket
-    import sys
-
     from support import readme_blocks
     section = next(name for name in _block_sections() if name.startswith("README.md: PyTorch DCP"))
     (tmp_path / "block.py").write_text(readme_blocks.script(_block_sections()[section]))
     said = []
     for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=python_path(ROOT))
-        r = warm.run([sys.executable, "block.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        r = _run_block(tmp_path)
         assert r.returncode == 0, r.stderr[-4000:]
         said.append(r.stdout)
     assert "resumed" not in said[0] and "resumed from ckpt/step-0 at step 0" in said[1], said
@@ -258,8 +251,8 @@ def test_the_readmes_deepspeed_block_runs_on_the_ranks_its_launch_line_asks_for(
     (tmp_path / "script.py").write_text(readme_blocks.script(code) + probe)
     args = shlex.split(line.group(1).replace(" N ", " 2 "))
     torchrun = os.path.join(os.path.dirname(sys.executable), args[0])
-    from support.processes import free_port
-    r = warm.run([torchrun, "--master_port", str(free_port()), *args[1:]], cwd=tmp_path, capture_output=True, text=True,
+    # --standalone: torchrun binds its own free port (a port found free and given to it could be taken meanwhile)
+    r = warm.run([torchrun, "--standalone", *args[1:]], cwd=tmp_path, capture_output=True, text=True,
                  timeout=600, env=dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-4000:]
     assert sorted(x for x in r.stdout.splitlines() if x.startswith("rank ")) == [

@@ -1,5 +1,7 @@
-"""Training states for round-trip tests: every dtype, shape and sharing case, and bit-exact comparison."""
+"""Training states for round-trip tests: every dtype, shape and sharing case, bit-exact comparison, and a byte flipped on disk."""
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -90,3 +92,12 @@ def assert_sharing(state):
     ptr = state["base"].untyped_storage().data_ptr()
     for k in ("transposed", "slice", "row"):
         assert state[k].untyped_storage().data_ptr() == ptr, f"{k} lost its sharing"
+
+
+def flip_byte(path, at: float = 0.6) -> None:
+    """One bit of the file at `at` of its length flipped in place: damage a CRC must catch."""
+    with open(path, "r+b") as f:
+        f.seek(int(os.path.getsize(path) * at))
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x40]))

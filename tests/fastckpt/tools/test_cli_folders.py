@@ -15,15 +15,8 @@ from fastckpt import Checkpointer
 from fastckpt.tools.cli import main
 from fastckpt.errors import ConfigError
 from lightning_fastckpt import FastCheckpointIO
+from support.states import flip_byte
 from workers.lit_app import TinyModule, loader, trainer
-
-
-def flip_byte(path: str, at: float = 0.6) -> None:
-    with open(path, "r+b") as f:
-        f.seek(int(os.path.getsize(path) * at))
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0x40]))
 
 
 @pytest.fixture(scope="module")

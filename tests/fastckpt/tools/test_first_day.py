@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from support.paths import ROOT, WORKERS, python_path
+from support.states import flip_byte
 
 FASTCKPT = [sys.executable, "-m", "fastckpt.tools.cli"]
 TMP = re.compile(r"^\..+\.fastckpt-\d+-\d+\.tmp$")
@@ -120,20 +121,12 @@ def test_export_of_a_lightning_folder_takes_the_newest_that_loads_and_says_its_s
     assert torch.load(tmp_path / "out.pt", weights_only=True)["global_step"] == steps[-1]
     newest = next(n for n in os.listdir(folder) if n.endswith(f"step={steps[-1]}.ckpt"))
     for name in [newest] + [n for n in os.listdir(folder) if n.startswith("last")]:
-        _flip_a_byte(folder / name)  # damaged: passed over, said
+        flip_byte(folder / name, at=0.5)  # damaged: passed over, said
     r = run_cli("export", str(folder), str(tmp_path / "out.pt"), "--to", "torch")
     assert r.returncode == 0, r.stderr
     assert f": step {steps[-2]} (" in r.stdout and "passed over: " + newest in r.stdout, r.stdout
     r = run_cli("export", str(folder), str(tmp_path / "out.pt"), "--to", "torch", "--step", str(steps[-1] + 1))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no loadable checkpoint of step" in r.stderr
-
-
-def _flip_a_byte(path) -> None:
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0x40]))
 
 
 # -- no framework imported for another's folder, nothing printed but the answer ---------------------
