@@ -21,6 +21,7 @@ class FileEntry:
     crc32: int
     spans: list = field(default_factory=list, compare=False)  # [record, offset, length, crc]
     records: list = field(default_factory=list, compare=False)  # record names, by index
+    etag: str = field(default="", compare=False)  # the object's ETag, in an object store ("": a file)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,7 +50,8 @@ class CheckpointerConfig:
     staging_mb: int | None = None
     """Bound on staging memory (None: concurrency checkpoints' worth, at most half the RAM)."""
     store: str = field(default="root", metadata=_PLACED)
-    """'root' (step directories), 'path' (the caller's paths and URLs) or 'pmem' (pool models)."""
+    """'root' (step directories), 's3' (step prefixes in a bucket: root='s3://bucket/prefix', chosen by such a
+    root), 'path' (the caller's paths and URLs) or 'pmem' (pool models)."""
     format: str = "torch"
     """'torch' (what torch.load reads) or 'safetensors'."""
     keep: int = field(default=2, metadata=_PLACED)
@@ -94,6 +95,9 @@ class CheckpointerConfig:
     (Checkpointer.at_step_end); None: off."""
     preempt_grace_s: float = field(default=30.0, metadata=_PLACED)
     """From the signal: the time the checkpoint has to become durable on the last tier before the process ends."""
+    endpoint: str | None = None
+    """The S3 server of an s3:// root (e.g. 'http://127.0.0.1:8333'); None: the one AWS tools find
+    (AWS_ENDPOINT_URL, the config file; else AWS's own for the region)."""
 
     def __post_init__(self) -> None:
         if self.tiers is not None:  # a Hydra list or any sequence: one frozen spelling
@@ -101,6 +105,8 @@ class CheckpointerConfig:
             object.__setattr__(self, "tiers", tiers)
             if isinstance(tiers, tuple) and self.store == "root" and self.root in (None, DEFAULT_ROOT) and tiers:
                 object.__setattr__(self, "root", tiers[-1])
+        if self.store == "root" and isinstance(self.root, str) and self.root.startswith("s3://"):
+            object.__setattr__(self, "store", "s3")  # an s3:// root is a bucket's prefix
         for name in PER_TIER:
             if isinstance(getattr(self, name), list):  # a Hydra list or a plugin's: one frozen spelling
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -165,6 +171,14 @@ class CheckpointerConfig:
             local_place(self.root, "the root")
         if self.store == "pmem" and self.root is not None:
             check_device_path(self.root)
+        if self.store == "s3":
+            from .store.s3.place import S3Place
+            if not isinstance(self.root, str):
+                raise ConfigError(f"store='s3' needs root='s3://bucket/prefix', got {self.root!r}")
+            S3Place.parse(self.root)
+        if self.endpoint is not None and (not isinstance(self.endpoint, str) or not URL.match(self.endpoint)):
+            raise ConfigError(f"endpoint must be the S3 server's URL (e.g. 'https://s3.example.com'), got "
+                              f"{self.endpoint!r}")
         check_seconds("preempt_grace_s", self.preempt_grace_s)
         if self.preempt_signal is not None:
             import signal
@@ -256,8 +270,10 @@ def local_place(path, what: str) -> str:
     p = os.fspath(path)
     if isinstance(p, str) and URL.match(p):
         scheme = p.split("://", 1)[0]
+        where = (" (an s3:// URL is the root of a Checkpointer: Checkpointer('s3://bucket/run'))"
+                 if scheme == "s3" else "")
         raise ConfigError(f"{what} {p!r} is a URL: fastckpt has no {scheme}:// store here, only local paths (it "
-                          f"makes no folder named '{scheme}:'); give a local folder")
+                          f"makes no folder named '{scheme}:'); give a local folder{where}")
     return p
 
 

@@ -68,7 +68,7 @@ class CheckpointCommit(CommitUnit):
                 raise error
         result.path = self.store.commit_file(self.ckpt_id, self.file_path, result)
         return FileEntry(os.path.basename(result.path), self.rank, result.bytes, result.file_crc,
-                         [list(s) for s in result.spans], result.names or [])
+                         [list(s) for s in result.spans], result.names or [], result.etag)
 
     def record(self, parts: list, rank: int) -> CommitInfo:
         p = self.pending

@@ -3,7 +3,8 @@
 Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one function that
 writes a record (`write`: every kind of checkpoint commits through it — a Checkpointer's step, a
 per-rank folder, a set of files such as a DeepSpeed tag or a DCP checkpoint — as `COMMIT` in the
-checkpoint's folder; a file uploaded to an object store has its record beside it), which name a
+checkpoint's folder; a file uploaded to an object store has its record beside it; the S3 store
+PUTs `encode`'s bytes once, and reads a record's bytes back through `parse`), which name a
 folder's record has (`present`, `name_in`: `COMMIT`, or a name earlier builds wrote, still
 read), and the checks that a record and the files it names are intact (sizes; full CRCs are the
 loader's job). What callers see of a committed checkpoint, CommitInfo, is
@@ -33,8 +34,9 @@ def encode(info: CommitInfo) -> bytes:
     body = {"version": VERSION, "step": info.step, "counter": info.counter, "time": info.time,
             "world_size": info.world_size, "format": info.format, "bytes": info.bytes,
             "meta": info.meta,
-            "files": [{"name": f.name, "rank": f.rank, "bytes": f.bytes, "crc32": f.crc32,
-                       "records": f.records, "spans": f.spans} for f in info.files]}
+            "files": [dict({"name": f.name, "rank": f.rank, "bytes": f.bytes, "crc32": f.crc32,
+                            "records": f.records, "spans": f.spans}, **({"etag": f.etag} if f.etag else {}))
+                      for f in info.files]}
     canon = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return json.dumps({"crc32": zlib.crc32(canon.encode()), "body": body}, sort_keys=True,
                       separators=(",", ":")).encode()
@@ -50,7 +52,7 @@ def decode(raw: bytes, path: str) -> CommitInfo:
         if body["version"] != VERSION:
             raise CorruptCheckpointError(f"commit record {path} has unknown version {body['version']}")
         files = tuple(FileEntry(plain_name(f["name"], path), int(f["rank"]), int(f["bytes"]), int(f["crc32"]),
-                                f.get("spans", []), f.get("records", [])) for f in body["files"])
+                                f.get("spans", []), f.get("records", []), str(f.get("etag", ""))) for f in body["files"])
         if len({f.name for f in files}) != len(files):
             raise CorruptCheckpointError(f"commit record {path} names one file for two ranks")
         return CommitInfo(step=int(body["step"]), path=os.path.dirname(path), bytes=int(body["bytes"]),
@@ -126,7 +128,13 @@ def read(ckpt_dir: str, name: Optional[str] = None, size_of: Optional[Callable[[
     size is the pool version's; size_of=None: the record alone, no file looked at). every_rank: each rank wrote one file at least (the
     Checkpointer's checkpoints); a set of files may have ranks that wrote none."""
     path = os.path.join(ckpt_dir, name or present(ckpt_dir) or COMMIT_NAME)
-    raw = read_regular(path, MAX_RECORD + 1)
+    return parse(read_regular(path, MAX_RECORD + 1), path, size_of, every_rank)
+
+
+def parse(raw: bytes, path: str, size_of: Optional[Callable[[str], Optional[int]]] = None,
+          every_rank: bool = True) -> CommitInfo:
+    """A record's bytes, read from path (a file, or an object's URL), checked as read() says."""
+    ckpt_dir = os.path.dirname(path)
     if len(raw) > MAX_RECORD:
         raise CorruptCheckpointError(f"commit record {path} is larger than {MAX_RECORD >> 20} MiB")
     info = decode(raw, path)

@@ -11,6 +11,8 @@
   tiered_store.py  `tiers`: a memory tier (node_tier.py: each rank's folder) in front of the root,
                  each save persisted behind it (tier_copy.py) and read back from the fastest tier;
                  `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
+  s3/          "s3": the root store's layout in a bucket (root='s3://bucket/prefix'), committed by
+                 a record object written once, parts uploaded from a local spool
   named_tiers.py `tiers` with store 'path': a memory tier in front of the caller's paths
                  (path_tier.py: the path as the tier behind, and the index of what each path holds)
 """
@@ -24,8 +26,9 @@ from .root_store import RootStore
 from .node_tier import NodeTier
 from .tiered_store import TieredStore
 from .named_tiers import NamedTiers
+from .s3.s3_store import S3Store
 
-STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, PathStore, PmemStore)}
+STORES: dict[str, type[Store]] = {cls.kind: cls for cls in (RootStore, S3Store, PathStore, PmemStore)}
 # what `fastckpt ls` asks of a folder, in order: a rank's folder of a memory tier before a root
 SURVEYED: tuple[type[Store], ...] = (NodeTier, *STORES.values())
 
@@ -41,4 +44,4 @@ def open_store(config, rank: int = 0, world_size: int = 1) -> Store:
     return cls.open(config, rank, world_size)
 
 
-__all__ = ["ByPath", "PathStore", "PmemStore", "NamedTiers", "NodeTier", "RootStore", "STORES", "SURVEYED", "Store", "TieredStore", "open_store"]
+__all__ = ["ByPath", "PathStore", "PmemStore", "NamedTiers", "NodeTier", "RootStore", "S3Store", "STORES", "SURVEYED", "Store", "TieredStore", "open_store"]

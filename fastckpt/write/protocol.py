@@ -93,6 +93,7 @@ class WriteResult:
     names: list[str] = field(default_factory=list)  # record names, by index
     blobs: list[tuple[int, bytes]] = field(default_factory=list)  # headers (placed by the store for mapped sinks)
     direct_io_refused: bool = False  # O_DIRECT was asked for and the kernel refused it: written buffered
+    etag: str = ""  # set by an object store once the part is uploaded: its object's ETag
 
 
 class SnapshotWrite(abc.ABC):

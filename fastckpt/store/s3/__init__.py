@@ -1,0 +1,9 @@
+"""Checkpoints in an object store (S3 and S3-compatible servers), through the store seam.
+
+  place.py     an `s3://bucket/prefix` URL parsed: the bucket, the key prefix, keys under it
+  client.py    the connection (Bucket): endpoint, region and credentials as every AWS tool reads
+               them; the data through obstore, unfinished multipart uploads listed and aborted
+               through boto3; every call bounded
+  s3_store.py  "s3": the Checkpointer's layout in a bucket, committed by a record object written
+               once (a conditional PUT) and then `latest`: S3 has no rename
+"""

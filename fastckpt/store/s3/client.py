@@ -1,0 +1,215 @@
+"""The connection to an object store: one bucket, set up the way every AWS tool sets itself up.
+
+Endpoint, region and credentials come from the `endpoint` setting when given, else from what boto3
+reads (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE, the
+config and credentials files, an instance role). The data moves through obstore (Rust's
+object_store: parallel multipart uploads and ranged GETs, the GIL released; chosen by measuring,
+benchmarks/s3_clients.py); the control calls obstore does not offer — listing and aborting
+unfinished multipart uploads — go through boto3. Every call is bounded: a few retries with backoff
+inside `retry_s`, each request inside `request_s`. Errors come out as OSError naming the object
+(FileNotFoundError for a missing one), one line.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Optional
+
+from ...errors import ConfigError
+from .place import S3Place
+
+MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last is at least 5 MiB
+MAX_PARTS = 10000
+
+
+@dataclass(frozen=True)
+class Listed:
+    key: str
+    size: int
+    etag: Optional[str]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A multipart upload begun and neither completed nor aborted."""
+
+    key: str
+    upload_id: str
+    initiated: float  # seconds since the epoch
+
+
+def part_bytes(size: int, want: int) -> int:
+    """The part size of a multipart upload of size bytes: `want`, at least S3's minimum, and large
+    enough that the object needs at most MAX_PARTS parts."""
+    return max(want, MIN_PART, -(-size // MAX_PARTS))
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class Bucket:
+    """One bucket of an S3 server, read and written by key."""
+
+    def __init__(self, place: S3Place, endpoint: Optional[str] = None, request_s: float = 60.0,
+                 retry_s: float = 60.0, retries: int = 3):
+        try:
+            import boto3
+            import obstore  # noqa: F401 - present, or the one-line error below
+            from botocore.config import Config
+            from obstore.auth.boto3 import Boto3CredentialProvider
+            from obstore.store import S3Store
+        except ImportError as e:
+            raise ConfigError(f"{place.url}: s3:// places need obstore and boto3 ({e.name} is missing): "
+                              "pip install 'fastckpt[s3]'") from None
+        self.place = place
+        session = boto3.Session()
+        if session.get_credentials() is None:
+            raise ConfigError(f"{place.url}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials)")
+        self.control = session.client(
+            "s3", endpoint_url=endpoint or None,
+            config=Config(retries={"max_attempts": retries + 1, "mode": "standard"}, connect_timeout=10,
+                          read_timeout=request_s, s3={"addressing_style": "path"}))
+        self.endpoint = self.control.meta.endpoint_url
+        region = session.region_name or self.control.meta.region_name or "us-east-1"
+        self.store = S3Store(
+            place.bucket, endpoint=self.endpoint, region=region, virtual_hosted_style_request=False,
+            credential_provider=Boto3CredentialProvider(session),
+            client_options={"allow_http": self.endpoint.startswith("http://"), "timeout": timedelta(seconds=request_s),
+                            "connect_timeout": timedelta(seconds=10)},
+            retry_config={"max_retries": retries, "retry_timeout": timedelta(seconds=retry_s),
+                          "backoff": {"init_backoff": timedelta(milliseconds=200),
+                                      "max_backoff": timedelta(seconds=5), "base": 2}})
+
+    def url(self, key: str) -> str:
+        return self.place.url_of(key)
+
+    def _failed(self, what: str, key: str, e: BaseException) -> OSError:
+        from obstore.exceptions import NotFoundError
+        if isinstance(e, (NotFoundError, FileNotFoundError)) or getattr(e, "response", {}).get("Error", {}).get("Code") in (
+                "NoSuchKey", "404", "NoSuchUpload"):
+            return FileNotFoundError(f"{self.url(key)} does not exist")
+        return OSError(f"{what} {self.url(key)} failed ({self.endpoint}): {type(e).__name__}: {_one_line(e)}")
+
+    # -- writing -----------------------------------------------------------
+    def put_file(self, key: str, path: str, part: int, concurrency: int) -> Optional[str]:
+        """A local file uploaded as key (multipart, `concurrency` parts in flight); its ETag."""
+        import obstore
+        from pathlib import Path
+        size = os.path.getsize(path)
+        try:
+            result = obstore.put(self.store, key, Path(path), chunk_size=part_bytes(size, part),
+                                 max_concurrency=concurrency, use_multipart=size > MIN_PART)
+        except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
+            raise self._failed("upload of", key, e) from e
+        return result.get("e_tag")
+
+    def put_bytes(self, key: str, data: bytes, create_once: bool = False) -> Optional[str]:
+        """A small object written whole; create_once: only where none exists (a conditional PUT,
+        If-None-Match: *): FileExistsError when one does."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+        try:
+            result = obstore.put(self.store, key, data, mode="create" if create_once else "overwrite",
+                                 use_multipart=False)
+        except (AlreadyExistsError, PreconditionError) as e:
+            raise FileExistsError(f"{self.url(key)} exists already") from e
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("writing", key, e) from e
+        return result.get("e_tag")
+
+    def delete(self, keys: list[str]) -> None:
+        """Objects gone (already gone is fine)."""
+        import obstore
+        if not keys:
+            return
+        try:
+            obstore.delete(self.store, keys)
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("deleting", keys[0], e) from e
+
+    # -- reading -----------------------------------------------------------
+    def get_bytes(self, key: str, limit: int) -> bytes:
+        """A small object's bytes (FileNotFoundError: none; OSError: larger than limit)."""
+        import obstore
+        try:
+            got = obstore.get(self.store, key)
+            if got.meta["size"] > limit:
+                raise OSError(f"{self.url(key)} is {got.meta['size']} bytes, more than the {limit} expected")
+            return bytes(got.bytes())
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("reading", key, e) from e
+
+    def size_of(self, key: str) -> Optional[int]:
+        import obstore
+        try:
+            return int(obstore.head(self.store, key)["size"])
+        except Exception as e:  # noqa: BLE001
+            err = self._failed("reading", key, e)
+            if isinstance(err, FileNotFoundError):
+                return None
+            raise err from e
+
+    def get_into(self, key: str, fd: int, size: int, part: int, threads: int,
+                 done: Callable[[int], None] = lambda n: None) -> None:
+        """The object's `size` bytes written at their offsets into the open file fd, by parallel
+        ranged GETs of `part` bytes (`threads` in flight); done(n) after each range."""
+        import obstore
+
+        def one(start: int) -> None:
+            end = min(size, start + part)
+            try:
+                data = obstore.get_range(self.store, key, start=start, end=end)
+            except Exception as e:  # noqa: BLE001
+                raise self._failed("reading", key, e) from e
+            view = memoryview(data)
+            if len(view) != end - start:
+                raise OSError(f"{self.url(key)}: a ranged read of [{start}, {end}) returned {len(view)} bytes")
+            written = 0
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], start + written)
+            done(end - start)
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, threads), thread_name_prefix="fastckpt-s3-get") as pool:
+            for f in [pool.submit(one, s) for s in range(0, size, part)]:
+                f.result()
+
+    def listing(self, prefix: str) -> list[Listed]:
+        """Every object whose key starts with prefix."""
+        import obstore
+        try:
+            out = []
+            for batch in obstore.list(self.store, prefix=prefix):
+                out.extend(Listed(m["path"], int(m["size"]), m.get("e_tag")) for m in batch)
+            return out
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("listing", prefix, e) from e
+
+    # -- unfinished multipart uploads (boto3) --------------------------------
+    def uploads(self, prefix: str) -> list[Upload]:
+        """Multipart uploads begun under prefix and not yet completed or aborted."""
+        out, args = [], {"Bucket": self.place.bucket, "Prefix": prefix}
+        try:
+            while True:
+                page = self.control.list_multipart_uploads(**args)
+                out.extend(Upload(u["Key"], u["UploadId"], u["Initiated"].timestamp()) for u in page.get("Uploads", []))
+                if not page.get("IsTruncated"):
+                    return out
+                args.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
+        except Exception as e:  # noqa: BLE001 - botocore's, one error out
+            raise self._failed("listing the uploads under", prefix, e) from e
+
+    def abort_upload(self, upload: Upload) -> None:
+        """An unfinished upload aborted: its parts freed (already gone is fine)."""
+        try:
+            self.control.abort_multipart_upload(Bucket=self.place.bucket, Key=upload.key, UploadId=upload.upload_id)
+        except Exception as e:  # noqa: BLE001
+            err = self._failed("aborting the upload of", upload.key, e)
+            if not isinstance(err, FileNotFoundError):
+                raise err from e

@@ -1,0 +1,357 @@
+"""The S3 store: the Checkpointer's layout in a bucket, made crash-consistent without a rename.
+
+Layout (keys under the place's prefix, as the root store's folders):
+    PREFIX/step-00000100.c000007/rank-0.pt ... rank-N.pt   each rank's part, one object each
+    PREFIX/step-00000100.c000007/COMMIT                    the commit record, written last, once
+    PREFIX/latest                                          {"dir", "step", "counter"}, moved forward
+
+A rank's part is written to its local spool (spool.py: through a mapping of a file on the memory
+filesystem when there is room, so the copy the gate waits for is the only one) and, on the commit
+thread, uploaded as one multipart upload, its parts in parallel (each request signed over its
+payload's SHA-256, which the server checks). Once every rank's object is complete, rank 0 PUTs the
+record — the objects' names, sizes, ETags and CRC-32s — with If-None-Match: * (a record is written
+once, never over another), then `latest`. The record makes the checkpoint exist: `committed()`
+trusts nothing without one, and passes over a record whose objects are missing, sized otherwise or
+carry another ETag than it names.
+
+A failed upload aborts its multipart upload (no parts left billed) and fails the checkpoint on
+every rank (the commit's agreement); the previous checkpoint stays the latest. Uploads a killed
+process left behind are aborted by the next writer's start (before any rank of it writes) and by
+retention: only those of checkpoints older than the newest committed one, which can never commit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from typing import Optional
+
+from ...commit import record as commit
+from ...commit_info import CommitInfo
+from ...errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
+from ...format import load_file
+from ...machine import read_threads
+from ...verify import verify_file
+from ...write.protocol import FileSink, MemoryFileSink
+from ..protocol import Listed, Store
+from .client import MIN_PART, Bucket, Upload
+from .place import S3Place, is_s3
+from .spool import Spool
+
+DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
+LATEST = "latest"
+EXT = {"torch": "pt", "safetensors": "safetensors"}
+UPLOAD_CONCURRENCY = 8  # parts in flight per upload (benchmarks/s3_clients.py: 8 the fastest)
+GET_BYTES = 16 << 20  # one ranged GET of a load
+
+
+class S3Store(Store):
+    kind = survey_kind = "s3"
+
+    def __init__(self, url: str, endpoint: Optional[str] = None, part_mb: int = 64, timeout_s: float = 120.0):
+        self.where = S3Place.parse(url)
+        self.root = self.where.url
+        self.bucket = Bucket(self.where, endpoint, request_s=timeout_s, retry_s=timeout_s)
+        self.part_bytes = max(MIN_PART, part_mb << 20)
+        self.spool = Spool()
+        self.only: Optional[str] = None  # opened at one checkpoint (place_at)
+        self._latest_lock = threading.Lock()
+        self._begun: dict[str, str] = {}  # spooled part -> its object's key
+
+    @classmethod
+    def open(cls, config, rank: int, world_size: int) -> "S3Store":
+        if not is_s3(config.root):
+            raise ConfigError(f"store='s3' needs root='s3://bucket/prefix', got {config.root!r}")
+        return cls(config.root, config.endpoint, config.chunk_mb, config.stall_timeout_s)
+
+    def _dir_key(self, url: str) -> str:
+        return self.where.key_of(url)
+
+    @property
+    def sink_kind(self) -> str:
+        """"memory" while parts are spooled on a memory filesystem (written through a mapping)."""
+        self.spool.open()
+        return "memory" if self.spool.memory else "file"
+
+    # -- 0. opening ----------------------------------------------------------
+    def prepare(self) -> None:
+        """The bucket answers and takes writes under the prefix: a probe object put and deleted."""
+        probe = self.where.key(f".fastckpt-probe-{os.getpid()}")
+        try:
+            self.bucket.put_bytes(probe, b"fastckpt")
+            self.bucket.delete([probe])
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot write checkpoints to {self.root}: {e}") from e
+        self.spool.open()
+
+    def next_counter(self) -> int:
+        return 1 + max((c for _, c, _ in self._dirs()), default=0)
+
+    def remove_uncommitted(self) -> None:
+        """Rank 0, before any rank of this writer saves: checkpoints a dead writer never committed,
+        and its unfinished uploads, removed."""
+        dirs = self._dirs()
+        for _, _, url in dirs:
+            if not self._has_record(url):
+                self.remove(url)
+        for upload in self.bucket.uploads(self.where.key("")):
+            self.bucket.abort_upload(upload)
+
+    def fits(self, nbytes: int, concurrency: int) -> bool:
+        """Room in the spool for the parts in flight (the memory filesystem's, when spooling there)."""
+        return not self.spool.memory or self.spool.room() >= nbytes * (concurrency + 1)
+
+    def shrink(self, nbytes: int, concurrency: int) -> str:
+        self.spool.to_disk()
+        return (f"the memory filesystem has no room to spool {concurrency} checkpoints of {nbytes} bytes on their "
+                f"way to {self.root}; they are spooled on disk ({self.spool.folder})")
+
+    # -- 1-2. writing --------------------------------------------------------
+    def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
+              meta=None) -> tuple[str, str]:
+        name = f"step-{step:08d}.c{counter:06d}"
+        part = self.spool.path(f"{name}.{self.file_name(rank, fmt)}")
+        self._begun[part] = self.where.key(name, self.file_name(rank, fmt))
+        return self.where.url_of(self.where.key(name)), part
+
+    @staticmethod
+    def file_name(rank: int, fmt: str) -> str:
+        return f"rank-{rank}.{EXT[fmt]}"
+
+    def sink(self, part: str, direct_io: bool):
+        return MemoryFileSink(part) if self.spool.memory and part.startswith(self.spool.folder) else FileSink(
+            part, direct_io)
+
+    def finish_write(self, write, part: str):
+        """The commit thread: the part written to the spool, then uploaded (multipart, parts in
+        parallel); its object's ETag goes into the record. A failed upload is aborted."""
+        result = write.finish()
+        key = self._begun[part]
+        try:
+            result.etag = self.bucket.put_file(key, part, self.part_bytes, UPLOAD_CONCURRENCY) or ""
+        except OSError as e:
+            self._abort_uploads_of(key)
+            raise CheckpointWriteError(f"the upload of {self.where.url_of(key)} failed: {e}") from e
+        finally:
+            _unlink(part)
+        return result
+
+    def _abort_uploads_of(self, key: str) -> None:
+        try:
+            for upload in self.bucket.uploads(key):
+                if upload.key == key:
+                    self.bucket.abort_upload(upload)
+        except OSError:
+            pass  # the server is gone: the next writer's start or retention aborts it
+
+    # -- 3-4. committing -------------------------------------------------------
+    def commit_file(self, ckpt_id: str, part: str, result) -> str:
+        return self.where.url_of(self._begun.pop(part))
+
+    def commit(self, info: CommitInfo) -> None:
+        """Rank 0, every rank's object complete: the record, written once; then `latest`."""
+        key = self.where.key(os.path.basename(info.path), commit.COMMIT_NAME)
+        try:
+            self.bucket.put_bytes(key, commit.encode(info), create_once=True)
+        except FileExistsError as e:
+            raise CheckpointWriteError(f"{self.where.url_of(key)} exists already: another writer committed "
+                                       "this checkpoint") from e
+        self.move_latest(info)
+
+    def move_latest(self, info: CommitInfo) -> None:
+        """`latest` names info, only forward (by counter); one thread at a time."""
+        with self._latest_lock:
+            current = self.read_latest()
+            if current is not None and current.get("counter", -1) >= info.counter:
+                return
+            body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
+            self.bucket.put_bytes(self.where.key(LATEST), json.dumps(body).encode())
+
+    def read_latest(self) -> Optional[dict]:
+        try:
+            body = json.loads(self.bucket.get_bytes(self.where.key(LATEST), 4096))
+            return body if isinstance(body, dict) else None
+        except (OSError, ValueError, RecursionError):
+            return None
+
+    def abort(self, ckpt_id: Optional[str], part: Optional[str], rank: int, stuck: bool = False) -> None:
+        """A failed checkpoint: this rank's spooled part gone, its upload aborted and its object
+        deleted; rank 0 deletes what the other ranks uploaded of it too."""
+        key = self._begun.pop(part, None) if part is not None else None
+        if part is not None and not stuck:
+            _unlink(part)
+        if key is not None:
+            self._abort_uploads_of(key)
+            self.bucket.delete([key])
+        if rank == 0 and ckpt_id is not None:
+            self.remove(ckpt_id)
+
+    # -- 5-6. listing and reading ----------------------------------------------
+    def _objects(self, under: str = "") -> dict[str, tuple[int, Optional[str]]]:
+        """key -> (size, ETag) of every object under the prefix (or one checkpoint of it)."""
+        prefix = self.where.key(under) + "/" if under else self.where.key("")
+        return {o.key: (o.size, o.etag) for o in self.bucket.listing(prefix)}
+
+    def _dirs(self, objects: Optional[dict] = None) -> list[tuple[int, int, str]]:
+        """(step, counter, URL) of every checkpoint with an object here, committed or not."""
+        objects = self._objects() if objects is None else objects
+        base = self.where.key("")
+        found = {}
+        for key in objects:
+            name = key[len(base):].split("/", 1)[0]
+            m = DIR_RE.match(name)
+            if m and "/" in key[len(base):]:
+                found[name] = (int(m.group(1)), int(m.group(2)), self.where.url_of(self.where.key(name)))
+        return sorted(found.values(), key=lambda d: -d[1])
+
+    def _has_record(self, url: str, objects: Optional[dict] = None) -> bool:
+        key = self._dir_key(url) + "/" + commit.COMMIT_NAME
+        return key in objects if objects is not None else self.bucket.size_of(key) is not None
+
+    def _read_record(self, url: str, objects: dict) -> CommitInfo:
+        """The record of the checkpoint at url, checked against the listed objects: each one it
+        names is there, of its size and with its ETag."""
+        key = self._dir_key(url) + "/" + commit.COMMIT_NAME
+        raw = self.bucket.get_bytes(key, commit.MAX_RECORD)
+        info = commit.parse(raw, self.where.url_of(key),
+                            lambda u: objects.get(self.where.key_of(u), (None, None))[0])
+        for f in info.files:
+            etag = objects.get(self._dir_key(url) + "/" + f.name, (None, None))[1]
+            if f.etag and etag and f.etag != etag:
+                raise CorruptCheckpointError(f"{url}: object {f.name} is not the one its commit record names "
+                                             f"(ETag {etag}, the record says {f.etag}): it was written over")
+        return info
+
+    def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
+        objects = self._objects()
+        found = []
+        for _, _, url in self._dirs(objects):
+            if not self._has_record(url, objects):
+                continue
+            try:
+                found.append(self._read_record(url, objects))
+            except (CorruptCheckpointError, FileNotFoundError) as e:
+                if problems is not None:
+                    problems.append(str(e))
+        return sorted(found, key=lambda info: info.counter, reverse=True)
+
+    def _download(self, info: CommitInfo, rank: int) -> str:
+        """This rank's object of info, in a spool file (parallel ranged GETs); its path."""
+        entry = info.entry_for(rank)
+        key = self._dir_key(info.path) + "/" + entry.name
+        path = self.spool.path(f"load-{threading.get_ident()}-{os.path.basename(info.path)}.{entry.name}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, entry.bytes)
+            self.bucket.get_into(key, fd, entry.bytes, GET_BYTES, read_threads())
+        except BaseException:
+            os.close(fd)
+            _unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
+             mmap=None):
+        """Downloaded into the spool, then read as any file is (every CRC checked); the spool file
+        is unlinked once read (a mapping of it keeps its pages)."""
+        path = self._download(info, rank)
+        try:
+            return load_file(path, map_location, verify, weights_only,
+                             expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+        finally:
+            _unlink(path)
+
+    def verify(self, info: CommitInfo) -> None:
+        for f in info.files:
+            path = self._download(info, f.rank)
+            try:
+                verify_file(path, f)
+            finally:
+                _unlink(path)
+
+    # -- 7-8. removing, closing --------------------------------------------------
+    def remove(self, url: str) -> None:
+        """A checkpoint's objects deleted, its record first (a crash part-way leaves objects no
+        reader takes for a checkpoint, never a record naming objects that are gone)."""
+        base = self._dir_key(url)
+        record_key = base + "/" + commit.COMMIT_NAME
+        self.bucket.delete([record_key])
+        self.bucket.delete([k for k in self._objects(os.path.basename(url)) if k != record_key])
+
+    def retain(self, keep: int, in_flight: set) -> None:
+        """Committed checkpoints beyond the newest `keep`, dead partial ones older than the newest,
+        and unfinished uploads of checkpoints older than the newest (they can never commit) removed."""
+        objects = self._objects()
+        committed = self.committed()
+        newest = committed[0].counter if committed else 0
+        for info in committed[max(1, keep):] if keep > 0 else []:
+            if info.path not in in_flight:
+                self.remove(info.path)
+        for _, counter, url in self._dirs(objects):
+            if counter < newest and url not in in_flight and not self._has_record(url, objects):
+                self.remove(url)
+        self.sweep_uploads(newest, in_flight)
+
+    def sweep_uploads(self, newest: int, in_flight: set) -> list[Upload]:
+        """Unfinished uploads of checkpoints older than counter `newest`, not in flight, aborted."""
+        base = self.where.key("")
+        aborted = []
+        for upload in self.bucket.uploads(base):
+            m = DIR_RE.match(upload.key[len(base):].split("/", 1)[0])
+            url = self.where.url_of(upload.key.rsplit("/", 1)[0])
+            if m and int(m.group(2)) < newest and url not in in_flight:
+                self.bucket.abort_upload(upload)
+                aborted.append(upload)
+        return aborted
+
+    def close(self) -> None:
+        self.spool.close()
+
+    # -- 9-10. the command's view ----------------------------------------------
+    @classmethod
+    def place_at(cls, path: str) -> Optional["S3Store"]:
+        """An s3:// place (or one checkpoint of it), read with the settings AWS tools read."""
+        if not is_s3(path):
+            return None
+        place = S3Place.parse(path.rstrip("/"), "the place")
+        name = place.prefix.rsplit("/", 1)[-1]
+        if DIR_RE.match(name):
+            store = cls(place.url_of(place.prefix.rsplit("/", 1)[0]) if "/" in place.prefix
+                        else f"s3://{place.bucket}")
+            store.only, store.single = name, True
+        else:
+            store = cls(place.url)
+        store.place = path
+        return store
+
+    def listing(self) -> list[Listed]:
+        objects = self._objects()
+        latest = (self.read_latest() or {}).get("dir")
+        rows = []
+        for _, _, url in self._dirs(objects):
+            name = os.path.basename(url)
+            if self.only is not None and name != self.only:
+                continue
+            if not self._has_record(url, objects):
+                rows.append(Listed(name, url, "incomplete", f"never committed (no {commit.COMMIT_NAME} object)"))
+                continue
+            try:
+                rows.append(Listed(name, url, "committed", info=self._read_record(url, objects),
+                                   latest=name == latest))
+            except (CorruptCheckpointError, OSError) as e:
+                rows.append(Listed(name, url, "invalid", str(e), latest=name == latest))
+        base = self.where.key("")
+        for upload in self.bucket.uploads(base):
+            rows.append(Listed(upload.key[len(base):], self.where.url_of(upload.key), "temporary",
+                               f"an unfinished multipart upload begun {time.ctime(upload.initiated)}"))
+        return rows
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

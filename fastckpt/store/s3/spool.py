@@ -1,0 +1,86 @@
+"""The local spool of an object store: where a part is written before it is uploaded, and where a
+part is downloaded before it is loaded (the file formats are read from files).
+
+On a memory filesystem (/dev/shm) when there is room: a part is then written through a mapping of
+its file (the write path's MemoryFileSink: the copy the gate waits for is the only one) and the
+upload reads it from memory. Otherwise a folder of the system's temporary directory on disk. Each
+store's spool is a folder of its own, named by its pid, removed at close; folders of dead
+processes are swept when a new one is made.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from ... import _native
+
+PREFIX = "fastckpt-s3-"
+MEMORY = "/dev/shm"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def room(folder: str) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+class Spool:
+    """A folder of this process for parts on their way to or from the object store."""
+
+    def __init__(self):
+        self.folder = None
+        self.memory = False
+        self._earlier: list[str] = []  # folders left for disk: removed at close (parts may still be in them)
+
+    def open(self, on_memory: bool = True) -> str:
+        """The folder, made on first use: on the memory filesystem when asked and there is one."""
+        if self.folder is None:
+            base = MEMORY if on_memory and os.path.isdir(MEMORY) and os.access(MEMORY, os.W_OK) else tempfile.gettempdir()
+            _sweep(base)
+            self.folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)
+            self.memory = bool(_native.on_memory_filesystem(self.folder))
+        return self.folder
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.open(), name)
+
+    def room(self) -> int:
+        return room(self.open())
+
+    def to_disk(self) -> None:
+        """Later parts spooled on disk (the memory filesystem is too small)."""
+        if self.memory:
+            self._earlier.append(self.folder)
+            self.folder, self.memory = None, False
+            self.open(on_memory=False)
+
+    def close(self) -> None:
+        for folder in self._earlier + ([self.folder] if self.folder is not None else []):
+            shutil.rmtree(folder, ignore_errors=True)
+        self.folder, self.memory, self._earlier = None, False, []
+
+
+def _sweep(base: str) -> None:
+    """Spool folders of processes that are gone, removed."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(PREFIX):
+            try:
+                pid = int(n[len(PREFIX):].split("-")[0])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _alive(pid):
+                shutil.rmtree(os.path.join(base, n), ignore_errors=True)
