@@ -138,3 +138,16 @@ def s3_server(tmp_path_factory):
     server = S3Server(str(tmp_path_factory.mktemp("s3"))).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The S3 server, found by this process and the processes it starts the way every AWS tool finds
+    one: its endpoint, region and credentials in the environment (no config file of this machine read)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    return s3_server

@@ -72,13 +72,8 @@ class S3Server:
     def start(self) -> "S3Server":
         data = os.path.join(self.folder, "data")
         os.makedirs(data, exist_ok=True)
-        chosen: set[int] = set()
-        for name in PORTS:
-            p = _free_pair()
-            while p in chosen or p + GRPC_OFFSET in chosen:
-                p = _free_pair()
-            chosen.update((p, p + GRPC_OFFSET))
-            self.ports[name] = p
+        if not self.ports:
+            self._choose_ports()
         args = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 *(f"-{name}.port={port}" for name, port in self.ports.items()),
                 "-admin.ui=false", "-webdav=false", "-master.telemetry=false", f"-bucket={self.bucket}"]
@@ -98,6 +93,20 @@ class S3Server:
         self.stop()
         raise RuntimeError(f"weed mini did not serve bucket {self.bucket} within {self.start_s:.0f} s:\n"
                            f"{self.log_tail()}")
+
+    def _choose_ports(self) -> None:
+        chosen: set[int] = set()
+        for name in PORTS:
+            p = _free_pair()
+            while p in chosen or p + GRPC_OFFSET in chosen:
+                p = _free_pair()
+            chosen.update((p, p + GRPC_OFFSET))
+            self.ports[name] = p
+
+    def restart(self) -> "S3Server":
+        """Stopped and started again on the same data and the same ports (clients keep their endpoint)."""
+        self.stop()
+        return self.start()
 
     def _bucket_answers(self) -> bool:
         """The S3 endpoint answers, and a signed listing of the bucket succeeds (it exists)."""

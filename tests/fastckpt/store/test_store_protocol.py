@@ -1,6 +1,8 @@
 """The store protocol's conformance suite (fastckpt/store/protocol.py): the same cases over every
 store — root; path with a local path and with an fsspec memory:// URL; pmem (a pool on /dev/shm);
-tiers (a memory tier on /dev/shm in front of a root); named tiers (one in front of local paths) —
+tiers (a memory tier on /dev/shm in front of a root); named tiers (one in front of local paths);
+s3 (a prefix of a bucket on a real S3 server, SeaweedFS on loopback: a crash image is every object
+complete at that moment, copied by the server; an unfinished multipart upload is in none) —
 each driven by a real Checkpointer:
 
   commit order   a checkpoint is in no crash image before its data is durable: an image of the
@@ -241,6 +243,44 @@ class Tiers(WithMemoryTier, Place):
                     _flip(info.file_for(0))
 
 
+class Bucket(Place):
+    """A prefix of the test server's bucket (store 's3', root='s3://ckpt/...')."""
+
+    def __init__(self, where: str, server):
+        super().__init__(where)
+        self.server = server
+
+    def checkpointer(self, **kw):
+        return Checkpointer(self.where, **kw)
+
+    def _keys(self) -> list[str]:
+        import obstore
+        prefix = self.where.split("/", 3)[3] + "/"
+        return [o["path"] for o in obstore.list(self.server.store(), prefix=prefix).collect()]
+
+    def image(self):
+        import obstore
+        copy = type(self)(f"{self.where}-image-{uuid.uuid4().hex[:6]}", self.server)
+        old, new = self.where.split("/", 3)[3], copy.where.split("/", 3)[3]
+        for key in self._keys():
+            obstore.copy(self.server.store(), key, new + key[len(old):])
+        return copy
+
+    def damage(self, ck, name="last"):
+        import obstore
+        info = ck.store.committed()[0]
+        key = ck.store.where.key_of(info.file_for(0))
+        data = bytearray(obstore.get(self.server.store(), key).bytes())
+        data[len(data) // 2] ^= 0xFF
+        obstore.put(self.server.store(), key, bytes(data))
+
+    def cleanup(self):
+        import obstore
+        keys = self._keys()
+        if keys:
+            obstore.delete(self.server.store(), keys)
+
+
 def _flip(path: str) -> None:
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -249,8 +289,14 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers"])
+@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers", "s3"])
 def place(request, tmp_path, shm):
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_env")
+        made = Bucket(f"s3://{server.bucket}/suite-{uuid.uuid4().hex[:8]}", server)
+        yield made
+        made.cleanup()
+        return
     made = {"root": lambda: Root(str(tmp_path / "root")), "path": lambda: LocalPath(str(tmp_path / "ckpts")),
             "named-tiers": lambda: NamedTiersPlace(str(tmp_path / "ckpts"), os.path.join(shm, "memory-tier")),
             "tiers": lambda: Tiers(str(tmp_path / "disk"), os.path.join(shm, "memory-tier")),

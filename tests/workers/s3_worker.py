@@ -1,0 +1,99 @@
+"""One rank of the 2-rank gloo tests of the S3 store. Usage: s3_worker.py MODE URL [FLAGS]
+(env: RANK, WORLD_SIZE, MASTER_*, and the S3 server as AWS tools find one: AWS_ENDPOINT_URL, ...).
+
+MODE: roundtrip (3 saves of ~12 MiB per rank, each a multipart upload; each rank loads its own),
+server-down (step 1 committed; once FLAGS/down exists — the test stopped the server — step 2,
+which must fail; once FLAGS/up exists, step 3, which must commit: what each rank was told, and
+how long each wait took), loop (saves until killed), fails-here (step 1 committed, then step 2,
+whose upload this rank's endpoint refuses: what each rank was told, and how long it took)."""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import fastckpt
+from one_line import say  # noqa: E402
+
+MIB = 1 << 20
+
+
+def state_for(rank: int, step: int, mib: int = 12) -> dict:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return {"w": torch.randn(mib * MIB // 4, generator=g), "rank": rank, "step": step}
+
+
+def wait_for(path: str, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise SystemExit(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+def outcome(ck) -> str:
+    t = time.monotonic()
+    try:
+        ck.wait()
+        return f"committed in {time.monotonic() - t:.1f} s"
+    except fastckpt.CheckpointWriteError as e:
+        return f"failed in {time.monotonic() - t:.1f} s ({str(e).splitlines()[0][:160]})"
+
+
+def latest_everywhere(ck) -> list:
+    steps = [None] * dist.get_world_size()
+    info = ck.latest()
+    dist.all_gather_object(steps, info.step if info is not None else None)
+    return steps
+
+
+def main() -> None:
+    mode, url = sys.argv[1], sys.argv[2]
+    flags = sys.argv[3] if len(sys.argv) > 3 else ""
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ck = fastckpt.Checkpointer(url, concurrency=2, chunk_mb=5, keep=2, commit_timeout_s=60, stall_timeout_s=8)
+    if mode == "roundtrip":
+        for step in range(1, 4):
+            ck.save(state_for(rank, step), step=step)
+        ck.wait()
+        assert latest_everywhere(ck) == [3, 3]
+        out = ck.load()
+        assert torch.equal(out["w"], state_for(rank, 3)["w"]) and out["rank"] == rank
+        assert ck.load(step=2)["step"] == 2
+        say(f"rank {rank} OK {ck.latest().step} {len(ck.store.committed())}")
+    elif mode == "server-down":
+        ck.save(state_for(rank, 1, 6), step=1)
+        say(f"rank {rank} step 1 {outcome(ck)}")
+        wait_for(os.path.join(flags, "down"))
+        ck.save(state_for(rank, 2, 6), step=2)
+        say(f"rank {rank} step 2 {outcome(ck)}")
+        wait_for(os.path.join(flags, "up"))
+        ck.save(state_for(rank, 3, 6), step=3)
+        say(f"rank {rank} step 3 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
+    elif mode == "fails-here":
+        ck.save(state_for(rank, 1, 6), step=1)
+        say(f"rank {rank} step 1 {outcome(ck)}")
+        dist.barrier()
+        if rank == 1:
+            os.environ["AWS_ENDPOINT_URL"] = os.environ["FAULTY_ENDPOINT"]
+            ck.store.bucket.__init__(ck.store.where, None, request_s=8, retry_s=8)
+        dist.barrier()
+        ck.save(state_for(rank, 2, 6), step=2)
+        say(f"rank {rank} step 2 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
+    elif mode == "loop":
+        step = 1
+        say("ready")
+        pending = []
+        while True:
+            pending.append(ck.save(state_for(rank, step, 6), step=step))
+            step += 1
+            while pending and (len(pending) >= 2 or pending[0].done()):
+                say(f"committed {pending.pop(0).wait().step}")
+    ck.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
