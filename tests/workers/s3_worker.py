@@ -5,7 +5,10 @@ MODE: roundtrip (3 saves of ~12 MiB per rank, each a multipart upload; each rank
 server-down (step 1 committed; once FLAGS/down exists — the test stopped the server — step 2,
 which must fail; once FLAGS/up exists, step 3, which must commit: what each rank was told, and
 how long each wait took), loop (saves until killed), fails-here (step 1 committed, then step 2,
-whose upload this rank's endpoint refuses: what each rank was told, and how long it took)."""
+whose upload this rank's endpoint refuses: what each rank was told, and how long it took),
+campaign (a job restarted after a kill -9 of the last: the newest committed checkpoint loaded and
+compared bit for bit, one save committed, the unfinished uploads older than it counted; then saves
+until killed)."""
 import os
 import sys
 import time
@@ -82,6 +85,28 @@ def main() -> None:
         dist.barrier()
         ck.save(state_for(rank, 2, 6), step=2)
         say(f"rank {rank} step 2 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
+    elif mode == "campaign":
+        problems: list = []
+        newest = ck.store.committed(problems)
+        info = newest[0] if newest else None
+        if info is not None:
+            out = ck.load()
+            exact = out["step"] == info.step and torch.equal(out["w"], state_for(rank, info.step, 11)["w"])
+        say(f"resumed {info.step if info else 0} {int(info is None or exact)} {len(problems)}")
+        step = (info.step if info else 0) + 1
+        ck.save(state_for(rank, step, 11), step=step).wait()
+        counter = ck.latest().counter
+        prefix = ck.store.where.key("")
+        older = [u for u in ck.store.bucket.uploads(prefix)
+                 if int(u.key[len(prefix):].split("/")[0].rsplit(".c", 1)[1]) < counter]
+        say(f"orphans {len(older)}")
+        say("ready")
+        step, pending = step + 1, []
+        while True:
+            pending.append(ck.save(state_for(rank, step, 11), step=step))
+            step += 1
+            while pending and (len(pending) >= 2 or pending[0].done()):
+                say(f"committed {pending.pop(0).wait().step}")
     elif mode == "loop":
         step = 1
         say("ready")
