@@ -2,10 +2,9 @@
 (env: RANK, WORLD_SIZE, MASTER_*, and the S3 server as AWS tools find one: AWS_ENDPOINT_URL, ...).
 
 MODE: roundtrip (3 saves of ~12 MiB per rank, each a multipart upload; each rank loads its own),
-server-down (step 1 committed; once FLAGS/down exists — the test stopped the server — step 2,
-which must fail; once FLAGS/up exists, step 3, which must commit: what each rank was told, and
-how long each wait took), loop (saves until killed), fails-here (step 1 committed, then step 2,
-whose upload this rank's endpoint refuses: what each rank was told, and how long it took),
+outage (step 1 committed; once FLAGS/down exists — the test stopped the server, or made it refuse
+one rank's writes — step 2, which must fail; once FLAGS/up exists, step 3, which must commit: what
+each rank was told, and how long each wait took), loop (saves until killed),
 campaign (a job restarted after a kill -9 of the last: the newest committed checkpoint loaded and
 compared bit for bit, one save committed, the unfinished uploads older than it counted; then saves
 until killed)."""
@@ -66,7 +65,7 @@ def main() -> None:
         assert torch.equal(out["w"], state_for(rank, 3)["w"]) and out["rank"] == rank
         assert ck.load(step=2)["step"] == 2
         say(f"rank {rank} OK {ck.latest().step} {len(ck.store.committed())}")
-    elif mode == "server-down":
+    elif mode == "outage":
         ck.save(state_for(rank, 1, 6), step=1)
         say(f"rank {rank} step 1 {outcome(ck)}")
         wait_for(os.path.join(flags, "down"))
@@ -75,16 +74,6 @@ def main() -> None:
         wait_for(os.path.join(flags, "up"))
         ck.save(state_for(rank, 3, 6), step=3)
         say(f"rank {rank} step 3 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
-    elif mode == "fails-here":
-        ck.save(state_for(rank, 1, 6), step=1)
-        say(f"rank {rank} step 1 {outcome(ck)}")
-        dist.barrier()
-        if rank == 1:
-            os.environ["AWS_ENDPOINT_URL"] = os.environ["FAULTY_ENDPOINT"]
-            ck.store.bucket.__init__(ck.store.where, None, request_s=8, retry_s=8)
-        dist.barrier()
-        ck.save(state_for(rank, 2, 6), step=2)
-        say(f"rank {rank} step 2 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
     elif mode == "campaign":
         problems: list = []
         newest = ck.store.committed(problems)

@@ -21,6 +21,7 @@ retention: only those of checkpoints older than the newest committed one, which 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -259,8 +260,9 @@ class S3Store(Store):
         is unlinked once read (a mapping of it keeps its pages)."""
         path = self._download(info, rank)
         try:
-            return load_file(path, map_location, verify, weights_only,
-                             expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+            with self._named(path, info, rank):
+                return load_file(path, map_location, verify, weights_only,
+                                 expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
         finally:
             _unlink(path)
 
@@ -268,9 +270,18 @@ class S3Store(Store):
         for f in info.files:
             path = self._download(info, f.rank)
             try:
-                verify_file(path, f)
+                with self._named(path, info, f.rank):
+                    verify_file(path, f)
             finally:
                 _unlink(path)
+
+    @contextlib.contextmanager
+    def _named(self, path: str, info: CommitInfo, rank: int):
+        """A damage found in a downloaded part is said of its object (its URL), not of the spool file."""
+        try:
+            yield
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(str(e).replace(path, info.file_for(rank))) from None
 
     # -- 7-8. removing, closing --------------------------------------------------
     def remove(self, url: str) -> None:

@@ -56,50 +56,81 @@ def test_two_ranks_save_to_s3_and_load_bit_exact(s3_env):
         ck.close()
 
 
+def run_outage(url: str, flags: str, down, up, env_of: dict | None = None) -> list[str]:
+    """2 ranks of the worker's outage mode: step 1 committed on both; down(); step 2 must fail on
+    both within the bounded retries, step 1 staying the latest; up(); step 3 must commit on both.
+    Returns each rank's whole output."""
+    os.makedirs(flags)
+    procs = launch("outage", url, flags, env_of)
+    lines: list[list[str]] = [[], []]
+
+    def line_of(rank: int, prefix: str) -> str:
+        for line in procs[rank].stdout:
+            lines[rank].append(line)
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"rank {rank} ended before {prefix!r}:\n{''.join(lines[rank])}")
+
+    try:
+        for rank in (0, 1):
+            assert "committed" in line_of(rank, f"rank {rank} step 1"), lines[rank]
+        down()
+        open(os.path.join(flags, "down"), "w").close()
+        for rank in (0, 1):
+            said = line_of(rank, f"rank {rank} step 2")
+            assert "failed" in said, said
+            assert float(said.split(" in ")[1].split()[0]) < 60, said  # bounded: no barrier hang
+        up()
+        open(os.path.join(flags, "up"), "w").close()
+        outs = outputs_of(procs, 180, "outage")
+    finally:
+        for p in procs:
+            p.kill()
+    for rank in (0, 1):
+        out = "".join(lines[rank]) + outs[rank]
+        assert procs[rank].returncode == 0, out
+        assert f"rank {rank} step 3 committed" in out and "latest on each rank [3, 3]" in out, out
+    ck = fastckpt.Checkpointer(url)
+    try:
+        assert [i.step for i in ck.store.committed()] == [3, 1]
+        assert ck.store.bucket.uploads(ck.store.where.key("")) == []  # step 2's aborted or swept
+    finally:
+        ck.close()
+    return ["".join(lines[rank]) + outs[rank] for rank in (0, 1)]
+
+
 def test_the_server_stopped_mid_save_fails_that_save_on_every_rank_and_the_next_one_commits(tmp_path, monkeypatch):
-    """A server of its own (stopped and restarted on the same ports): step 2 is saved while it is
-    down and fails on both ranks within the bounded retries, step 1 staying the latest; once it is
-    back, step 3 commits on both, and nothing unfinished is left in the bucket."""
+    """A server of its own, stopped while step 2 is saved and restarted on the same ports."""
     from support.s3_server import S3Server
     server = S3Server(str(tmp_path / "server")).start()
     try:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        url, flags = fresh_url(server), str(tmp_path / "flags")
-        os.makedirs(flags)
-        procs = launch("server-down", url, flags)
-        lines: list[list[str]] = [[], []]
-
-        def line_of(rank: int, prefix: str) -> str:
-            for line in procs[rank].stdout:
-                lines[rank].append(line)
-                if line.startswith(prefix):
-                    return line
-            raise AssertionError(f"rank {rank} ended before {prefix!r}:\n{''.join(lines[rank])}")
-
-        for rank in (0, 1):
-            assert "committed" in line_of(rank, f"rank {rank} step 1"), lines[rank]
-        server.stop()
-        open(os.path.join(flags, "down"), "w").close()
-        for rank in (0, 1):
-            said = line_of(rank, f"rank {rank} step 2")
-            assert "failed" in said, said
-            assert float(said.split(" in ")[1].split()[0]) < 60, said  # bounded: no hang
-        server.restart()
-        open(os.path.join(flags, "up"), "w").close()
-        outs = outputs_of(procs, 180, "server-down")
-        for rank in (0, 1):
-            out = "".join(lines[rank]) + outs[rank]
-            assert procs[rank].returncode == 0, out
-            assert f"rank {rank} step 3 committed" in out and "latest on each rank [3, 3]" in out, out
-        ck = fastckpt.Checkpointer(url)
-        try:
-            assert [i.step for i in ck.store.committed()] == [3, 1]
-            assert ck.store.bucket.uploads(ck.store.where.key("")) == []
-        finally:
-            ck.close()
+        run_outage(fresh_url(server), str(tmp_path / "flags"), server.stop, server.restart)
     finally:
         server.stop()
+
+
+def test_a_slowdown_storm_on_one_rank_fails_every_rank_together_with_no_barrier_hang(s3_env, tmp_path):
+    """Rank 1 alone talks to the server through a proxy that answers its writes with 503 SlowDown
+    while step 2 is saved (tests/support/s3_faults.py; the real server behind it): rank 1 retries a
+    bounded number of times and fails, and rank 0, whose own upload succeeded, fails step 2 too in
+    the same bounded time instead of waiting in a barrier; step 1 stays the latest on both, and
+    once the storm is over step 3 commits on both."""
+    from support.s3_faults import S3Faults
+    faults = S3Faults(s3_env.endpoint).start()
+    try:
+        def storm():
+            faults.storm = True
+
+        def calm():
+            faults.storm = False
+        outs = run_outage(fresh_url(s3_env), str(tmp_path / "flags"), storm, calm,
+                          env_of={1: {"AWS_ENDPOINT_URL": faults.endpoint}})
+        assert faults.refused > 1  # retried, then gave up
+        assert "503" in outs[1] or "SlowDown" in outs[1] or "Slow Down" in outs[1], outs[1]
+    finally:
+        faults.stop()
 
 
 def test_kill9_campaign_during_uploads_and_commits_loses_nothing_and_leaves_no_upload_behind(s3_env, many):
@@ -160,3 +191,40 @@ def test_kill9_campaign_during_uploads_and_commits_loses_nothing_and_leaves_no_u
     print(tally)
     assert tally["lost"] == tally["torn"] == tally["passed over"] == tally["orphans"] == 0, tally
     assert tally["killed mid-upload"] and tally["killed before the record"], f"the kills missed the uploads: {tally}"
+
+
+def _flip_stored_byte(server, data: bytes) -> None:
+    """One byte of a stored object flipped where the server keeps it (its volume file on disk):
+    found by a run of the object's own bytes."""
+    import glob
+    marker = data[len(data) // 2:len(data) // 2 + 64]
+    for path in glob.glob(os.path.join(server.folder, "data", "**", "*.dat"), recursive=True):
+        with open(path, "r+b") as f:
+            at = f.read().find(marker)
+            if at >= 0:
+                f.seek(at)
+                b = f.read(1)
+                f.seek(at)
+                f.write(bytes([b[0] ^ 0xFF]))
+                return
+    raise AssertionError("the object's bytes are in no volume file of the server")
+
+
+def test_a_flipped_byte_in_a_stored_object_is_named_and_passed_over_for_the_previous_checkpoint(s3_env):
+    url = fresh_url(s3_env)
+    ck = fastckpt.Checkpointer(url, keep=0, stall_timeout_s=8)
+    try:
+        for step in (1, 2):
+            ck.save(state_for(0, step, 6), step=step).wait()
+    finally:
+        ck.close()
+    _flip_stored_byte(s3_env, state_for(0, 2, 6)["w"].numpy().tobytes())
+    reader = fastckpt.Checkpointer(url, stall_timeout_s=8)
+    try:
+        with pytest.warns(UserWarning, match=r"passed over: checkpoint step 2 in s3://.*step-00000002"):
+            out = reader.load()
+        assert out["step"] == 1 and torch.equal(out["w"], state_for(0, 1, 6)["w"])
+        with pytest.raises(OSError, match=r"s3://.*/step-00000002\.c000002/rank-0\.pt"):
+            reader.store.verify(reader.store.committed()[0])
+    finally:
+        reader.close()
