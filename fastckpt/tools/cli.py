@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..store.s3.place import is_s3
 
 
 NOTHING = 2  # exit status when there is nothing to list or verify (1 is kept for corruption)
@@ -54,7 +55,7 @@ def _ls(args) -> int:
     return 0
 
 
-KINDS = {"root": "a fastckpt checkpoint root", "checkpoint": "one checkpoint",
+KINDS = {"root": "a fastckpt checkpoint root", "s3": "a fastckpt checkpoint root in an object store", "checkpoint": "one checkpoint",
          "files": "a folder of checkpoint files", "file": "one checkpoint file"}  # a plugin's own: folder_kinds
 
 
@@ -84,7 +85,6 @@ def _verify(args) -> int:
 
 def _export(args) -> int:
     from .. import progress
-    from ..checkpointer import Checkpointer
     from ..tune.profile import state_bytes
     from ..format import load_file
     from ..save_load import save
@@ -92,7 +92,9 @@ def _export(args) -> int:
     from .folder_kinds import kind_named
     from .folders import survey
     what = ""
-    if is_pool(args.src):
+    if is_s3(args.src):
+        state, what = _export_root(args)
+    elif is_pool(args.src):
         state = export_pool(args.src, args.model, args.out, args.to, args.step)
         if state is None:  # safetensors: the version's bytes, copied
             print(f"wrote {args.out} ({_size(os.path.getsize(args.out))}, format {args.to}, byte-identical)")
@@ -108,13 +110,7 @@ def _export(args) -> int:
     elif found.kind == "files":  # Lightning's folder: the newest that loads, as `ls` marks it
         state, what = _newest_file(found, args)
     else:
-        ck = Checkpointer(args.src)
-        newest = ck.latest() if args.step is None else None
-        with progress.shown(newest.bytes if newest is not None else 0, f"export: reading step {newest.step}"
-                            if newest is not None else "export: reading"):
-            loaded = ck.load_with_record(step=args.step, rank=args.rank, weights_only=not args.trust_pickle)
-        state = loaded.state
-        what = f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}" if loaded.skipped else "")
+        state, what = _export_root(args)
     with progress.shown(state_bytes(state), f"export: writing {args.to}") as bar:
         def moved(done: int, total: int) -> None:
             if bar is not None:
@@ -124,6 +120,23 @@ def _export(args) -> int:
         size = save(state, args.out, format=args.to, progress=moved, plain=True)
     print(f"wrote {args.out} ({_size(size)}, format {args.to}){': ' + what if what else ''}")
     return 0
+
+
+def _export_root(args):
+    """(the state, which it is) of a Checkpointer's place (a root, an s3:// prefix): the newest
+    that loads, or --step's."""
+    from .. import progress
+    from ..checkpointer import Checkpointer
+    ck = Checkpointer(args.src)
+    try:
+        newest = ck.latest() if args.step is None else None
+        with progress.shown(newest.bytes if newest is not None else 0, f"export: reading step {newest.step}"
+                            if newest is not None else "export: reading"):
+            loaded = ck.load_with_record(step=args.step, rank=args.rank, weights_only=not args.trust_pickle)
+    finally:
+        ck.close()
+    return loaded.state, f"step {loaded.info.step}" + (f"; passed over: {'; '.join(loaded.skipped)}"
+                                                       if loaded.skipped else "")
 
 
 def _step_said(state, name: str) -> str:

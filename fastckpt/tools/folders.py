@@ -37,7 +37,8 @@ from ..commit import record as commit
 from ..commit_info import FileEntry
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from ..pmem.pointer import is_pool_pointer
-from ..store import SURVEYED
+from ..store import SURVEYED, S3Store
+from ..store.s3.place import is_s3
 from .folder_kinds import plugin_kinds
 
 HINT_DEPTH = 4
@@ -80,6 +81,8 @@ def survey(path: str) -> Survey:
     protocol's place_at and listing); a plugin's own kinds of folder are asked before a folder
     with a `COMMIT` is taken for a per-rank folder (a DeepSpeed tag and a DCP checkpoint have
     one too) and before the loosest store (any folder of checkpoint files)."""
+    if is_s3(path):
+        return _s3_survey(path)
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return Survey("missing", path, note=f"{path} does not exist")
@@ -110,7 +113,26 @@ def survey(path: str) -> Survey:
     return Survey("nothing", path, note=f"no checkpoints in {path}", hints=_hints(path))
 
 
-def _store_survey(path: str, stores: list) -> Optional[Survey]:
+def _s3_survey(url: str) -> Survey:
+    """An s3:// place (or one checkpoint of it): its checkpoints listed as the S3 store lists them;
+    verify downloads each object and reads every byte, the store open while it does."""
+    store = S3Store.place_at(url)
+
+    @contextlib.contextmanager
+    def loading():
+        try:
+            yield
+        finally:
+            store.close()
+
+    found = _store_survey(url, [S3Store], close=False)
+    found.loading, found.check = loading, store.verify_object
+    if not found.entries:
+        found.note = f"no checkpoints at {url}"
+    return found
+
+
+def _store_survey(path: str, stores: list, close: bool = True) -> Optional[Survey]:
     for cls in stores:
         store = cls.place_at(path)
         if store is None:
@@ -118,7 +140,8 @@ def _store_survey(path: str, stores: list) -> Optional[Survey]:
         try:
             rows = store.listing()
         finally:
-            store.close()
+            if close:
+                store.close()
         entries = [_listed_entry(row) for row in rows if row.status != "temporary"]
         temporaries = [Entry(r.name, r.path, r.status, detail=r.detail, time=r.time,
                              bytes=commit.file_size(r.path)) for r in rows if r.status == "temporary"]

@@ -275,6 +275,19 @@ class S3Store(Store):
             finally:
                 _unlink(path)
 
+    def verify_object(self, url: str, entry) -> str:
+        """One object of a committed checkpoint (its URL and its record's FileEntry), every byte
+        read and checked; a one-line summary naming the URL (`fastckpt verify`)."""
+        dir_url, name = url.rsplit("/", 1)
+        info = CommitInfo(step=-1, path=dir_url, bytes=entry.bytes, counter=0, time=0.0, world_size=entry.rank + 1,
+                          format="", files=(entry,))
+        path = self._download(info, entry.rank)
+        try:
+            with self._named(path, info, entry.rank):
+                return verify_file(path, entry).replace(path, url)
+        finally:
+            _unlink(path)
+
     @contextlib.contextmanager
     def _named(self, path: str, info: CommitInfo, rank: int):
         """A damage found in a downloaded part is said of its object (its URL), not of the spool file."""
@@ -355,9 +368,10 @@ class S3Store(Store):
             except (CorruptCheckpointError, OSError) as e:
                 rows.append(Listed(name, url, "invalid", str(e), latest=name == latest))
         base = self.where.key("")
-        for upload in self.bucket.uploads(base):
+        for upload in self.bucket.uploads(base if self.only is None else f"{base}{self.only}/"):
             rows.append(Listed(upload.key[len(base):], self.where.url_of(upload.key), "temporary",
-                               f"an unfinished multipart upload begun {time.ctime(upload.initiated)}"))
+                               f"an unfinished multipart upload begun {time.ctime(upload.initiated)}",
+                               time=upload.initiated))
         return rows
 
 
