@@ -297,7 +297,7 @@ def given_one_way(settings, keywords: dict) -> None:
 
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
-              "store": ("direct_io", "model", "pool_mb", "persist")}
+              "store": ("direct_io", "model", "pool_mb", "persist", "endpoint")}
 NON_CHECKPOINTER = {"demo", "hydra", "offload", "tune"}  # offload_of() and tuner_of() read those
 
 
