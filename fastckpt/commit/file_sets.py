@@ -60,12 +60,15 @@ def gathered_commits(stall_s: float) -> OrderedCommits:
 
 
 def commit_gathered(directory: str, part: Callable[[], list], step: int, world_size: int,
-                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None) -> CommitInfo:
+                    commits: OrderedCommits, fmt: str = "torch", meta: Optional[dict] = None,
+                    write: Optional[Callable[[CommitInfo], CommitInfo]] = None) -> CommitInfo:
     """Commits a set whose ranks' files its framework already gathered on this coordinator (DCP's
     finish) as a GatheredCommit through `commits` (gathered_commits(); its owner's close() joins
     it); returns once its record is durable, or raises why it is not. part(): the coordinator's
-    own part made durable (DCP's .metadata), returning every file's FileEntry."""
-    unit = GatheredCommit(directory, part, step, world_size, fmt, meta)
+    own part made durable (DCP's .metadata), returning every file's FileEntry. write(info): where
+    the record goes when not into the directory (an object store: its counter taken there; returns
+    the info as committed)."""
+    unit = GatheredCommit(directory, part, step, world_size, fmt, meta, write)
     commits.issue(unit)
     return unit.result()
 
@@ -274,8 +277,8 @@ class GatheredCommit(CommitUnit):
     every file. part(): the coordinator's own files made durable (1), returning every entry."""
 
     def __init__(self, directory: str, part: Callable[[], list], step: int, world_size: int,
-                 fmt: str, meta: Optional[dict]):
-        self.directory, self._part = os.path.abspath(directory), part
+                 fmt: str, meta: Optional[dict], write: Optional[Callable[[CommitInfo], CommitInfo]] = None):
+        self.directory, self._part, self._write = directory if write else os.path.abspath(directory), part, write
         self.step, self.world_size, self.format, self.meta = step, world_size, fmt, dict(meta or {})
         self.label = f"the checkpoint in {directory}"
         self._done = threading.Event()
@@ -287,6 +290,10 @@ class GatheredCommit(CommitUnit):
 
     def record(self, parts: list, rank: int) -> CommitInfo:
         files = parts[0]  # the one rank of this unit: the coordinator, holding every rank's files
+        if self._write is not None:
+            return self._write(CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files),
+                                          counter=0, time=time.time(), world_size=self.world_size, format=self.format,
+                                          files=files, meta=self.meta))
         with _counting:  # two writers' commits under one parent never take the same counter
             counter = CommittedUnder(os.path.dirname(self.directory)).next_counter()
             info = CommitInfo(step=self.step, path=self.directory, bytes=sum(f.bytes for f in files),

@@ -37,6 +37,7 @@ from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
+from .on_s3 import is_s3, newest_committed_at
 from .stock_warning import warn_stock_once
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
@@ -205,6 +206,9 @@ def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
     os.PathLike, so FastStorageReader takes it as it is), or None when there is none.
     warn: one warning when the one picked was written by DCP's own writer, and one naming the
     checkpoints newer than it (or, when none is usable, all) that cannot be resumed from."""
+    if is_s3(os.fspath(parent)):  # an object store: only what fastckpt committed there
+        found = newest_committed_at(os.fspath(parent))
+        return Resumable(*found[:2], "fastckpt", found[2]) if found is not None else None
     usable, unusable = resumable(parent)
     newest = usable[0] if usable else None
     if not warn:

@@ -32,8 +32,10 @@ STAGED_BATCH bytes, narrowed to the requested chunk and copied into the planner'
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import weakref
 import warnings
 import zlib
 
@@ -52,6 +54,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import read_regular
 from ..verify import verify_as_recorded
 from . import in_place
+from .on_s3 import RemoteCheckpoint, Spool, is_s3
 from .stock_warning import warn_stock_once
 from . import metadata as md_file
 
@@ -73,7 +76,12 @@ class FastStorageReader(StorageReader):
         if path is None:
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
                                     "found none under its folder: start from scratch, or name a checkpoint)")
-        self.path, self.verify, self.threads = local_place(path, "the DCP checkpoint"), verify, threads
+        self.verify, self.threads = verify, threads
+        self.remote: RemoteCheckpoint | None = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
+        self._remote_info = None  # its record, checked against its objects
+        self._spool = Spool()  # where an s3:// checkpoint's files are downloaded to be read
+        weakref.finalize(self, self._spool.close)
+        self.path = self._place(path)
         self.storage_data: dict = {}
         self.commit = None
         self.reads: list[tuple[str, str]] = []  # (where: "memory" | "disk", the file read)
@@ -88,14 +96,31 @@ class FastStorageReader(StorageReader):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
-            self.path = local_place(checkpoint_id, "the DCP checkpoint")
+            self.path = self._place(checkpoint_id)
         self.storage_data, self.commit = {}, None
+
+    def _place(self, path) -> str:
+        """The local folder the checkpoint is read from: the path, or for an s3:// URL a folder of
+        the spool its objects are downloaded into."""
+        if self.remote is not None:
+            self.remote.close()
+        self.remote, self._remote_info = None, None
+        if is_s3(os.fspath(path)):
+            self.remote = RemoteCheckpoint(os.fspath(path), self._spool)
+            return self.remote.local
+        return local_place(path, "the DCP checkpoint")
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         if kwargs.get("rank") is not None:
             raise FileNotFoundError("FastStorageReader reads checkpoints committed across ranks: there is no "
                                     "per-rank metadata (use_collectives=False) to read")
         meta_path = os.path.join(self.path, md_file.NAME)
+        if self.remote is not None:
+            self._remote_info = self.remote.read_record()
+            if self._remote_info is None:
+                raise CorruptCheckpointError(f"{self.remote.url}: no committed DCP checkpoint there (no "
+                                             f"{record.COMMIT_NAME} object: never saved, or a save cut short)")
+            self.remote.fetch([md_file.NAME], self._remote_info)
         commit = self._commit()
         try:
             raw = read_regular(meta_path, md_file.MAX_BYTES)
@@ -135,21 +160,28 @@ class FastStorageReader(StorageReader):
             if info is None:
                 raise CorruptCheckpointError(f"{self.path}: DCP metadata has no storage for {item.storage_index.fqn}")
             per_file.setdefault(plain_name(info.relative_path, os.path.join(self.path, md_file.NAME)), []).append(item)
+        if self.remote is not None:
+            self.remote.fetch(list(per_file), self._remote_info)
         for name, items in per_file.items():
             path = os.path.join(self.path, name)
             source = self._source(path)
             self.reads.append(("disk" if source == path else "memory", source))
             self._read_file(path, items, planner, source)
+        if self.remote is not None:  # every item is in the planner's tensors now: the downloads go
+            self.remote.close()
         future: Future = Future()
         future.set_result(None)
         return future
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike)) and (
+            "://" not in os.fspath(checkpoint_id) or is_s3(os.fspath(checkpoint_id)))
 
     # -- reading -----------------------------------------------------------
     def _commit(self):
+        if self._remote_info is not None:  # checked against its objects; its files come when read
+            return dataclasses.replace(self._remote_info, path=self.path)
         try:
             return record.read(self.path, every_rank=False)
         except FileNotFoundError:

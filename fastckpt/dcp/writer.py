@@ -66,6 +66,7 @@ from . import metadata as md_file
 from .committed import cut_short_below, resumable, withdraw
 from .layout import plan_items
 from .names import SUFFIX, step_of_name
+from .on_s3 import RemoteCheckpoint, Spool, is_s3
 
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
 
@@ -95,10 +96,13 @@ class FastStorageWriter(StorageWriter):
         super().__init__()
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
-        self.path = local_place(path, "the DCP checkpoint")
         self.step = step
         self.named = NamedCheckpoints(settings if settings is not None else kwargs, tiers=tiers, tier_keep=tier_keep)
         self.config = self.named.config
+        self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
+        self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder
+        self._spool = Spool()  # where s3:// checkpoints' files are written before their upload
+        self.path = self._place(path)
         self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
         self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
@@ -127,7 +131,21 @@ class FastStorageWriter(StorageWriter):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
-            self.path = local_place(checkpoint_id, "the DCP checkpoint")
+            self.path = self._place(checkpoint_id)
+
+    def _place(self, path) -> str:
+        """The local folder the checkpoint's files are written in: the path, or for an s3:// URL
+        its folder in the local spool (its files uploaded from there)."""
+        if is_s3(os.fspath(path)):
+            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, self.config.stall_timeout_s)
+            self._remotes[self.remote.local] = self.remote
+            return self.remote.local
+        self.remote = None
+        return local_place(path, "the DCP checkpoint")
+
+    def _id(self) -> str:
+        """What the checkpoint is called: its URL, or its directory's absolute path."""
+        return self.remote.url if self.remote is not None else os.path.abspath(self.path)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         """Every save calls it (reset only when a checkpoint_id is given): this save's own id, step
@@ -137,11 +155,12 @@ class FastStorageWriter(StorageWriter):
                              "use_collectives=False (a checkpoint per rank) is not supported")
         self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
         self.save_id = uuid.uuid4().hex
-        step, also = self._expected.pop(os.path.abspath(self.path), (self.step, list(self.also_commit)))
+        step, also = self._expected.pop(self._id(), (self.step, list(self.also_commit)))
         self._this = (step if step >= 0 else step_of_name(os.path.basename(os.path.normpath(self.path))), also)
 
     def storage_meta(self) -> Optional[StorageMeta]:
-        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id, modules=[md_file.WRITTEN_BY])
+        return StorageMeta(checkpoint_id=self.remote.url if self.remote is not None else self.path,
+                           save_id=self.save_id, modules=[md_file.WRITTEN_BY])
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         makedirs_durable(self.path)
@@ -152,14 +171,18 @@ class FastStorageWriter(StorageWriter):
         held is withdrawn first (its record, then its .metadata), so a save cut short here is never
         taken for the old checkpoint by our reader or DCP's."""
         withdraw(self.path)
-        self._sweep()
+        if self.remote is not None:
+            self.remote.withdraw()
+            self.remote.sweep_older()
+        else:
+            self._sweep()
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         """This rank's file, begun now; its future is done once it is durable and every rank's
         is (agreed: a rank that failed, even here before its write began, fails the save on all)."""
         name = f"{plan.storage_data}0{SUFFIX}"
-        directory, coordinator = self.path, self.is_coordinator
+        directory, coordinator, remote = self.path, self.is_coordinator, self.remote
         path = os.path.join(directory, name)
         future: Future = Future()
         try:
@@ -178,7 +201,7 @@ class FastStorageWriter(StorageWriter):
                 if self._agree.all_ok(error is None, background=True):
                     future.set_result(results)
                     return
-                self._discard(directory, path, coordinator)
+                self._discard(directory, path, coordinator, remote)
             except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a rank is gone)
                 error = error or e
             future.set_exception(error or CheckpointWriteError(
@@ -208,7 +231,7 @@ class FastStorageWriter(StorageWriter):
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
         deadline = Deadline(self.config.stall_timeout_s, self.named.progress)
-        directory, rank = self.path, self.rank
+        directory, rank, remote, coordinator = self.path, self.rank, self.remote, self.is_coordinator
 
         def landed() -> list:
             deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
@@ -221,7 +244,14 @@ class FastStorageWriter(StorageWriter):
                 raise TornSnapshotError(f"{torn} was written in place while it was being written "
                                         f"(FastStager strategy 'd'); {directory} is not committed")
             f = info.files[0]
-            entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records)
+            etag = ""
+            if remote is not None:  # durable here: uploaded, then the spooled file is not needed
+                etag = remote.upload(path, self.config.chunk_mb << 20)
+                os.unlink(path)
+                if not coordinator:  # the coordinator's folder holds .metadata next
+                    self._remotes.pop(directory, None)
+                    remote.close()
+            entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records, etag)
             return results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"), size_in_bytes=info.bytes,
                                           storage_data=entry)]
 
@@ -238,25 +268,38 @@ class FastStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
         metadata.version = dcp_files.CURRENT_DCP_VERSION
-        (step, also), directory = self._this, self.path  # this save's, whatever the next one sets
+        (step, also), directory, remote = self._this, self.path, self.remote  # this save's, whatever the next sets
 
         def part() -> list:  # the coordinator's own part, durable: .metadata (and what it commits too)
             raw = md_file.write(os.path.join(directory, md_file.NAME), metadata)
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
-            return entries + [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
+            entries += [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
+            if remote is not None:
+                local = [e for e in entries if e.name == md_file.NAME or e.name in also]
+                entries = [e for e in entries if e not in local] + [
+                    dataclasses.replace(e, etag=remote.upload(os.path.join(directory, e.name))) for e in local]
+            return entries
 
-        commit_gathered(directory, part, step, len(results), self._commits, meta={"dcp": True})
+        try:
+            commit_gathered(remote.url if remote is not None else directory, part, step, len(results), self._commits,
+                            meta={"dcp": True}, write=remote.commit if remote is not None else None)
+        finally:
+            if remote is not None:
+                self._remotes.pop(directory, None)
+                remote.close()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in os.fspath(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike)) and (
+            "://" not in os.fspath(checkpoint_id) or is_s3(os.fspath(checkpoint_id)))
 
     # -- fastckpt's own -----------------------------------------------------
     def expect(self, path, step: int = -1, also_commit=()) -> None:
         """What the save into `path` records, said before it is issued: its step, and the files
         (written durably with fastckpt.save into that directory) its record also names. Each save
         takes its own when it starts, so saves in flight at once never see each other's."""
-        self._expected[os.path.abspath(os.fspath(path))] = (step, list(also_commit))
+        p = os.fspath(path)
+        self._expected[p.rstrip("/") if is_s3(p) else os.path.abspath(p)] = (step, list(also_commit))
 
     @staticmethod
     def _entry_of(directory: str, name: str) -> FileEntry:
@@ -287,7 +330,7 @@ class FastStorageWriter(StorageWriter):
             if os.path.abspath(old) != os.path.abspath(self.path):
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _discard(self, directory: str, path: str, coordinator: bool) -> None:
+    def _discard(self, directory: str, path: str, coordinator: bool, remote=None) -> None:
         """A save that failed on some rank: every rank removes its own file, then (once every rank
         has, agreed) the coordinator removes what else the save put in its directory, and the
         directory when nothing else is left there — so a failed save leaves no file behind, and a
@@ -296,7 +339,15 @@ class FastStorageWriter(StorageWriter):
             os.unlink(path)
         except FileNotFoundError:
             pass
+        if remote is not None:
+            remote.discard([os.path.basename(path)])
         self._agree.all_ok(True, background=True)
+        if remote is not None:
+            if coordinator:
+                remote.discard()
+            self._remotes.pop(directory, None)
+            remote.close()
+            return
         if not coordinator:
             return
         withdraw(directory)
@@ -311,6 +362,10 @@ class FastStorageWriter(StorageWriter):
         try:
             self._commits.join()
             self.named.close()
+            for remote in list(self._remotes.values()):
+                remote.close()
+            self._remotes.clear()
+            self._spool.close()
         finally:
             try:
                 if self._direct is not None:

@@ -213,3 +213,19 @@ class Bucket:
             err = self._failed("aborting the upload of", upload.key, e)
             if not isinstance(err, FileNotFoundError):
                 raise err from e
+
+
+_BUCKETS: dict[tuple, Bucket] = {}
+_BUCKETS_LOCK = __import__("threading").Lock()
+
+
+def bucket_for(place: S3Place, endpoint: Optional[str] = None, timeout_s: float = 120.0) -> Bucket:
+    """The one Bucket of this process for place's bucket, endpoint and timeout (setting one up
+    reads the AWS configuration: done once)."""
+    key = (place.bucket, endpoint, timeout_s, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ACCESS_KEY_ID"))
+    with _BUCKETS_LOCK:
+        found = _BUCKETS.get(key)
+        if found is None:
+            found = _BUCKETS[key] = Bucket(S3Place(place.bucket, ""), endpoint, request_s=timeout_s,
+                                           retry_s=timeout_s)
+        return found

@@ -1,0 +1,180 @@
+"""DCP checkpoints in an object store: a checkpoint directory that is an s3:// prefix.
+
+FastStorageWriter("s3://bucket/run/step-10") writes each rank's file exactly as into a local
+directory, but into its local spool (fastckpt.store.s3.spool), and uploads it once durable, before
+the ranks agree that every file landed; the coordinator uploads `.metadata`, then PUTs the one
+commit record (`COMMIT`, naming every object with its size, ETag and CRC-32) with If-None-Match: *,
+its counter one past the highest of the records beside it. Nothing is renamed: a reader trusts the
+prefix only through that record. FastStorageReader("s3://...") reads the record (its objects listed:
+each one it names there, of its size and ETag), downloads `.metadata` and the files its rank's plan
+reads (parallel ranged GETs) into its spool, and reads them as local files, every CRC checked;
+resharding is DCP's planner's, as on a disk. `newest_committed("s3://bucket/run")` lists the records
+under the prefix. Saves cut short leave objects without a record and unfinished uploads: each save
+removes those of checkpoints older than the newest committed one under the same parent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from ..commit import record
+from ..commit_info import CommitInfo, FileEntry
+from ..errors import ConfigError, CorruptCheckpointError
+from ..store.s3.client import bucket_for
+from ..store.s3.place import S3Place, is_s3
+from ..store.s3.spool import Spool
+from . import metadata as md_file
+from .names import step_of_name
+
+__all__ = ["RemoteCheckpoint", "Spool", "is_s3", "newest_committed_at"]
+
+
+class RemoteCheckpoint:
+    """One DCP checkpoint directory at an s3:// URL, with the local folder its files pass through."""
+
+    def __init__(self, url: str, spool: Spool, timeout_s: float = 120.0):
+        self.url = url.rstrip("/")
+        self.place = S3Place.parse(self.url, "the DCP checkpoint")
+        if not self.place.prefix:
+            raise ConfigError(f"{url}: a DCP checkpoint is a prefix of a bucket (s3://bucket/run/step-10)")
+        self.bucket = bucket_for(self.place, timeout_s=timeout_s)
+        self.local = tempfile.mkdtemp(prefix=os.path.basename(self.place.prefix) + "-", dir=spool.open())
+
+    def key(self, name: str) -> str:
+        return self.place.key(name)
+
+    @property
+    def parent(self) -> S3Place:
+        return S3Place(self.place.bucket, self.place.prefix.rsplit("/", 1)[0] if "/" in self.place.prefix else "")
+
+    # -- writing ---------------------------------------------------------------
+    def upload(self, local: str, part_bytes: int = 64 << 20) -> str:
+        """A durable local file of the checkpoint uploaded under its name; its ETag."""
+        return self.bucket.put_file(self.key(os.path.basename(local)), local, part_bytes, 8) or ""
+
+    def commit(self, info: CommitInfo) -> CommitInfo:
+        """The record, written once, after every object it names; its counter above every record
+        beside it (the same parent)."""
+        counter = 1 + max((i.counter for i in committed_at(self.parent)), default=0)
+        info = CommitInfo(step=info.step, path=self.url, bytes=info.bytes, counter=counter, time=info.time,
+                          world_size=info.world_size, format=info.format, files=info.files, meta=info.meta)
+        self.bucket.put_bytes(self.key(record.COMMIT_NAME), record.encode(info), create_once=True)
+        return info
+
+    def withdraw(self) -> None:
+        """Its record, then its .metadata, gone (a save into a prefix that held a checkpoint)."""
+        self.bucket.delete([self.key(record.COMMIT_NAME)])
+        self.bucket.delete([self.key(md_file.NAME)])
+
+    def discard(self, names: Optional[list] = None) -> None:
+        """Objects of a failed save deleted (names: these; None: every one, the record first)."""
+        if names is None:
+            self.withdraw()
+            names = [o.key for o in self.bucket.listing(self.key(""))]
+            self.bucket.delete(names)
+            for upload in self.bucket.uploads(self.key("")):
+                self.bucket.abort_upload(upload)
+            return
+        self.bucket.delete([self.key(n) for n in names])
+
+    def sweep_older(self) -> None:
+        """Saves cut short beside this one (no record, unfinished uploads) whose step is below the
+        newest committed checkpoint's there: removed (nobody writes them any more)."""
+        newest = committed_at(self.parent)
+        if not newest or newest[0].step < 0:
+            return
+        below, base = newest[0].step, self.parent.key("")
+        done = {os.path.basename(i.path) for i in newest}
+        for upload in self.bucket.uploads(base):
+            name = upload.key[len(base):].split("/", 1)[0]
+            if name not in done and 0 <= step_of_name(name) < below:
+                self.bucket.abort_upload(upload)
+        stale = [o.key for o in self.bucket.listing(base) if "/" in o.key[len(base):]
+                 and o.key[len(base):].split("/", 1)[0] not in done
+                 and 0 <= step_of_name(o.key[len(base):].split("/", 1)[0]) < below]
+        self.bucket.delete(stale)
+
+    # -- reading ---------------------------------------------------------------
+    def read_record(self) -> Optional[CommitInfo]:
+        """Its record, checked against its listed objects (each there, of its size and ETag); None
+        when it has none."""
+        objects = {o.key: o for o in self.bucket.listing(self.key(""))}
+        if self.key(record.COMMIT_NAME) not in objects:
+            return None
+        return _checked(self.bucket, self.place, objects)
+
+    def fetch(self, names: list[str], info: CommitInfo) -> None:
+        """These objects of the checkpoint downloaded into the local folder (each once)."""
+        from ..machine import read_threads
+        os.makedirs(self.local, exist_ok=True)
+        for name in names:
+            local = os.path.join(self.local, record.plain_name(name, self.url))
+            if os.path.exists(local):
+                continue
+            entry = next((f for f in info.files if f.name == name), None)
+            size = entry.bytes if entry is not None else self.bucket.size_of(self.key(name))
+            if size is None:
+                raise CorruptCheckpointError(f"{self.url}/{name} is missing")
+            tmp = local + ".part"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                self.bucket.get_into(self.key(name), fd, size, 16 << 20, read_threads())
+            finally:
+                os.close(fd)
+            os.replace(tmp, local)
+
+    def write_record_locally(self, info: CommitInfo) -> None:
+        """The record beside the downloaded files, for the local reader (the remote one checked)."""
+        with open(os.path.join(self.local, record.COMMIT_NAME), "wb") as f:
+            f.write(record.encode(CommitInfo(step=info.step, path=self.local, bytes=info.bytes,
+                                             counter=info.counter, time=info.time, world_size=info.world_size,
+                                             format=info.format, files=info.files, meta=info.meta)))
+
+    def close(self) -> None:
+        """Its local folder removed (the spool is its owner's)."""
+        shutil.rmtree(self.local, ignore_errors=True)
+
+
+def _checked(bucket, place: S3Place, objects: dict) -> CommitInfo:
+    key = place.key(record.COMMIT_NAME)
+    url = place.url_of(key)
+    raw = bucket.get_bytes(key, record.MAX_RECORD)
+    info = record.parse(raw, url, lambda u: objects[place.key_of(u)].size if place.key_of(u) in objects else None,
+                        every_rank=False)
+    for f in info.files:
+        listed = objects.get(place.key(f.name))
+        if f.etag and listed is not None and listed.etag and listed.etag != f.etag:
+            raise CorruptCheckpointError(f"{place.url}/{f.name} is not the object its commit record names "
+                                         f"(ETag {listed.etag}, the record says {f.etag}): written over")
+    return info
+
+
+def committed_at(parent: S3Place, problems: Optional[list] = None) -> list[CommitInfo]:
+    """Every DCP checkpoint committed directly under the parent prefix, newest commit first."""
+    bucket = bucket_for(parent)
+    base = parent.key("")
+    objects = {o.key: o for o in bucket.listing(base)}
+    found = []
+    for key in objects:
+        rest = key[len(base):]
+        if rest.count("/") == 1 and rest.endswith("/" + record.COMMIT_NAME):
+            folder = S3Place(parent.bucket, key.rsplit("/", 1)[0])
+            try:
+                found.append(_checked(bucket, folder, {k: o for k, o in objects.items()
+                                                       if k.startswith(folder.prefix + "/")}))
+            except (CorruptCheckpointError, OSError) as e:
+                if problems is not None:
+                    problems.append(str(e))
+    return sorted(found, key=lambda i: i.counter, reverse=True)
+
+
+def newest_committed_at(parent_url: str):
+    """(URL, step, counter) of the newest committed checkpoint under an s3:// prefix, or None."""
+    found = committed_at(S3Place.parse(parent_url.rstrip("/"), "the folder of DCP checkpoints"))
+    if not found:
+        return None
+    info = found[0]
+    return info.path, info.step if info.step >= 0 else step_of_name(info.path.rsplit("/", 1)[1]), info.counter

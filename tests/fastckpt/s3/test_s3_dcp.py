@@ -1,0 +1,56 @@
+"""DCP on S3 (fastckpt.dcp.on_s3) against a real S3 server (SeaweedFS on loopback): a checkpoint
+saved with FastStorageWriter("s3://...") on 2 gloo ranks (DTensor shards) is committed by its record
+object alone, found by newest_committed("s3://..."), and loads resharded on 1 rank bit-exact through
+FastStorageReader("s3://..."); a prefix without a record is refused; saves into step-N folders leave
+nothing behind but committed checkpoints."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from fastckpt.dcp import FastStorageReader, newest_committed
+from fastckpt.errors import CorruptCheckpointError
+from fastckpt.store.s3.client import bucket_for
+from fastckpt.store.s3.place import S3Place
+
+from tests.fastckpt.dcp.test_dcp_storage import run_ranks
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def test_a_dcp_checkpoint_saved_on_2_ranks_to_s3_loads_resharded_on_1_rank_bit_exact(s3_env):
+    parent = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}"
+    url = f"{parent}/step-7"
+    outs = run_ranks("save", url, 2)
+    assert all(f"rank {r} SAVED" in out for r, out in enumerate(outs)), outs
+    keys = sorted(o.key.rsplit("/", 1)[1] for o in bucket_for(S3Place.parse(url)).listing(S3Place.parse(url).key("")))
+    assert keys == [".metadata", "COMMIT", "__0_0.distcp", "__1_0.distcp"], keys
+    found = newest_committed(parent)
+    assert found == url and found.step == 7 and found.by == "fastckpt"
+    for world in (0, 2):  # resharded on one process, and back on two ranks
+        outs = run_ranks("load", url, world)
+        assert all("EQUAL" in out for out in outs), outs
+
+
+def test_an_s3_prefix_without_a_record_is_refused(s3_env):
+    url = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}/step-1"
+    place = S3Place.parse(url)
+    bucket_for(place).put_bytes(place.key("__0_0.distcp"), b"a rank's file of a save cut short")
+    with pytest.raises(CorruptCheckpointError, match="no committed DCP checkpoint"):
+        FastStorageReader(url).read_metadata()
+    assert newest_committed(url.rsplit("/", 1)[0]) is None
+
+
+def test_saves_into_step_folders_commit_in_order_and_leave_nothing_uncommitted(s3_env):
+    parent = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}"
+    outs = run_ranks("fill", parent, 2)
+    assert all(f"rank {r} saved 4" in out for r, out in enumerate(outs)), outs
+    assert newest_committed(parent).step == 4
+    outs = run_ranks("load-step", parent, 0, 3)
+    assert "EQUAL" in outs[0], outs
+    place = S3Place.parse(parent)
+    bucket = bucket_for(place)
+    assert bucket.uploads(place.key("")) == []
+    names = {o.key.split("/")[1] for o in bucket.listing(place.key(""))}
+    assert names == {f"step-{s}" for s in (1, 2, 3, 4)}
