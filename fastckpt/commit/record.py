@@ -3,8 +3,9 @@
 Owns its JSON encoding with a CRC-32 over its own canonical bytes, the one function that
 writes a record (`write`: every kind of checkpoint commits through it — a Checkpointer's step, a
 per-rank folder, a set of files such as a DeepSpeed tag or a DCP checkpoint — as `COMMIT` in the
-checkpoint's folder; a file uploaded to an object store has its record beside it; the S3 store
-PUTs `encode`'s bytes once, and reads a record's bytes back through `parse`), which name a
+checkpoint's folder; a file uploaded to an object store has its record beside it; an object
+store's checkpoint has its record written once as an object, `write_with` its PUT, and read back
+through `parse`), which name a
 folder's record has (`present`, `name_in`: `COMMIT`, or a name earlier builds wrote, still
 read), and the checks that a record and the files it names are intact (sizes; full CRCs are the
 loader's job). What callers see of a committed checkpoint, CommitInfo, is
@@ -96,6 +97,12 @@ def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
             _drop_earlier(info.path)
     else:
         fs.pipe_file(f"{info.path}/{name}", encode(info))
+
+
+def write_with(info: CommitInfo, put: Callable[[bytes], None]) -> None:
+    """Commits info where no file is written (an object store): put(the record's bytes) writes it
+    (once, after every object it names is complete: the caller's PUT with If-None-Match: *)."""
+    put(encode(info))
 
 
 def _drop_earlier(folder: str) -> None:

@@ -20,7 +20,7 @@ import tempfile
 from typing import Optional
 
 from ..commit import record
-from ..commit_info import CommitInfo, FileEntry
+from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError
 from ..store.s3.client import bucket_for
 from ..store.s3.place import S3Place, is_s3
@@ -60,7 +60,7 @@ class RemoteCheckpoint:
         counter = 1 + max((i.counter for i in committed_at(self.parent)), default=0)
         info = CommitInfo(step=info.step, path=self.url, bytes=info.bytes, counter=counter, time=info.time,
                           world_size=info.world_size, format=info.format, files=info.files, meta=info.meta)
-        self.bucket.put_bytes(self.key(record.COMMIT_NAME), record.encode(info), create_once=True)
+        record.write_with(info, lambda raw: self.bucket.put_bytes(self.key(record.COMMIT_NAME), raw, create_once=True))
         return info
 
     def withdraw(self) -> None:
@@ -125,13 +125,6 @@ class RemoteCheckpoint:
             finally:
                 os.close(fd)
             os.replace(tmp, local)
-
-    def write_record_locally(self, info: CommitInfo) -> None:
-        """The record beside the downloaded files, for the local reader (the remote one checked)."""
-        with open(os.path.join(self.local, record.COMMIT_NAME), "wb") as f:
-            f.write(record.encode(CommitInfo(step=info.step, path=self.local, bytes=info.bytes,
-                                             counter=info.counter, time=info.time, world_size=info.world_size,
-                                             format=info.format, files=info.files, meta=info.meta)))
 
     def close(self) -> None:
         """Its local folder removed (the spool is its owner's)."""

@@ -155,7 +155,7 @@ class S3Store(Store):
         """Rank 0, every rank's object complete: the record, written once; then `latest`."""
         key = self.where.key(os.path.basename(info.path), commit.COMMIT_NAME)
         try:
-            self.bucket.put_bytes(key, commit.encode(info), create_once=True)
+            commit.write_with(info, lambda raw: self.bucket.put_bytes(key, raw, create_once=True))
         except FileExistsError as e:
             raise CheckpointWriteError(f"{self.where.url_of(key)} exists already: another writer committed "
                                        "this checkpoint") from e

@@ -41,5 +41,5 @@ def test_ls_verify_and_export_an_s3_place(s3_env, tmp_path):
     exported = run_cli("export", url, out_file, "--to", "safetensors")
     assert exported.returncode == 0 and "step 2" in exported.stdout, exported.stdout + exported.stderr
     assert torch.equal(load_file(out_file)["w"], state_for(0, 2, 6)["w"])
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"fastckpt-s3-")
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("fastckpt-s3-")
                 and not os.path.exists(f"/proc/{n.split('-')[2]}")]  # no spool left by the commands
