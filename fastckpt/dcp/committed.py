@@ -37,7 +37,7 @@ from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
-from .on_s3 import is_s3, newest_committed_at
+from .on_s3 import S3Place, committed_at, is_s3, newest_committed_at
 from .stock_warning import warn_stock_once
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
@@ -75,6 +75,8 @@ class Resumable(str):
 def committed(parent) -> list[CommitInfo]:
     """Every checkpoint fastckpt committed directly under parent, newest commit first (a damaged
     one is not one to resume from: fastckpt.commit.committed_under)."""
+    if is_s3(os.fspath(parent)):
+        return committed_at(S3Place.parse(os.fspath(parent).rstrip("/"), "the folder of DCP checkpoints"))
     return CommittedUnder(local_place(parent, "the folder of DCP checkpoints")).newest_first()
 
 

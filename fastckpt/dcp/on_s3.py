@@ -28,7 +28,7 @@ from ..store.s3.spool import Spool
 from . import metadata as md_file
 from .names import step_of_name
 
-__all__ = ["RemoteCheckpoint", "Spool", "is_s3", "newest_committed_at"]
+__all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at"]
 
 
 class RemoteCheckpoint:

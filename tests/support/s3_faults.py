@@ -1,8 +1,9 @@
 """A fault a real S3 server cannot be made to give, put in front of one: `SlowDown` (HTTP 503, what
 S3 answers a client it throttles). S3Faults is a small HTTP proxy on a loopback port that forwards
 every request to the real server (SeaweedFS) unchanged, Host header included, so the client's
-SigV4 signature still holds; while `storm` is set, it answers every write (PUT, POST) with
-503 SlowDown instead and counts them. Only the clients pointed at it (one rank) see the storm.
+SigV4 signature still holds; while `storm` is set, it answers every part of a multipart upload
+(a PUT with a partNumber: the upload is begun, its data throttled) and every whole-object PUT with
+503 SlowDown instead, and counts them. Only the clients pointed at it (one rank) see the storm.
 
     faults = S3Faults(server.endpoint).start()   # faults.endpoint; faults.storm = True
     faults.stop()
@@ -42,7 +43,7 @@ class S3Faults:
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if faults.storm and self.command in ("PUT", "POST"):
+                if faults.storm and self.command == "PUT":
                     with faults._lock:
                         faults.refused += 1
                     self.send_response(503, "Slow Down")

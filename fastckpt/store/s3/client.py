@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Optional
@@ -47,8 +48,16 @@ def part_bytes(size: int, want: int) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    """What went wrong, short: the HTTP status and S3's error code, and the retries spent, where the
+    client's message says them (obstore's run to many lines); else its first 200 characters."""
+    text = " ".join(str(e).split()).split(" Debug source", 1)[0]
+    status = re.search(r"status code: (\d{3}[^:<]*)", text)
+    if status:
+        code = re.search(r"<Code>([^<]+)</Code>", text)
+        retries = re.search(r"after (\d+) retries", text)
+        return (f"HTTP {status.group(1).strip()}" + (f" ({code.group(1)})" if code else "")
+                + (f" after {retries.group(1)} retries" if retries else ""))
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class Bucket:
@@ -93,7 +102,7 @@ class Bucket:
         if isinstance(e, (NotFoundError, FileNotFoundError)) or getattr(e, "response", {}).get("Error", {}).get("Code") in (
                 "NoSuchKey", "404", "NoSuchUpload"):
             return FileNotFoundError(f"{self.url(key)} does not exist")
-        return OSError(f"{what} {self.url(key)} failed ({self.endpoint}): {type(e).__name__}: {_one_line(e)}")
+        return OSError(f"{what} {self.url(key)} failed: {_one_line(e)} ({self.endpoint})")
 
     # -- writing -----------------------------------------------------------
     def put_file(self, key: str, path: str, part: int, concurrency: int) -> Optional[str]:
@@ -226,6 +235,5 @@ def bucket_for(place: S3Place, endpoint: Optional[str] = None, timeout_s: float 
     with _BUCKETS_LOCK:
         found = _BUCKETS.get(key)
         if found is None:
-            found = _BUCKETS[key] = Bucket(S3Place(place.bucket, ""), endpoint, request_s=timeout_s,
-                                           retry_s=timeout_s)
+            found = _BUCKETS[key] = Bucket(place, endpoint, request_s=timeout_s, retry_s=timeout_s)
         return found

@@ -134,7 +134,7 @@ class S3Store(Store):
             result.etag = self.bucket.put_file(key, part, self.part_bytes, UPLOAD_CONCURRENCY) or ""
         except OSError as e:
             self._abort_uploads_of(key)
-            raise CheckpointWriteError(f"the upload of {self.where.url_of(key)} failed: {e}") from e
+            raise CheckpointWriteError(str(e)) from e
         finally:
             _unlink(part)
         return result

@@ -3,6 +3,7 @@ loopback): save -> load bit-exact through the Checkpointer; the server stopped m
 restarted; what a killed writer leaves; a flipped byte in a stored object."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -228,3 +229,36 @@ def test_a_flipped_byte_in_a_stored_object_is_named_and_passed_over_for_the_prev
             reader.store.verify(reader.store.committed()[0])
     finally:
         reader.close()
+
+
+def test_an_object_written_over_after_its_commit_is_passed_over_and_named(s3_env):
+    """Same size, other bytes (another writer's PUT over a committed part): its ETag is not the one
+    the record names, so the checkpoint is no longer listed as committed, and why is said."""
+    url = fresh_url(s3_env)
+    ck = fastckpt.Checkpointer(url, keep=0)
+    try:
+        for step in (1, 2):
+            ck.save(state_for(0, step, 1), step=step).wait()
+        newest = ck.store.committed()[0]
+        key = ck.store.where.key_of(newest.file_for(0))
+        size = ck.store.bucket.size_of(key)
+        ck.store.bucket.put_bytes(key, b"\0" * size)
+        problems: list = []
+        assert [i.step for i in ck.store.committed(problems)] == [1]
+        assert len(problems) == 1 and "step-00000002" in problems[0] and "written over" in problems[0], problems
+    finally:
+        ck.close()
+
+
+def test_a_record_is_written_once_never_over_another(s3_env):
+    """Two writers that take the same counter (two jobs on one prefix): the second record PUT is
+    refused by the server (If-None-Match: *), and the first stays the checkpoint."""
+    url = fresh_url(s3_env)
+    ck = fastckpt.Checkpointer(url)
+    try:
+        first = ck.save(state_for(0, 1, 1), step=1).wait()
+        with pytest.raises(fastckpt.CheckpointWriteError, match="exists already"):
+            ck.store.commit(dataclasses.replace(first, step=99))
+        assert [i.step for i in ck.store.committed()] == [1]
+    finally:
+        ck.close()
