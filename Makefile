@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-quick test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-tiers bench-pmem bench-offload reliability reliability-many clean distclean
+.PHONY: setup demo demo-s3 test test-quick test-gpu gpu-check test-many test-bits-loaded test-planted bench bench-gpu bench-save-load bench-lightning bench-deepspeed bench-dcp bench-tiers bench-pmem bench-offload reliability reliability-many clean distclean
 
 $(STAMP): setup.py setup.cfg pyproject.toml $(wildcard native/src/*.cc native/include/fastckpt/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) -m fastckpt.demo $(ARGS)
+
+# the demo against a local S3 server (SeaweedFS, started and stopped here): checkpoints in s3://ckpt/demo
+demo-s3: $(STAMP)
+	$(VPY) tests/support/s3_server.py -- $(VPY) -m fastckpt.demo root=s3://ckpt/demo $(ARGS)
 
 # every test, TEST_JOBS pytest-xdist workers at once (auto: one per core), the 15 slowest named
 TEST_JOBS ?= auto

@@ -93,6 +93,16 @@ def describe(name: str, r: dict, first: int) -> str:
 
 
 def size_of(path: str) -> int:
+    """Bytes kept at the root: a folder's files, a pool file, or an s3:// prefix's committed checkpoints."""
+    if path.startswith("s3://"):
+        from fastckpt.store import S3Store
+        store = S3Store(path)
+        try:
+            return sum(info.bytes for info in store.committed())
+        finally:
+            store.close()
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(here, f)) for here, _, files in os.walk(path) for f in files)
 
 
@@ -181,7 +191,7 @@ def demo(cfg: DictConfig) -> None:
         again = launch(d, None, "torch.save")["digest"]
     shutil.rmtree(d["torch_dir"], ignore_errors=True)
     where = cfg["root"]
-    kept = f"{size_of(where) / 2**20:.1f} MiB" if os.path.isdir(where) else f"{os.path.getsize(where) / 2**20:.1f} MiB"
+    kept = f"{size_of(where) / 2**20:.1f} MiB"
     print(f"fastckpt's checkpoints: {where} ({kept}, the newest {cfg['keep']} kept); the torch.save reference "
           f"files were removed; this run's folder: {out_dir}")
     lines, failed = verdict(second["resumed"], ref["digest"], second["digest"], again,

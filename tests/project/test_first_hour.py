@@ -24,7 +24,7 @@ def test_make_clean_forgets_the_install_stamp_with_the_extension():
 
 
 README_MAX_CHARS = 12_000  # a README a newcomer reads in five minutes; the rest is in docs/
-DOCS_PAGES = ("design", "lightning", "deepspeed", "dcp", "pmem", "offload", "cli", "tuning")
+DOCS_PAGES = ("design", "lightning", "deepspeed", "dcp", "s3", "pmem", "offload", "cli", "tuning")
 
 
 def _block_sections():
@@ -61,9 +61,13 @@ def _run_block(folder):
 
 
 @pytest.mark.parametrize("section", sorted(_block_sections()))
-def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path):
+def test_every_python_block_of_the_readme_and_docs_runs(section, tmp_path, request):
+    """Each section's blocks as one process; a section that names an s3:// place runs against
+    the test S3 server (bucket `ckpt`), found through the environment as the page says."""
     from support import readme_blocks
     code = _block_sections()[section]
+    if "s3://" in code:
+        request.getfixturevalue("s3_env")
     if "deepspeed" in code:
         pytest.importorskip("deepspeed")
     if "torchtitan" in code:

@@ -146,3 +146,29 @@ class S3Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def main(argv: list[str]) -> int:
+    """`python tests/support/s3_server.py -- COMMAND...`: COMMAND run against a fresh server (its
+    endpoint, region and credentials in the environment, as every AWS tool reads them), which is
+    stopped after it (make demo-s3)."""
+    import argparse
+    import tempfile
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("no command to run (python tests/support/s3_server.py -- python -m fastckpt.demo ...)")
+    folder = tempfile.mkdtemp(prefix="fastckpt-s3-server-")
+    server = S3Server(folder).start()
+    print(f"S3 server (SeaweedFS) at {server.endpoint}, bucket {server.bucket}, data in {folder}", flush=True)
+    try:
+        return subprocess.call(command, env={**os.environ, **server.env()})
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

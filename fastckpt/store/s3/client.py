@@ -12,6 +12,7 @@ inside `retry_s`, each request inside `request_s`. Errors come out as OSError na
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ class Bucket:
             raise ConfigError(f"{place.url}: s3:// places need obstore and boto3 ({e.name} is missing): "
                               "pip install 'fastckpt[s3]'") from None
         self.place = place
+        for name in ("botocore.credentials", "botocore.configprovider"):  # "found credentials in ...", at
+            if logging.getLogger(name).level == logging.NOTSET:  # each setup: said once by the user's own
+                logging.getLogger(name).setLevel(logging.WARNING)  # config, never by ours (Hydra logs INFO)
         session = boto3.Session()
         if session.get_credentials() is None:
             raise ConfigError(f"{place.url}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
