@@ -173,7 +173,7 @@ class CheckpointerConfig:
             check_device_path(self.root)
         if self.store == "s3":
             from .store.s3.place import S3Place
-            if not isinstance(self.root, str):
+            if not isinstance(self.root, str) or not self.root.startswith("s3://"):
                 raise ConfigError(f"store='s3' needs root='s3://bucket/prefix', got {self.root!r}")
             S3Place.parse(self.root)
         if self.endpoint is not None and (not isinstance(self.endpoint, str) or not URL.match(self.endpoint)):

@@ -22,7 +22,8 @@ def state(n: int, seed: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("kw,match", [({"strategy": "x"}, "unknown strategy 'x'"),
-                                      ({"store": "s3"}, "unknown store 's3'"),
+                                      ({"store": "gcs"}, "unknown store 'gcs'"),
+                                      ({"store": "s3"}, "store='s3' needs root='s3://bucket/prefix'"),
                                       ({"format": "npz"}, "unknown format 'npz'"),
                                       ({"policy": "drop"}, "unknown policy"),
                                       ({"concurrency": 0}, "concurrency must be"),
