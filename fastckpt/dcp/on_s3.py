@@ -26,7 +26,7 @@ from ..store.s3.client import bucket_for
 from ..store.s3.place import S3Place, is_s3
 from ..store.s3.spool import Spool
 from . import metadata as md_file
-from .names import step_of_name
+from .names import SUFFIX, step_of_name
 
 __all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at"]
 
@@ -34,12 +34,13 @@ __all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "new
 class RemoteCheckpoint:
     """One DCP checkpoint directory at an s3:// URL, with the local folder its files pass through."""
 
-    def __init__(self, url: str, spool: Spool, timeout_s: float = 120.0):
+    def __init__(self, url: str, spool: Spool, timeout_s: float = 120.0, endpoint: Optional[str] = None):
         self.url = url.rstrip("/")
         self.place = S3Place.parse(self.url, "the DCP checkpoint")
         if not self.place.prefix:
             raise ConfigError(f"{url}: a DCP checkpoint is a prefix of a bucket (s3://bucket/run/step-10)")
-        self.bucket = bucket_for(self.place, timeout_s=timeout_s)
+        self.endpoint = endpoint
+        self.bucket = bucket_for(self.place, endpoint, timeout_s)
         self.local = tempfile.mkdtemp(prefix=os.path.basename(self.place.prefix) + "-", dir=spool.open())
 
     def key(self, name: str) -> str:
@@ -57,7 +58,7 @@ class RemoteCheckpoint:
     def commit(self, info: CommitInfo) -> CommitInfo:
         """The record, written once, after every object it names; its counter above every record
         beside it (the same parent)."""
-        counter = 1 + max((i.counter for i in committed_at(self.parent)), default=0)
+        counter = 1 + max((i.counter for i in committed_at(self.parent, endpoint=self.endpoint)), default=0)
         info = CommitInfo(step=info.step, path=self.url, bytes=info.bytes, counter=counter, time=info.time,
                           world_size=info.world_size, format=info.format, files=info.files, meta=info.meta)
         record.write_with(info, lambda raw: self.bucket.put_bytes(self.key(record.COMMIT_NAME), raw, create_once=True))
@@ -80,21 +81,30 @@ class RemoteCheckpoint:
         self.bucket.delete([self.key(n) for n in names])
 
     def sweep_older(self) -> None:
-        """Saves cut short beside this one (no record, unfinished uploads) whose step is below the
-        newest committed checkpoint's there: removed (nobody writes them any more)."""
-        newest = committed_at(self.parent)
+        """Saves cut short beside this one whose step is below the newest committed checkpoint's
+        there (nobody writes them any more): removed, as on a disk (fastckpt.dcp.committed's
+        cut_short_below) — only a folder holding nothing but what a save writes (`*.distcp`,
+        `.metadata`) and no record; its unfinished uploads of such files aborted. Nothing is swept
+        directly under a bucket (the parent of s3://bucket/step-10 is the whole bucket)."""
+        if not self.parent.prefix:
+            return
+        newest = committed_at(self.parent, endpoint=self.endpoint)
         if not newest or newest[0].step < 0:
             return
         below, base = newest[0].step, self.parent.key("")
-        done = {os.path.basename(i.path) for i in newest}
+        folders: dict[str, list[str]] = {}
+        for o in self.bucket.listing(base):
+            name, _, rest = o.key[len(base):].partition("/")
+            if rest:
+                folders.setdefault(name, []).append(rest)
+        cut_short = {name for name, files in folders.items()
+                     if 0 <= step_of_name(name) < below and name != os.path.basename(self.place.prefix)
+                     and all(_save_file(f) for f in files)}
         for upload in self.bucket.uploads(base):
-            name = upload.key[len(base):].split("/", 1)[0]
-            if name not in done and 0 <= step_of_name(name) < below:
+            name, _, rest = upload.key[len(base):].partition("/")
+            if 0 <= step_of_name(name) < below and _save_file(rest) and (name in cut_short or name not in folders):
                 self.bucket.abort_upload(upload)
-        stale = [o.key for o in self.bucket.listing(base) if "/" in o.key[len(base):]
-                 and o.key[len(base):].split("/", 1)[0] not in done
-                 and 0 <= step_of_name(o.key[len(base):].split("/", 1)[0]) < below]
-        self.bucket.delete(stale)
+        self.bucket.delete([base + name + "/" + f for name in sorted(cut_short) for f in folders[name]])
 
     # -- reading ---------------------------------------------------------------
     def read_record(self) -> Optional[CommitInfo]:
@@ -114,16 +124,18 @@ class RemoteCheckpoint:
             if os.path.exists(local):
                 continue
             entry = next((f for f in info.files if f.name == name), None)
-            size = entry.bytes if entry is not None else self.bucket.size_of(self.key(name))
-            if size is None:
-                raise CorruptCheckpointError(f"{self.url}/{name} is missing")
+            if entry is None:
+                raise CorruptCheckpointError(f"{self.url}/{name} is not an object its commit record names")
             tmp = local + ".part"
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.ftruncate(fd, size)
-                self.bucket.get_into(self.key(name), fd, size, 16 << 20, read_threads())
-            finally:
+                os.ftruncate(fd, entry.bytes)
+                self.bucket.get_into(self.key(name), fd, entry.bytes, 16 << 20, read_threads())
+            except BaseException:
                 os.close(fd)
+                os.unlink(tmp)
+                raise
+            os.close(fd)
             os.replace(tmp, local)
 
     def close(self) -> None:
@@ -145,9 +157,14 @@ def _checked(bucket, place: S3Place, objects: dict) -> CommitInfo:
     return info
 
 
-def committed_at(parent: S3Place, problems: Optional[list] = None) -> list[CommitInfo]:
+def _save_file(name: str) -> bool:
+    """A file a DCP save writes (a rank's data, .metadata), and nothing else's."""
+    return "/" not in name and (name.endswith(SUFFIX) or name == md_file.NAME)
+
+
+def committed_at(parent: S3Place, problems: Optional[list] = None, endpoint: Optional[str] = None) -> list[CommitInfo]:
     """Every DCP checkpoint committed directly under the parent prefix, newest commit first."""
-    bucket = bucket_for(parent)
+    bucket = bucket_for(parent, endpoint)
     base = parent.key("")
     objects = {o.key: o for o in bucket.listing(base)}
     found = []

@@ -69,14 +69,16 @@ class FastStorageReader(StorageReader):
             cold load needs).
         tiers: the memory tier its writer wrote through, e.g. ["/dev/shm/run7"]: files read from
             their memory copies on this node where they verify.
+        endpoint: the S3 server of an s3:// checkpoint (None: the one AWS tools find).
     """
 
-    def __init__(self, path, verify: bool = True, threads: int | None = None, tiers=None):
+    def __init__(self, path, verify: bool = True, threads: int | None = None, tiers=None,
+                 endpoint: str | None = None):
         super().__init__()
         if path is None:
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
                                     "found none under its folder: start from scratch, or name a checkpoint)")
-        self.verify, self.threads = verify, threads
+        self.verify, self.threads, self.endpoint = verify, threads, endpoint
         self.remote: RemoteCheckpoint | None = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remote_info = None  # its record, checked against its objects
         self._spool = Spool()  # where an s3:// checkpoint's files are downloaded to be read
@@ -106,7 +108,7 @@ class FastStorageReader(StorageReader):
             self.remote.close()
         self.remote, self._remote_info = None, None
         if is_s3(os.fspath(path)):
-            self.remote = RemoteCheckpoint(os.fspath(path), self._spool)
+            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, endpoint=self.endpoint)
             return self.remote.local
         return local_place(path, "the DCP checkpoint")
 

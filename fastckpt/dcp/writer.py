@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 import shutil
 import threading
@@ -68,7 +69,17 @@ from .layout import plan_items
 from .names import SUFFIX, step_of_name
 from .on_s3 import RemoteCheckpoint, Spool, is_s3
 
+log = logging.getLogger("fastckpt")
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
+
+
+def _quietly(call, what: str) -> None:
+    """call(); an OSError logged (the object store unreachable while a failed save is cleaned up:
+    the next save sweeps what is left)."""
+    try:
+        call()
+    except OSError as e:
+        log.warning("fastckpt: %s failed: %s", what, e)
 
 
 def storage_info(name: str, offset: int, length: int):
@@ -102,6 +113,7 @@ class FastStorageWriter(StorageWriter):
         self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder
         self._spool = Spool()  # where s3:// checkpoints' files are written before their upload
+        weakref.finalize(self, self._spool.close)  # a writer never closed leaves no folder on /dev/shm
         self.path = self._place(path)
         self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
@@ -137,7 +149,8 @@ class FastStorageWriter(StorageWriter):
         """The local folder the checkpoint's files are written in: the path, or for an s3:// URL
         its folder in the local spool (its files uploaded from there)."""
         if is_s3(os.fspath(path)):
-            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, self.config.stall_timeout_s)
+            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, self.config.stall_timeout_s,
+                                           self.config.endpoint)
             self._remotes[self.remote.local] = self.remote
             return self.remote.local
         self.remote = None
@@ -156,7 +169,7 @@ class FastStorageWriter(StorageWriter):
         self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
         self.save_id = uuid.uuid4().hex
         step, also = self._expected.pop(self._id(), (self.step, list(self.also_commit)))
-        self._this = (step if step >= 0 else step_of_name(os.path.basename(os.path.normpath(self.path))), also)
+        self._this = (step if step >= 0 else step_of_name(os.path.basename(os.path.normpath(self._id()))), also)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.remote.url if self.remote is not None else self.path,
@@ -339,14 +352,16 @@ class FastStorageWriter(StorageWriter):
             os.unlink(path)
         except FileNotFoundError:
             pass
-        if remote is not None:
-            remote.discard([os.path.basename(path)])
+        if remote is not None:  # its object deleted; a server that is down is no reason to skip the collective
+            _quietly(lambda: remote.discard([os.path.basename(path)]), f"deleting {remote.url}/{os.path.basename(path)}")
         self._agree.all_ok(True, background=True)
         if remote is not None:
-            if coordinator:
-                remote.discard()
-            self._remotes.pop(directory, None)
-            remote.close()
+            try:
+                if coordinator:
+                    _quietly(remote.discard, f"deleting what the failed save put under {remote.url}")
+            finally:
+                self._remotes.pop(directory, None)
+                remote.close()
             return
         if not coordinator:
             return

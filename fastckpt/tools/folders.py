@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from ..commit import record as commit
@@ -125,7 +126,7 @@ def _s3_survey(url: str) -> Survey:
         finally:
             store.close()
 
-    found = _store_survey(url, [S3Store], close=False)
+    found = _store_survey(url, [SimpleNamespace(place_at=lambda _: store)], close=False)  # this one store, open
     found.loading, found.check = loading, store.verify_object
     if not found.entries:
         found.note = f"no checkpoints at {url}"

@@ -6,7 +6,7 @@ started in a folder of its own and stopped with its process group.
     server.stop()
 
 Each of its HTTP ports is a free one (its gRPC ports are the HTTP ones + 10000, as SeaweedFS
-makes them); the Iceberg and Lance ports it adds are its own to find. The credentials are the
+makes them); its Iceberg and Lance servers (fixed default ports) are off. The credentials are the
 admin identity `weed mini` takes from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the way every
 AWS tool reads them. A server that does not answer within its start-up time is an error naming
 its log's last lines: a test that needs the server fails, never skips.
@@ -76,7 +76,8 @@ class S3Server:
             self._choose_ports()
         args = [weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 *(f"-{name}.port={port}" for name, port in self.ports.items()),
-                "-admin.ui=false", "-webdav=false", "-master.telemetry=false", f"-bucket={self.bucket}"]
+                "-admin.ui=false", "-webdav=false", "-master.telemetry=false", f"-bucket={self.bucket}",
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]  # their fixed default ports: two servers would collide
         self.log = os.path.join(self.folder, "weed.log")
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(args, cwd=self.folder, stdout=out, stderr=subprocess.STDOUT,

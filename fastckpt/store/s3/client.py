@@ -235,7 +235,8 @@ _BUCKETS_LOCK = __import__("threading").Lock()
 def bucket_for(place: S3Place, endpoint: Optional[str] = None, timeout_s: float = 120.0) -> Bucket:
     """The one Bucket of this process for place's bucket, endpoint and timeout (setting one up
     reads the AWS configuration: done once)."""
-    key = (place.bucket, endpoint, timeout_s, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ACCESS_KEY_ID"))
+    key = (place.bucket, endpoint, timeout_s) + tuple(os.environ.get(name) for name in (
+        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_REGION"))
     with _BUCKETS_LOCK:
         found = _BUCKETS.get(key)
         if found is None:

@@ -1,7 +1,8 @@
 """The S3 store: the Checkpointer's layout in a bucket, made crash-consistent without a rename.
 
 Layout (keys under the place's prefix, as the root store's folders):
-    PREFIX/step-00000100.c000007/rank-0.pt ... rank-N.pt   each rank's part, one object each
+    PREFIX/step-00000100.c000007/rank-0.TOKEN.pt ...        each rank's part, one object each (TOKEN:
+                                                            its writer's, so writers never share a key)
     PREFIX/step-00000100.c000007/COMMIT                    the commit record, written last, once
     PREFIX/latest                                          {"dir", "step", "counter"}, moved forward
 
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import threading
 import time
+import uuid
 from typing import Optional
 
 from ...commit import record as commit
@@ -41,6 +44,7 @@ from .client import MIN_PART, Bucket, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
 
+log = logging.getLogger("fastckpt")
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
 LATEST = "latest"
 EXT = {"torch": "pt", "safetensors": "safetensors"}
@@ -60,6 +64,8 @@ class S3Store(Store):
         self.only: Optional[str] = None  # opened at one checkpoint (place_at)
         self._latest_lock = threading.Lock()
         self._begun: dict[str, str] = {}  # spooled part -> its object's key
+        self._refused: set[str] = set()  # checkpoints whose record PUT found another writer's
+        self.token = uuid.uuid4().hex[:8]
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "S3Store":
@@ -97,8 +103,10 @@ class S3Store(Store):
         for _, _, url in dirs:
             if not self._has_record(url):
                 self.remove(url)
-        for upload in self.bucket.uploads(self.where.key("")):
-            self.bucket.abort_upload(upload)
+        base = self.where.key("")
+        for upload in self.bucket.uploads(base):  # a checkpoint's part only: another tool's uploads are theirs
+            if DIR_RE.match(upload.key[len(base):].split("/", 1)[0]):
+                self.bucket.abort_upload(upload)
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Room in the spool for the parts in flight (the memory filesystem's, when spooling there)."""
@@ -117,9 +125,10 @@ class S3Store(Store):
         self._begun[part] = self.where.key(name, self.file_name(rank, fmt))
         return self.where.url_of(self.where.key(name)), part
 
-    @staticmethod
-    def file_name(rank: int, fmt: str) -> str:
-        return f"rank-{rank}.{EXT[fmt]}"
+    def file_name(self, rank: int, fmt: str) -> str:
+        """rank-R.TOKEN.pt: the token is this writer's, so two writers that took the same counter
+        (two jobs on one prefix) never write over each other's objects; the record names which."""
+        return f"rank-{rank}.{self.token}.{EXT[fmt]}"
 
     def sink(self, part: str, direct_io: bool):
         return MemoryFileSink(part) if self.spool.memory and part.startswith(self.spool.folder) else FileSink(
@@ -157,9 +166,14 @@ class S3Store(Store):
         try:
             commit.write_with(info, lambda raw: self.bucket.put_bytes(key, raw, create_once=True))
         except FileExistsError as e:
+            self._refused.add(info.path)  # its objects may be the other writer's: abort() leaves them
             raise CheckpointWriteError(f"{self.where.url_of(key)} exists already: another writer committed "
                                        "this checkpoint") from e
-        self.move_latest(info)
+        try:
+            self.move_latest(info)
+        except OSError as e:  # committed by its record: `latest` only names it for other tools
+            log.warning("fastckpt: %s is committed, but moving %s to it failed: %s", info.path,
+                        self.where.url_of(self.where.key(LATEST)), e)
 
     def move_latest(self, info: CommitInfo) -> None:
         """`latest` names info, only forward (by counter); one thread at a time."""
@@ -183,9 +197,12 @@ class S3Store(Store):
         key = self._begun.pop(part, None) if part is not None else None
         if part is not None and not stuck:
             _unlink(part)
-        if key is not None:
+        if key is not None:  # this writer's own object (its name is this writer's alone)
             self._abort_uploads_of(key)
             self.bucket.delete([key])
+        if ckpt_id in self._refused:  # another writer's record is there: the rest is not ours to delete
+            self._refused.discard(ckpt_id)
+            return
         if rank == 0 and ckpt_id is not None:
             self.remove(ckpt_id)
 
@@ -242,7 +259,8 @@ class S3Store(Store):
         """This rank's object of info, in a spool file (parallel ranged GETs); its path."""
         entry = info.entry_for(rank)
         key = self._dir_key(info.path) + "/" + entry.name
-        path = self.spool.path(f"load-{threading.get_ident()}-{os.path.basename(info.path)}.{entry.name}")
+        path = os.path.join(self.spool.folder_for(entry.bytes),
+                            f"load-{threading.get_ident()}-{os.path.basename(info.path)}.{entry.name}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, entry.bytes)

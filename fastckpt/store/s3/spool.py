@@ -41,6 +41,7 @@ class Spool:
         self.folder = None
         self.memory = False
         self._earlier: list[str] = []  # folders left for disk: removed at close (parts may still be in them)
+        self._disk = None  # a folder on disk for files the memory filesystem has no room for
 
     def open(self, on_memory: bool = True) -> str:
         """The folder, made on first use: on the memory filesystem when asked and there is one."""
@@ -57,6 +58,16 @@ class Spool:
     def room(self) -> int:
         return room(self.open())
 
+    def folder_for(self, nbytes: int) -> str:
+        """Where a file of nbytes goes now: the spool's folder when it has room for it (and a
+        margin), else a folder of the system's temporary directory on disk (a small /dev/shm)."""
+        folder = self.open()
+        if room(folder) >= nbytes + (64 << 20):
+            return folder
+        if self._disk is None:
+            self._disk = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=tempfile.gettempdir())
+        return self._disk
+
     def to_disk(self) -> None:
         """Later parts spooled on disk (the memory filesystem is too small)."""
         if self.memory:
@@ -65,9 +76,9 @@ class Spool:
             self.open(on_memory=False)
 
     def close(self) -> None:
-        for folder in self._earlier + ([self.folder] if self.folder is not None else []):
+        for folder in self._earlier + [f for f in (self.folder, self._disk) if f is not None]:
             shutil.rmtree(folder, ignore_errors=True)
-        self.folder, self.memory, self._earlier = None, False, []
+        self.folder, self.memory, self._earlier, self._disk = None, False, [], None
 
 
 def _sweep(base: str) -> None:

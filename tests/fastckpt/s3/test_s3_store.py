@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -47,9 +48,9 @@ def test_two_ranks_save_to_s3_and_load_bit_exact(s3_env):
         assert info.step == 3 and sorted(f.rank for f in info.files) == [0, 1]
         assert all(f.etag for f in info.files)  # the record names each object's ETag
         keys = [o.key for o in ck.store.bucket.listing(ck.store.where.key(""))]
-        assert sorted(k.split("/", 1)[1] for k in keys) == sorted(
-            ["latest"] + [f"step-0000000{s}.c00000{s}/{n}" for s in (2, 3) for n in ("COMMIT", "rank-0.pt",
-                                                                                    "rank-1.pt")])
+        named = sorted(re.sub(r"\.[0-9a-f]{8}\.pt$", ".pt", k.split("/", 1)[1]) for k in keys)  # writer's token
+        assert named == sorted(["latest"] + [f"step-0000000{s}.c00000{s}/{n}" for s in (2, 3)
+                                             for n in ("COMMIT", "rank-0.pt", "rank-1.pt")]), named
         for rank in (0, 1):
             assert torch.equal(ck.load(rank=rank)["w"], state_for(rank, 3)["w"])
         assert ck.store.bucket.uploads(ck.store.where.key("")) == []  # no unfinished upload billed
@@ -195,20 +196,21 @@ def test_kill9_campaign_during_uploads_and_commits_loses_nothing_and_leaves_no_u
 
 
 def _flip_stored_byte(server, data: bytes) -> None:
-    """One byte of a stored object flipped where the server keeps it (its volume file on disk):
-    found by a run of the object's own bytes."""
+    """One byte of a stored object flipped where the server keeps it (its volume files on disk):
+    found by a run of the object's own bytes, in every copy the server holds (another test of the
+    session may have stored the same state)."""
     import glob
-    marker = data[len(data) // 2:len(data) // 2 + 64]
+    marker, flipped = data[len(data) // 2:len(data) // 2 + 64], 0
     for path in glob.glob(os.path.join(server.folder, "data", "**", "*.dat"), recursive=True):
         with open(path, "r+b") as f:
-            at = f.read().find(marker)
-            if at >= 0:
+            raw = f.read()
+            at = raw.find(marker)
+            while at >= 0:
                 f.seek(at)
-                b = f.read(1)
-                f.seek(at)
-                f.write(bytes([b[0] ^ 0xFF]))
-                return
-    raise AssertionError("the object's bytes are in no volume file of the server")
+                f.write(bytes([raw[at] ^ 0xFF]))
+                flipped += 1
+                at = raw.find(marker, at + 1)
+    assert flipped, "the object's bytes are in no volume file of the server"
 
 
 def test_a_flipped_byte_in_a_stored_object_is_named_and_passed_over_for_the_previous_checkpoint(s3_env):
@@ -225,7 +227,7 @@ def test_a_flipped_byte_in_a_stored_object_is_named_and_passed_over_for_the_prev
         with pytest.warns(UserWarning, match=r"passed over: checkpoint step 2 in s3://.*step-00000002"):
             out = reader.load()
         assert out["step"] == 1 and torch.equal(out["w"], state_for(0, 1, 6)["w"])
-        with pytest.raises(OSError, match=r"s3://.*/step-00000002\.c000002/rank-0\.pt"):
+        with pytest.raises(OSError, match=r"s3://.*/step-00000002\.c000002/rank-0\.[0-9a-f]{8}\.pt"):
             reader.store.verify(reader.store.committed()[0])
     finally:
         reader.close()
@@ -250,15 +252,38 @@ def test_an_object_written_over_after_its_commit_is_passed_over_and_named(s3_env
         ck.close()
 
 
-def test_a_record_is_written_once_never_over_another(s3_env):
-    """Two writers that take the same counter (two jobs on one prefix): the second record PUT is
-    refused by the server (If-None-Match: *), and the first stays the checkpoint."""
+def test_a_record_is_written_once_and_the_loser_deletes_nothing_of_the_winner(s3_env):
+    """Two jobs on one prefix that took the same counter (the second listed the prefix before the
+    first committed): the second's record PUT is refused by the server (If-None-Match: *), its
+    save fails, and its cleanup leaves the first's checkpoint, record and objects, as they were."""
     url = fresh_url(s3_env)
-    ck = fastckpt.Checkpointer(url)
+    first, second = fastckpt.Checkpointer(url), fastckpt.Checkpointer(url, stall_timeout_s=8)
     try:
-        first = ck.save(state_for(0, 1, 1), step=1).wait()
+        saved = first.save(state_for(0, 1, 1), step=1).wait()
+        second.store.next_counter = lambda: 1  # what it listed before the first committed
         with pytest.raises(fastckpt.CheckpointWriteError, match="exists already"):
-            ck.store.commit(dataclasses.replace(first, step=99))
-        assert [i.step for i in ck.store.committed()] == [1]
+            second.save(state_for(0, 1, 1), step=1).wait()
+        problems: list = []
+        assert [(i.step, i.counter) for i in first.store.committed(problems)] == [(1, saved.counter)], problems
+        assert torch.equal(first.load()["w"], state_for(0, 1, 1)["w"])
+    finally:
+        second.close()
+        first.close()
+
+
+def test_retention_aborts_unfinished_uploads_older_than_the_newest_and_never_a_newer_one(s3_env):
+    """A killed writer's upload of an old checkpoint is aborted by the next commit's retention; an
+    upload of a checkpoint above the newest (one another rank may still be writing) is left."""
+    url = fresh_url(s3_env)
+    ck = fastckpt.Checkpointer(url, keep=2)
+    try:
+        ck.save(state_for(0, 1, 1), step=1).wait()
+        prefix, control = ck.store.where.key(""), ck.store.bucket.control
+        for counter in (1, 9):
+            control.create_multipart_upload(Bucket=s3_env.bucket, Key=f"{prefix}step-0000000{counter}.c00000{counter}/rank-1.pt")
+        ck.save(state_for(0, 2, 1), step=2).wait()
+        ck.save(state_for(0, 3, 1), step=3).wait()  # retention runs after each commit
+        left = [u.key[len(prefix):] for u in ck.store.bucket.uploads(prefix)]
+        assert left == ["step-00000009.c000009/rank-1.pt"], left
     finally:
         ck.close()
