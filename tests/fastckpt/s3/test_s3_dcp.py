@@ -43,14 +43,20 @@ def test_an_s3_prefix_without_a_record_is_refused(s3_env):
 
 
 def test_saves_into_step_folders_commit_in_order_and_leave_nothing_uncommitted(s3_env):
+    """Beside the saves: a save cut short before them (a rank's file, and an unfinished upload of
+    another) is removed once a newer checkpoint is committed; a folder of anything else, though its
+    name ends with a lower step, is left alone."""
     parent = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}"
+    place = S3Place.parse(parent)
+    bucket = bucket_for(place)
+    bucket.put_bytes(place.key("step-0", "__0_0.distcp"), b"a save cut short")
+    bucket.control.create_multipart_upload(Bucket=s3_env.bucket, Key=place.key("step-0", "__1_0.distcp"))
+    bucket.put_bytes(place.key("eval2", "notes.txt"), b"not a checkpoint")
     outs = run_ranks("fill", parent, 2)
     assert all(f"rank {r} saved 4" in out for r, out in enumerate(outs)), outs
     assert newest_committed(parent).step == 4
     outs = run_ranks("load-step", parent, 0, 3)
     assert "EQUAL" in outs[0], outs
-    place = S3Place.parse(parent)
-    bucket = bucket_for(place)
     assert bucket.uploads(place.key("")) == []
     names = {o.key.split("/")[1] for o in bucket.listing(place.key(""))}
-    assert names == {f"step-{s}" for s in (1, 2, 3, 4)}
+    assert names == {f"step-{s}" for s in (1, 2, 3, 4)} | {"eval2"}, names
