@@ -371,9 +371,9 @@ BUGS = (
           "        result = write.finish()\n        key = self._begun[part]\n        self._late = (key, part)\n"
           "        return result  # planted\n        try:\n"),
          ("fastckpt/store/s3/s3_store.py",
-          "        self.move_latest(info)\n\n    def move_latest",
-          "        self.move_latest(info)\n        self.bucket.put_file(*self._late, self.part_bytes, 8)  # planted\n\n"
-          "    def move_latest"),
+          "        try:\n            self.move_latest(info)\n",
+          "        self.bucket.put_file(*self._late, self.part_bytes, 8)  # planted\n"
+          "        try:\n            self.move_latest(info)\n"),
          ("fastckpt/store/s3/s3_store.py", "        return self.where.url_of(self._begun.pop(part))",
           "        return self.where.url_of(self._begun[part])  # planted")),
         ("tests/fastckpt/s3/test_s3_store.py", "-k", "two_ranks or campaign")),
@@ -397,11 +397,17 @@ BUGS = (
         "unfinished multipart uploads a killed writer left are never aborted (by the next writer's start nor by "
         "retention): their parts stay billed",
         (("fastckpt/store/s3/s3_store.py",
-          "        for upload in self.bucket.uploads(self.where.key(\"\")):\n            self.bucket.abort_upload(upload)\n",
-          "        pass  # planted\n"),
+          "            if DIR_RE.match(upload.key[len(base):].split(\"/\", 1)[0]):\n                self.bucket.abort_upload(upload)\n",
+          "            pass  # planted\n"),
          ("fastckpt/store/s3/s3_store.py", "        aborted = []\n",
           "        aborted = []\n        return aborted  # planted\n")),
         ("tests/fastckpt/s3/test_s3_store.py", "-k", "campaign")),
+    Bug("s3-retention-aborts-newer-uploads",
+        "retention aborts every unfinished upload of a checkpoint, also one above the newest that another rank may "
+        "still be writing",
+        (("fastckpt/store/s3/s3_store.py", "            if m and int(m.group(2)) < newest and url not in in_flight:",
+          "            if m:  # planted"),),
+        ("tests/fastckpt/s3/test_s3_store.py", "-k", "retention_aborts")),
     Bug("dcp-s3-sweep-takes-any-folder",
         "a DCP save to S3 sweeps every folder beside it whose name ends in a lower step, whatever it holds",
         (("fastckpt/dcp/on_s3.py", "                     and all(_save_file(f) for f in files)}",
