@@ -49,28 +49,17 @@ def own_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def s3torch_writer(url: str):
+def s3torch(cls, url: str):
+    """s3torchconnector's DCP storage (S3StorageWriter / S3StorageReader) of url on this server: its
+    writer and reader take no endpoint, so their filesystem is one over a client that has it."""
     from s3torchconnector import S3ClientConfig
     from s3torchconnector._s3client import S3Client
-    from s3torchconnector.dcp import S3StorageWriter
     from s3torchconnector.dcp.s3_file_system import S3FileSystem
-    config = S3ClientConfig(force_path_style=True)
-    writer = S3StorageWriter(os.environ["AWS_REGION"], url, s3client_config=config)
-    writer.fs = S3FileSystem(os.environ["AWS_REGION"], s3_client=S3Client(
-        os.environ["AWS_REGION"], endpoint=os.environ["AWS_ENDPOINT_URL"], s3client_config=config))
-    return writer
-
-
-def s3torch_reader(url: str):
-    from s3torchconnector import S3ClientConfig
-    from s3torchconnector._s3client import S3Client
-    from s3torchconnector.dcp import S3StorageReader
-    from s3torchconnector.dcp.s3_file_system import S3FileSystem
-    config = S3ClientConfig(force_path_style=True)
-    reader = S3StorageReader(os.environ["AWS_REGION"], url, s3client_config=config)
-    reader.fs = S3FileSystem(os.environ["AWS_REGION"], s3_client=S3Client(
-        os.environ["AWS_REGION"], endpoint=os.environ["AWS_ENDPOINT_URL"], s3client_config=config))
-    return reader
+    region, config = os.environ["AWS_REGION"], S3ClientConfig(force_path_style=True)
+    storage = cls(region, url, s3client_config=config)
+    storage.fs = S3FileSystem(region, s3_client=S3Client(region, endpoint=os.environ["AWS_ENDPOINT_URL"],
+                                                        s3client_config=config))
+    return storage
 
 
 # -- one rank (a child process) ----------------------------------------------
@@ -103,7 +92,8 @@ def rank_main(a) -> None:
             dcp.save(state, storage_writer=writer, checkpoint_id=f"{base}/step-{i}")
             blocked = time.perf_counter() - t0
         elif a.rank_of == "dcp_s3torch":
-            dcp.save(state, storage_writer=s3torch_writer(f"{base}/step-{i}"))
+            from s3torchconnector.dcp import S3StorageWriter
+            dcp.save(state, storage_writer=s3torch(S3StorageWriter, f"{base}/step-{i}"))
             blocked = time.perf_counter() - t0
         else:  # bound: one multipart upload of this rank's bytes, full concurrency
             import obstore
@@ -128,8 +118,10 @@ def rank_main(a) -> None:
             got = ck.load()
         else:
             got = {k: torch.empty_like(v) for k, v in state.items()}
-            reader = (s3torch_reader(f"{base}/step-{last}") if a.rank_of == "dcp_s3torch" else None)
-            if reader is None:
+            if a.rank_of == "dcp_s3torch":
+                from s3torchconnector.dcp import S3StorageReader
+                reader = s3torch(S3StorageReader, f"{base}/step-{last}")
+            else:
                 from fastckpt.dcp import FastStorageReader
                 reader = FastStorageReader(f"{base}/step-{last}")
             dcp.load(got, storage_reader=reader)

@@ -335,11 +335,12 @@ def sweep_dead_tmp(parent: str) -> None:
             pid = int(os.path.basename(tmp).rsplit(".fastckpt-", 1)[1].split("-")[0])
         except (IndexError, ValueError):
             continue
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             _delete_quietly(tmp)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs (the writer of a temporary file, of a spool folder)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

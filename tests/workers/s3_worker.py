@@ -4,7 +4,7 @@
 MODE: roundtrip (3 saves of ~12 MiB per rank, each a multipart upload; each rank loads its own),
 outage (step 1 committed; once FLAGS/down exists — the test stopped the server, or made it refuse
 one rank's writes — step 2, which must fail; once FLAGS/up exists, step 3, which must commit: what
-each rank was told, and how long each wait took), loop (saves until killed),
+each rank was told, and how long each wait took),
 campaign (a job restarted after a kill -9 of the last: the newest committed checkpoint loaded and
 compared bit for bit, one save committed, the unfinished uploads older than it counted; then saves
 until killed)."""
@@ -93,15 +93,6 @@ def main() -> None:
         step, pending = step + 1, []
         while True:
             pending.append(ck.save(state_for(rank, step, 11), step=step))
-            step += 1
-            while pending and (len(pending) >= 2 or pending[0].done()):
-                say(f"committed {pending.pop(0).wait().step}")
-    elif mode == "loop":
-        step = 1
-        say("ready")
-        pending = []
-        while True:
-            pending.append(ck.save(state_for(rank, step, 6), step=step))
             step += 1
             while pending and (len(pending) >= 2 or pending[0].done()):
                 say(f"committed {pending.pop(0).wait().step}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -110,15 +111,26 @@ class Bucket:
 
     # -- writing -----------------------------------------------------------
     def put_file(self, key: str, path: str, part: int, concurrency: int) -> Optional[str]:
-        """A local file uploaded as key (multipart, `concurrency` parts in flight); its ETag."""
+        """A local file uploaded as key (multipart, `concurrency` parts in flight); its ETag. The
+        file is mapped and its pages handed to the client as they are (no copy into buffers of
+        its own: on a memory filesystem the upload reads the spool's pages themselves)."""
         import obstore
-        from pathlib import Path
-        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else None
+        view = memoryview(mapped) if mapped is not None else memoryview(b"")
         try:
-            result = obstore.put(self.store, key, Path(path), chunk_size=part_bytes(size, part),
+            result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),
                                  max_concurrency=concurrency, use_multipart=size > MIN_PART)
         except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
             raise self._failed("upload of", key, e) from e
+        finally:
+            view.release()
+            if mapped is not None:
+                try:
+                    mapped.close()
+                except BufferError:  # the client still holds a view: the mapping goes with it
+                    pass
         return result.get("e_tag")
 
     def put_bytes(self, key: str, data: bytes, create_once: bool = False) -> Optional[str]:

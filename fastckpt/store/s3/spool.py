@@ -14,19 +14,10 @@ import shutil
 import tempfile
 
 from ... import _native
+from ..path_store import pid_alive
 
 PREFIX = "fastckpt-s3-"
 MEMORY = "/dev/shm"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def room(folder: str) -> int:
@@ -93,5 +84,5 @@ def _sweep(base: str) -> None:
                 pid = int(n[len(PREFIX):].split("-")[0])
             except ValueError:
                 continue
-            if pid != os.getpid() and not _alive(pid):
+            if pid != os.getpid() and not pid_alive(pid):
                 shutil.rmtree(os.path.join(base, n), ignore_errors=True)
