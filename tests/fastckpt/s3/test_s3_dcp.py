@@ -60,3 +60,32 @@ def test_saves_into_step_folders_commit_in_order_and_leave_nothing_uncommitted(s
     assert bucket.uploads(place.key("")) == []
     names = {o.key.split("/")[1] for o in bucket.listing(place.key(""))}
     assert names == {f"step-{s}" for s in (1, 2, 3, 4)} | {"eval2"}, names
+
+
+def test_a_checkpoint_we_wrote_to_s3_loads_with_s3torchconnectors_reader(s3_env):
+    """AWS's DCP storage (s3torchconnector's S3StorageReader) reads what FastStorageWriter put in the
+    bucket — saved on 2 ranks, loaded resharded in one process, bit-exact: the objects are DCP's own
+    files. (Its reader takes no endpoint: its filesystem is built over a client that has this
+    server's, path style.) It checks no commit record: a prefix cut short is ours to refuse."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+    from s3torchconnector.dcp import S3StorageReader
+    from s3torchconnector.dcp.s3_file_system import S3FileSystem
+    from workers.dcp_worker import _equal, full_state
+
+    url = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}/step-7"
+    outs = run_ranks("save", url, 2)
+    assert all(f"rank {r} SAVED" in out for r, out in enumerate(outs)), outs
+    config = S3ClientConfig(force_path_style=True)
+    reader = S3StorageReader("us-east-1", url, s3client_config=config)
+    reader.fs = S3FileSystem("us-east-1", s3_client=S3Client("us-east-1", endpoint=s3_env.endpoint,
+                                                            s3client_config=config))
+
+    def blank(d):
+        return {k: blank(v) if isinstance(v, dict) else torch.zeros_like(v) if isinstance(v, torch.Tensor)
+                else type(v)() for k, v in d.items()}
+    state = blank(full_state())
+    dcp.load(state, storage_reader=reader)
+    assert _equal(state, full_state()) == []
