@@ -22,6 +22,7 @@ from typing import Optional
 from ..commit import record
 from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError
+from ..store.s3.checked import read_checked
 from ..store.s3.client import bucket_for
 from ..store.s3.place import S3Place, is_s3
 from ..store.s3.spool import Spool
@@ -113,7 +114,7 @@ class RemoteCheckpoint:
         objects = {o.key: o for o in self.bucket.listing(self.key(""))}
         if self.key(record.COMMIT_NAME) not in objects:
             return None
-        return _checked(self.bucket, self.place, objects)
+        return read_checked(self.bucket, self.place, objects, every_rank=False)
 
     def fetch(self, names: list[str], info: CommitInfo) -> None:
         """These objects of the checkpoint downloaded into the local folder (each once)."""
@@ -126,35 +127,12 @@ class RemoteCheckpoint:
             entry = next((f for f in info.files if f.name == name), None)
             if entry is None:
                 raise CorruptCheckpointError(f"{self.url}/{name} is not an object its commit record names")
-            tmp = local + ".part"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.ftruncate(fd, entry.bytes)
-                self.bucket.get_into(self.key(name), fd, entry.bytes, 16 << 20, read_threads())
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            os.close(fd)
-            os.replace(tmp, local)
+            self.bucket.download(self.key(name), local + ".part", entry.bytes, 16 << 20, read_threads())
+            os.replace(local + ".part", local)
 
     def close(self) -> None:
         """Its local folder removed (the spool is its owner's)."""
         shutil.rmtree(self.local, ignore_errors=True)
-
-
-def _checked(bucket, place: S3Place, objects: dict) -> CommitInfo:
-    key = place.key(record.COMMIT_NAME)
-    url = place.url_of(key)
-    raw = bucket.get_bytes(key, record.MAX_RECORD)
-    info = record.parse(raw, url, lambda u: objects[place.key_of(u)].size if place.key_of(u) in objects else None,
-                        every_rank=False)
-    for f in info.files:
-        listed = objects.get(place.key(f.name))
-        if f.etag and listed is not None and listed.etag and listed.etag != f.etag:
-            raise CorruptCheckpointError(f"{place.url}/{f.name} is not the object its commit record names "
-                                         f"(ETag {listed.etag}, the record says {f.etag}): written over")
-    return info
 
 
 def _save_file(name: str) -> bool:
@@ -173,8 +151,7 @@ def committed_at(parent: S3Place, problems: Optional[list] = None, endpoint: Opt
         if rest.count("/") == 1 and rest.endswith("/" + record.COMMIT_NAME):
             folder = S3Place(parent.bucket, key.rsplit("/", 1)[0])
             try:
-                found.append(_checked(bucket, folder, {k: o for k, o in objects.items()
-                                                       if k.startswith(folder.prefix + "/")}))
+                found.append(read_checked(bucket, folder, objects, every_rank=False))
             except (CorruptCheckpointError, OSError) as e:
                 if problems is not None:
                     problems.append(str(e))

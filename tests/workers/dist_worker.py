@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fastckpt
-from one_line import say  # noqa: E402
+from one_line import save_until_killed, say  # noqa: E402
 
 
 def state_for(rank: int, step: int) -> dict:
@@ -51,14 +51,8 @@ def main() -> None:
         dist.all_gather_object(steps, ck.latest().step)
         print(f"rank {rank} {outcome} | latest on each rank {steps}", flush=True)
     elif mode == "loop":
-        step = 1
         say("ready")
-        pending = []
-        while True:
-            pending.append(ck.save(state_for(rank, step), step=step))
-            step += 1
-            while pending and (len(pending) >= 2 or pending[0].done()):
-                say(f"committed {pending.pop(0).wait().step}")
+        save_until_killed(ck, lambda step: state_for(rank, step), 1)
     ck.close()
     dist.destroy_process_group()
 

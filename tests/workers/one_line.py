@@ -22,3 +22,14 @@ def raised(out: dict, step: int, call) -> bool:
         out.update(raised_at=step, error=f"{type(e).__name__}: {e}", took_s=time.monotonic() - t)
         return True
     return False
+
+
+def save_until_killed(ck, state_of, step: int) -> None:
+    """Saves state_of(step), state_of(step + 1), ... with ck until the process is killed, two in
+    flight at most; "committed N" said as each lands (the kill campaigns' loop)."""
+    pending = []
+    while True:
+        pending.append(ck.save(state_of(step), step=step))
+        step += 1
+        while pending and (len(pending) >= 2 or pending[0].done()):
+            say(f"committed {pending.pop(0).wait().step}")

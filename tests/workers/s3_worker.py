@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import fastckpt
-from one_line import say  # noqa: E402
+from one_line import save_until_killed, say  # noqa: E402
 
 MIB = 1 << 20
 
@@ -90,12 +90,7 @@ def main() -> None:
                  if int(u.key[len(prefix):].split("/")[0].rsplit(".c", 1)[1]) < counter]
         say(f"orphans {len(older)}")
         say("ready")
-        step, pending = step + 1, []
-        while True:
-            pending.append(ck.save(state_for(rank, step, 11), step=step))
-            step += 1
-            while pending and (len(pending) >= 2 or pending[0].done()):
-                say(f"committed {pending.pop(0).wait().step}")
+        save_until_killed(ck, lambda step: state_for(rank, step, 11), step + 1)
     ck.close()
     dist.destroy_process_group()
 

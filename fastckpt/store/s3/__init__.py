@@ -4,6 +4,9 @@
   client.py    the connection (Bucket): endpoint, region and credentials as every AWS tool reads
                them; the data through obstore, unfinished multipart uploads listed and aborted
                through boto3; every call bounded
+  spool.py     the local folder a part is written to before its upload, and downloaded to before a load
+  checked.py   a checkpoint's record read and checked against the listed objects (sizes, ETags):
+               the S3 store's and DCP's on S3
   s3_store.py  "s3": the Checkpointer's layout in a bucket, committed by a record object written
                once (a conditional PUT) and then `latest`: S3 has no rename
 """

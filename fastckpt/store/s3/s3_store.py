@@ -40,7 +40,8 @@ from ...machine import read_threads
 from ...verify import verify_file
 from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
-from .client import MIN_PART, Bucket, Upload
+from .checked import read_checked
+from .client import MIN_PART, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
 
@@ -207,10 +208,10 @@ class S3Store(Store):
             self.remove(ckpt_id)
 
     # -- 5-6. listing and reading ----------------------------------------------
-    def _objects(self, under: str = "") -> dict[str, tuple[int, Optional[str]]]:
-        """key -> (size, ETag) of every object under the prefix (or one checkpoint of it)."""
+    def _objects(self, under: str = "") -> dict[str, ListedObject]:
+        """key -> its listing (size, ETag) of every object under the prefix (or one checkpoint of it)."""
         prefix = self.where.key(under) + "/" if under else self.where.key("")
-        return {o.key: (o.size, o.etag) for o in self.bucket.listing(prefix)}
+        return {o.key: o for o in self.bucket.listing(prefix)}
 
     def _dirs(self, objects: Optional[dict] = None) -> list[tuple[int, int, str]]:
         """(step, counter, URL) of every checkpoint with an object here, committed or not."""
@@ -229,18 +230,8 @@ class S3Store(Store):
         return key in objects if objects is not None else self.bucket.size_of(key) is not None
 
     def _read_record(self, url: str, objects: dict) -> CommitInfo:
-        """The record of the checkpoint at url, checked against the listed objects: each one it
-        names is there, of its size and with its ETag."""
-        key = self._dir_key(url) + "/" + commit.COMMIT_NAME
-        raw = self.bucket.get_bytes(key, commit.MAX_RECORD)
-        info = commit.parse(raw, self.where.url_of(key),
-                            lambda u: objects.get(self.where.key_of(u), (None, None))[0])
-        for f in info.files:
-            etag = objects.get(self._dir_key(url) + "/" + f.name, (None, None))[1]
-            if f.etag and etag and f.etag != etag:
-                raise CorruptCheckpointError(f"{url}: object {f.name} is not the one its commit record names "
-                                             f"(ETag {etag}, the record says {f.etag}): it was written over")
-        return info
+        """The record of the checkpoint at url, checked against the listed objects (checked.py)."""
+        return read_checked(self.bucket, S3Place(self.where.bucket, self._dir_key(url)), objects, every_rank=True)
 
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
         objects = self._objects()
@@ -261,15 +252,7 @@ class S3Store(Store):
         key = self._dir_key(info.path) + "/" + entry.name
         path = os.path.join(self.spool.folder_for(entry.bytes),
                             f"load-{threading.get_ident()}-{os.path.basename(info.path)}.{entry.name}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, entry.bytes)
-            self.bucket.get_into(key, fd, entry.bytes, GET_BYTES, read_threads())
-        except BaseException:
-            os.close(fd)
-            _unlink(path)
-            raise
-        os.close(fd)
+        self.bucket.download(key, path, entry.bytes, GET_BYTES, read_threads())
         return path
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,

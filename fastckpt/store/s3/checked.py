@@ -1,0 +1,32 @@
+"""A checkpoint's record in an object store, read and checked against what is listed there: the
+one check of the S3 store's checkpoints (s3_store.py) and of DCP's on S3 (fastckpt.dcp.on_s3).
+
+The record is trusted only when every object it names is listed under the checkpoint's prefix, of
+the size it says and with the ETag it says (an object written over after the commit has another);
+full CRCs are the loader's.
+"""
+from __future__ import annotations
+
+from ...commit import record as commit
+from ...commit_info import CommitInfo
+from ...errors import CorruptCheckpointError
+from .client import Bucket, ListedObject
+from .place import S3Place
+
+
+def read_checked(bucket: Bucket, folder: S3Place, objects: dict[str, ListedObject], every_rank: bool) -> CommitInfo:
+    """The record of the checkpoint at folder (its prefix), checked against objects (key -> ListedObject,
+    at least those under folder); CorruptCheckpointError says what does not match, OSError what
+    could not be read."""
+    key = folder.key(commit.COMMIT_NAME)
+
+    def size_of(url: str):
+        listed = objects.get(folder.key_of(url))
+        return listed.size if listed is not None else None
+    info = commit.parse(bucket.get_bytes(key, commit.MAX_RECORD), folder.url_of(key), size_of, every_rank=every_rank)
+    for f in info.files:
+        listed = objects.get(folder.key(f.name))
+        if f.etag and listed is not None and listed.etag and listed.etag != f.etag:
+            raise CorruptCheckpointError(f"{folder.url}: object {f.name} is not the one its commit record names "
+                                         f"(ETag {listed.etag}, the record says {f.etag}): it was written over")
+    return info
