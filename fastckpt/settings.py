@@ -78,7 +78,8 @@ class CheckpointerConfig:
     """A wait of the write path that sees no progress for this long fails its checkpoint."""
     tiers: tuple[str, ...] | None = field(default=None, metadata=_PLACED)
     """Places fastest first, e.g. ('/dev/shm/run7', '/ssd/run7'): a save commits to the first at memory
-    speed and is persisted behind it to each later one from that committed copy; the last is the root.
+    speed and is persisted behind it to each later one from that committed copy; the last is the root, which
+    may be a bucket's prefix ('s3://bucket/run7': the object store, drained to in the background).
     With store='path' (checkpoints named by the caller's paths: FastCheckpointIO, DeepSpeed), one
     memory tier, e.g. ('/dev/shm/run7',): the caller's paths are the last tier. None: no tiers."""
     tier_keep: tuple[int, ...] | None = field(default=None, metadata=_PER_TIER)
@@ -200,22 +201,26 @@ class CheckpointerConfig:
                 raise ConfigError(f"{given[0]} needs tiers (the places, fastest first)")
 
     def _check_tiers(self) -> None:
-        for tier in self.tiers if isinstance(self.tiers, tuple) else ():
-            if isinstance(tier, str):
-                local_place(tier, "the tier")
+        tiers = self.tiers
+        bucket_last = self.store != "path" and isinstance(tiers, tuple) and bool(tiers) and isinstance(
+            tiers[-1], str) and tiers[-1].startswith("s3://")  # an object store: the last tier only
+        for i, tier in enumerate(tiers if isinstance(tiers, tuple) else ()):
+            if isinstance(tier, str) and not (bucket_last and i == len(tiers) - 1):
+                local_place(tier, "the tier" if not tier.startswith("s3://") else
+                            "the tier (an s3:// tier is the last one: tiers=['/dev/shm/run7', 's3://bucket/run7'])")
         if self.store == "path":
             return self._check_tiers_before_paths()
-        tiers = self.tiers
         if not isinstance(tiers, tuple) or len(tiers) < 2 or not all(isinstance(t, str) and t for t in tiers):
             raise ConfigError(f"tiers must be two or more paths, fastest first (e.g. ['/dev/shm/run7', "
                               f"'/ssd/run7']), got {tiers!r}")
-        places = [os.path.abspath(t) for t in tiers]
+        places = [os.path.abspath(t) for t in (tiers[:-1] if bucket_last else tiers)]
         if len(set(places)) != len(places) or any(
                 a != b and b.startswith(a + os.sep) for a in places for b in places):
             raise ConfigError(f"tiers must be separate places (none inside another), got {list(tiers)}")
-        if self.store != "root":
+        if self.store != ("s3" if bucket_last else "root"):
             raise ConfigError(f"tiers need store='root' (checkpoints named by fastckpt), not store={self.store!r}")
-        if self.root is None or os.path.abspath(self.root) != places[-1]:
+        last = tiers[-1].rstrip("/") if bucket_last else places[-1]
+        if not isinstance(self.root, str) or (self.root.rstrip("/") if bucket_last else os.path.abspath(self.root)) != last:
             raise ConfigError(f"root is the last tier ({tiers[-1]!r}), got root={self.root!r}: "
                               "leave root out or pass the last tier")
         self._check_per_tier(len(tiers), f"each of the {len(tiers)} tiers")

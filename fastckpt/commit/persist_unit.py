@@ -46,8 +46,9 @@ class Superseded(Exception):
 
 class PersistCommit(CommitUnit):
     """Args: the first tier's record (info: its folder is this rank's), this rank, the later
-    tiers (stores with new_dir/commit_rank/commit/remove/retain), copy(src, dst, entry): the
-    durable copy of one part; go(unit): whether every rank copies it now (a collective of the
+    tiers (stores with new_dir/commit_rank/commit/remove/retain), copy(tier, src, folder, entry):
+    the durable copy of one part into the tier's folder (returns its entry there, or None: the
+    same); go(unit): whether every rank copies it now (a collective of the
     chain; True marks its source busy until it lands); landed(unit, infos, error): its owner's
     bookkeeping; retain(): retention once it landed (on every tier)."""
 
@@ -71,16 +72,18 @@ class PersistCommit(CommitUnit):
         background()
         entry = self.info.entry_for(self.rank)
         source = os.path.join(self.info.path, entry.name)
+        entries = []
         for tier in self.tiers:
             folder = tier.new_dir(self.info.step, self.info.counter)
             self.folders.append(folder)
-            self._copy(source, os.path.join(folder, entry.name), entry)
-        return entry
+            entries.append(self._copy(tier, source, folder, entry) or entry)
+        return tuple(entries)
 
     def record(self, parts: list, rank: int) -> list[CommitInfo]:
+        """parts: each rank's entries, one per tier (an object store's names its object and ETag)."""
         infos = []
-        for tier, folder in zip(self.tiers, self.folders):
-            info = dataclasses.replace(self.info, path=folder, files=tuple(parts))
+        for i, (tier, folder) in enumerate(zip(self.tiers, self.folders)):
+            info = dataclasses.replace(self.info, path=folder, files=tuple(p[i] for p in parts))
             tier.commit_rank(folder, info)
             if rank == 0:
                 tier.commit(info)

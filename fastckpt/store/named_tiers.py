@@ -196,7 +196,10 @@ class NamedTiers(Store, ByPath):
             landed(unit, infos, error)
 
         return PersistCommit(info, 0, [PathTier(target, os.path.join(self.memory.root, PERSISTED), self._place)],
-                             lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io), go, done, retain)
+                             self._copy, go, done, retain)
+
+    def _copy(self, tier, src: str, folder: str, entry) -> None:
+        copy_part(src, os.path.join(folder, entry.name), entry, self.direct_io)
 
     def _place(self, part: str, target: str) -> bool:
         """A durable copy renamed over its path — unless the path was removed meanwhile (False).

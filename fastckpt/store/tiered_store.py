@@ -4,7 +4,9 @@
   (each rank's folder there: fastckpt.store.node_tier) at memory speed; once committed, its
   owner persists it to each later tier from that committed copy (fastckpt.commit.persist_unit:
   the owner's second ordered commit), never from the training state. The last tier is the root
-  (store 'root''s layout, with its `latest`).
+  (store 'root''s layout, with its `latest`), or a bucket's prefix (tiers=(..., "s3://bucket/run7"):
+  store 's3''s layout; each part uploaded from its committed copy, checked against its record
+  first, then the record PUT once: training never waits for the object store).
 
 Replicas (`replicas=1`): once every rank's part is durable, each rank sends its part to its
 partner (fastckpt.store.partners: on another node when there is one) over the job's process
@@ -40,13 +42,14 @@ from ..commit.persist_unit import PersistCommit
 from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
-from ..format import load_file
 from ..verify import verify_file
 from .node_tier import NodeTier, load_lent
 from .partners import node_name, partners, wards
 from .protocol import Store
 from .replicas import Replicas
 from .root_store import RootStore
+from .s3.place import is_s3
+from .s3.s3_store import S3Store
 from .tier_copy import copy_part
 
 log = logging.getLogger("fastckpt")
@@ -72,9 +75,10 @@ class TieredStore(Store):
     every_rank_retains = True  # each rank's memory-tier folder is its own to prune
 
     def __init__(self, places: tuple[str, ...], keeps: tuple[int, ...], rank: int, direct_io: bool = True,
-                 replicas: int = 0):
-        self.tiers: list[RootStore] = [NodeTier(p, rank) for p in places[:-1]] + [RootStore(places[-1])]
-        self.places = tuple(os.path.abspath(p) for p in places)
+                 replicas: int = 0, endpoint: Optional[str] = None, part_mb: int = 64, timeout_s: float = 120.0):
+        last = S3Store(places[-1], endpoint, part_mb, timeout_s) if is_s3(places[-1]) else RootStore(places[-1])
+        self.tiers: list = [NodeTier(p, rank) for p in places[:-1]] + [last]
+        self.places = tuple(p.rstrip("/") if is_s3(p) else os.path.abspath(p) for p in places)
         self.keeps, self.rank, self.direct_io = keeps, rank, direct_io
         self.root = self.tiers[-1].root
         self.first = 0  # the tier saves commit to (the last, once shrunk)
@@ -90,7 +94,8 @@ class TieredStore(Store):
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "TieredStore":
-        return cls(config.tiers, config.keep_on_tiers(), rank, config.direct_io, config.replicas)
+        return cls(config.tiers, config.keep_on_tiers(), rank, config.direct_io, config.replicas, config.endpoint,
+                   config.chunk_mb, config.stall_timeout_s)
 
     def join(self, agreement) -> None:
         """Each rank's node gathered once (how many ranks share this node's memory); with
@@ -164,8 +169,12 @@ class TieredStore(Store):
     def _tier_of(self, ckpt_id: str) -> RootStore:
         """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever
         tier later saves go to."""
-        parent = os.path.dirname(os.path.abspath(ckpt_id))
+        parent = ckpt_id.rsplit("/", 1)[0] if is_s3(ckpt_id) else os.path.dirname(os.path.abspath(ckpt_id))
         return next((t for t in self.tiers if t.root == parent), self.writes_to)
+
+    def finish_write(self, write, part: str):
+        """The tier the part was begun on finishes it (an object store: uploads it)."""
+        return self._tier_of(os.path.dirname(part)).finish_write(write, part)
 
     def commit_file(self, ckpt_id, part, result):
         return self._tier_of(ckpt_id).commit_file(ckpt_id, part, result)
@@ -218,8 +227,14 @@ class TieredStore(Store):
             with self._lock:
                 self._copying -= held
             landed(unit, infos, error)
-        return PersistCommit(info, self.rank, behind, lambda src, dst, entry: copy_part(src, dst, entry, self.direct_io),
-                             go, done, retain)
+        return PersistCommit(info, self.rank, behind, self._copy, go, done, retain)
+
+    def _copy(self, tier, src: str, folder: str, entry):
+        """One committed part copied into a tier behind (an object store uploads it: its entry there)."""
+        if isinstance(tier, S3Store):
+            return tier.put_copy(src, folder, entry)
+        copy_part(src, os.path.join(folder, entry.name), entry, self.direct_io)
+        return None
 
     # -- 5-6. listing and reading: the fastest tier first ------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
@@ -252,8 +267,10 @@ class TieredStore(Store):
         last = None
         for i, copy in self._copies(info) or [(len(self.tiers) - 1, info)]:
             try:
-                for f in copy.files if i == len(self.tiers) - 1 else (copy.entry_for(self.rank),):
-                    verify_file(os.path.join(copy.path, f.name), f)
+                if i == len(self.tiers) - 1:
+                    self.tiers[i].verify(copy)
+                else:
+                    verify_file(copy.file_for(self.rank), copy.entry_for(self.rank))
                 return
             except (CorruptCheckpointError, OSError) as e:
                 last = e
@@ -330,7 +347,7 @@ class TieredStore(Store):
             if i < len(self.tiers) - 1:  # a memory tier: its file is written over once recycled
                 state = load_lent(copy.path, path, expect_crc=crc, **ask)
             else:
-                state = load_file(path, expect_crc=crc, **ask)
+                state = self.tiers[i].load(copy, rank, **ask)
         except (CorruptCheckpointError, OSError) as e:
             self._said(f"rank {rank}'s part of step {info.step} in the tier {self.places[i]} ({path}) does not "
                        f"verify: {e}; trying the next copy", tried, f"{self.places[i]}: {e}")

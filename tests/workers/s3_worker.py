@@ -7,8 +7,12 @@ one rank's writes — step 2, which must fail; once FLAGS/up exists, step 3, whi
 each rank was told, and how long each wait took),
 campaign (a job restarted after a kill -9 of the last: the newest committed checkpoint loaded and
 compared bit for bit, one save committed, the unfinished uploads older than it counted; then saves
-until killed)."""
+until killed),
+tiers (two "nodes", FASTCKPT_NODE apart, each rank's local tier its own folder FLAGS/node-R, the bucket
+behind them, replicas=1: 3 saves, closed (each persisted); the steps in the bucket; then rank 1's node
+wiped and a new job loads: where each part came from; then every node wiped and a new job loads again)."""
 import os
+import shutil
 import sys
 import time
 
@@ -55,6 +59,8 @@ def main() -> None:
     flags = sys.argv[3] if len(sys.argv) > 3 else ""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if mode == "tiers":
+        return tiers(url, flags, rank)
     ck = fastckpt.Checkpointer(url, concurrency=2, chunk_mb=5, keep=2, commit_timeout_s=60, stall_timeout_s=8)
     if mode == "roundtrip":
         for step in range(1, 4):
@@ -92,6 +98,30 @@ def main() -> None:
         say("ready")
         save_until_killed(ck, lambda step: state_for(rank, step, 11), step + 1)
     ck.close()
+    dist.destroy_process_group()
+
+
+def tiers(url: str, nodes: str, rank: int) -> None:
+    local = os.path.join(nodes, f"node-{rank}")
+
+    def opened():
+        return fastckpt.Checkpointer(tiers=[local, url], tier_keep=[2, 2], replicas=1, chunk_mb=5,
+                                     commit_timeout_s=60, stall_timeout_s=8)
+    ck = opened()
+    for step in range(1, 4):
+        ck.save(state_for(rank, step), step=step).wait()
+    ck.close()
+    say(f"rank {rank} in the bucket {sorted(i.step for i in ck.store.tiers[-1].committed())}")
+    for wiped in ("node-1", "every node"):
+        dist.barrier()
+        if wiped == "every node" or rank == 1:
+            shutil.rmtree(local)
+        dist.barrier()
+        ck = opened()
+        out = ck.load()
+        exact = out["step"] == 3 and torch.equal(out["w"], state_for(rank, 3)["w"])
+        say(f"rank {rank} after {wiped} wiped: step {out['step']} exact {exact} from {ck.store.read_from(ck.latest(), rank)}")
+        ck.close()
     dist.destroy_process_group()
 
 

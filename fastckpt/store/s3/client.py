@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Optional
 
+import numpy as np
+
 from ...errors import ConfigError
 from .place import S3Place
 
@@ -110,15 +112,28 @@ class Bucket:
         return OSError(f"{what} {self.url(key)} failed: {_one_line(e)} ({self.endpoint})")
 
     # -- writing -----------------------------------------------------------
-    def put_file(self, key: str, path: str, part: int, concurrency: int) -> Optional[str]:
+    def put_file(self, key: str, path: str, part: int, concurrency: int,
+                 check: Optional[Callable[[int], None]] = None) -> Optional[str]:
         """A local file uploaded as key (multipart, `concurrency` parts in flight); its ETag. The
         file is mapped and its pages handed to the client as they are (no copy into buffers of
-        its own: on a memory filesystem the upload reads the spool's pages themselves)."""
+        its own: on a memory filesystem the upload reads the spool's pages themselves).
+        check(address): called on the mapped bytes before a byte is sent (it raises to stop)."""
         import obstore
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else None
         view = memoryview(mapped) if mapped is not None else memoryview(b"")
+        try:
+            if check is not None and size:  # its errors are its own, not the upload's
+                array = np.frombuffer(view, dtype=np.uint8)
+                try:
+                    check(array.ctypes.data)
+                finally:
+                    del array
+        except BaseException:
+            view.release()
+            mapped.close()
+            raise
         try:
             result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),
                                  max_concurrency=concurrency, use_multipart=size > MIN_PART)

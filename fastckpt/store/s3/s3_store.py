@@ -23,6 +23,7 @@ retention: only those of checkpoints older than the newest committed one, which 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -33,11 +34,11 @@ import uuid
 from typing import Optional
 
 from ...commit import record as commit
-from ...commit_info import CommitInfo
+from ...commit_info import CommitInfo, FileEntry
 from ...errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ...format import load_file
 from ...machine import read_threads
-from ...verify import verify_file
+from ...verify import verify_as_recorded, verify_file
 from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
 from .checked import read_checked
@@ -156,6 +157,30 @@ class S3Store(Store):
                     self.bucket.abort_upload(upload)
         except OSError:
             pass  # the server is gone: the next writer's start or retention aborts it
+
+    # -- as the last tier: a part committed on a tier in front, copied here ------
+    def new_dir(self, step: int, counter: int) -> str:
+        """A checkpoint's URL (a prefix: nothing to make)."""
+        return self.where.url_of(self.where.key(f"step-{step:08d}.c{counter:06d}"))
+
+    def put_copy(self, src: str, url: str, entry: FileEntry) -> FileEntry:
+        """A part committed on a tier in front (src, its record's entry) uploaded into the checkpoint
+        at url, checked against its record before a byte is sent (a damaged copy never reaches the
+        bucket); its entry here (this writer's object name, its ETag). A failed upload is aborted."""
+        size = os.path.getsize(src)
+        if size != entry.bytes:
+            raise CorruptCheckpointError(f"{src}: has {size} bytes, the commit record says {entry.bytes}")
+        name = f"rank-{entry.rank}.{self.token}.{entry.name.rsplit('.', 1)[-1]}"
+        key = self.where.key_of(url) + "/" + name
+        if size == 0:
+            verify_file(src, entry)
+        try:
+            etag = self.bucket.put_file(key, src, self.part_bytes, UPLOAD_CONCURRENCY,
+                                        check=lambda at: verify_as_recorded(src, entry, at=at))
+        except OSError as e:
+            self._abort_uploads_of(key)
+            raise CheckpointWriteError(str(e)) from e
+        return dataclasses.replace(entry, name=name, etag=etag or "")
 
     # -- 3-4. committing -------------------------------------------------------
     def commit_file(self, ckpt_id: str, part: str, result) -> str:

@@ -2,7 +2,8 @@
 store — root; path with a local path and with an fsspec memory:// URL; pmem (a pool on /dev/shm);
 tiers (a memory tier on /dev/shm in front of a root); named tiers (one in front of local paths);
 s3 (a prefix of a bucket on a real S3 server, SeaweedFS on loopback: a crash image is every object
-complete at that moment, copied by the server; an unfinished multipart upload is in none) —
+complete at that moment, copied by the server; an unfinished multipart upload is in none); tiers
+to s3 (a memory tier on /dev/shm in front of such a prefix, drained to it) —
 each driven by a real Checkpointer:
 
   commit order   a checkpoint is in no crash image before its data is durable: an image of the
@@ -260,16 +261,20 @@ class Bucket(Place):
 
     def image(self):
         import obstore
-        copy = type(self)(f"{self.where}-image-{uuid.uuid4().hex[:6]}", self.server)
+        copy = self._like(f"{self.where}-image-{uuid.uuid4().hex[:6]}")
         old, new = self.where.split("/", 3)[3], copy.where.split("/", 3)[3]
         for key in self._keys():
             obstore.copy(self.server.store(), key, new + key[len(old):])
         return copy
 
+    def _like(self, where: str) -> "Bucket":
+        return Bucket(where, self.server)
+
     def damage(self, ck, name="last"):
         import obstore
-        info = ck.store.committed()[0]
-        key = ck.store.where.key_of(info.file_for(0))
+        store = ck.store.tiers[-1] if hasattr(ck.store, "tiers") else ck.store
+        info = store.committed()[0]
+        key = store.where.key_of(info.file_for(0))
         data = bytearray(obstore.get(self.server.store(), key).bytes())
         data[len(data) // 2] ^= 0xFF
         obstore.put(self.server.store(), key, bytes(data))
@@ -281,6 +286,39 @@ class Bucket(Place):
             obstore.delete(self.server.store(), keys)
 
 
+class TiersToBucket(Bucket):
+    """A memory tier on /dev/shm in front of a prefix of the test server's bucket (tiers=[memory, 's3://...'])."""
+
+    def __init__(self, where: str, server, memory: str):
+        super().__init__(where, server)
+        self.memory = memory
+
+    def checkpointer(self, **kw):
+        keep = {"tier_keep": (4, 0)} if kw.get("keep") == 0 else {}
+        return Checkpointer(tiers=[self.memory, self.where], **keep, **kw)
+
+    def _like(self, where: str) -> "TiersToBucket":
+        return TiersToBucket(where, self.server, f"{self.memory}-image-{uuid.uuid4().hex[:6]}")
+
+    def image(self):
+        copy = super().image()
+        if os.path.exists(self.memory):
+            shutil.copytree(self.memory, copy.memory)
+        return copy
+
+    def damage(self, ck, name="last"):
+        ck.wait()  # drained to the bucket too: every copy is damaged
+        counter = ck.store.committed()[0].counter
+        for info in ck.store.tiers[0].committed():
+            if info.counter == counter:
+                _flip(info.file_for(0))
+        super().damage(ck, name)
+
+    def cleanup(self):
+        super().cleanup()
+        shutil.rmtree(self.memory, ignore_errors=True)
+
+
 def _flip(path: str) -> None:
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -289,11 +327,13 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers", "s3"])
+@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers", "s3", "tiers-s3"])
 def place(request, tmp_path, shm):
-    if request.param == "s3":
+    if request.param in ("s3", "tiers-s3"):
         server = request.getfixturevalue("s3_env")
-        made = Bucket(f"s3://{server.bucket}/suite-{uuid.uuid4().hex[:8]}", server)
+        url = f"s3://{server.bucket}/suite-{uuid.uuid4().hex[:8]}"
+        made = (Bucket(url, server) if request.param == "s3" else
+                TiersToBucket(url, server, os.path.join(shm, f"memory-tier-{uuid.uuid4().hex[:6]}")))
         yield made
         made.cleanup()
         return
