@@ -163,12 +163,14 @@ class Replay:
                 self.data.append(Data(op.seq, "size", node, 0))
             elif op.kind in ("unlink", "rmdir"):
                 d, n = self._where(names, op.path)
-                names[d].pop(n, None)
+                # the node the name held: its inode number may be another process's already (the shim numbers
+                # an unlink after it returned, so a create of the freed inode elsewhere can be numbered first)
+                node = names[d].pop(n, node)
                 self.meta.append(Meta(op.seq, "remove", d, n, node))
             elif op.kind == "rename":
                 d, n = self._where(names, op.path)
                 d2, n2 = self._where(names, op.path2)
-                names[d].pop(n, None)
+                node = names[d].pop(n, node)
                 names[d2][n2] = node
                 self.meta.append(Meta(op.seq, "rename", d, n, node, d2, n2))
             elif op.kind == "write":
