@@ -7,14 +7,20 @@ local S3 server (SeaweedFS's `weed mini`, started here as the tests start it), R
 warm-up save, each save into a fresh prefix, by:
   fastckpt          fastckpt.Checkpointer("s3://...")      blocked: save() + gate(); durable: wait()
                                                              (its record object is in the bucket)
+  fastckpt_tiers    fastckpt.Checkpointer(tiers=["/dev/shm/...", "s3://..."]): committed on the
+                    memory tier, drained to the bucket in the background; blocked: save() + gate();
+                    durable: wait() (drained: the bucket's record is there)
+  fastckpt_disk     fastckpt.Checkpointer(a folder on this machine's disk), no bucket: the blocked
+                    time the tiers are held to (durable: on the disk)
   fastckpt_dcp      dcp.save through FastStorageWriter("s3://...")   synchronous: blocked = durable
   dcp_s3torch       dcp.save through s3torchconnector's S3StorageWriter (AWS's DCP storage on the
                     CRT client; its client built with this server's endpoint and path-style
                     addressing, since its writer takes no endpoint)   synchronous: blocked = durable
+  dcp_fsspec        dcp.save through DCP's FsspecWriter (s3fs; the endpoint from AWS_ENDPOINT_URL)
   bound             one multipart upload of each rank's bytes with fastckpt's client (obstore) at
                     full concurrency, every rank at once
 Loads (the last save of each, every rank its own part; RUNS times): fastckpt's Checkpointer.load
-and FastStorageReader (every CRC checked), S3StorageReader. On loopback the server shares the 2
+and FastStorageReader (every CRC checked), S3StorageReader, FsspecReader. On loopback the server shares the 2
 cores with the ranks: its CPU, measured from /proc over each contender's saves, is part of the
 bound. Medians; prints a table, writes JSON under --out and its section of benchmarks/RESULTS.md.
 """
@@ -24,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-CONTENDERS = ("fastckpt", "fastckpt_dcp", "dcp_s3torch", "bound")
+CONTENDERS = ("fastckpt", "fastckpt_tiers", "fastckpt_disk", "fastckpt_dcp", "dcp_s3torch", "dcp_fsspec", "bound")
+CHECKPOINTERS = ("fastckpt", "fastckpt_tiers", "fastckpt_disk")
 
 
 def state_for(rank: int, gib: float, ranks: int) -> dict:
@@ -74,26 +82,36 @@ def rank_main(a) -> None:
     base = f"s3://ckpt/{a.rank_of}-{a.tag}"
     out = {"blocked": [], "durable": [], "load": [], "cpu": 0.0, "bytes": nbytes}
     ck = None
-    if a.rank_of == "fastckpt":
+    if a.rank_of in CHECKPOINTERS:
         import fastckpt
-        ck = fastckpt.Checkpointer(base, keep=2)
+        if a.rank_of == "fastckpt":
+            ck = fastckpt.Checkpointer(base, keep=2)
+        elif a.rank_of == "fastckpt_tiers":
+            ck = fastckpt.Checkpointer(tiers=[os.path.join(a.memory, "tier"), base], tier_keep=[1, 2])
+        else:
+            ck = fastckpt.Checkpointer(os.path.join(a.disk, "root"), keep=2)
     elif a.rank_of == "fastckpt_dcp":
         from fastckpt.dcp import FastStorageWriter
         writer = FastStorageWriter(base)
     for i in range(a.runs + 1):  # the first: a warm-up, discarded
         dist.barrier()
         cpu0, t0 = own_cpu(), time.perf_counter()
-        if a.rank_of == "fastckpt":
+        if a.rank_of in CHECKPOINTERS:
             p = ck.save(state, step=i)
             ck.gate()
             blocked = time.perf_counter() - t0
             p.wait()
+            ck.wait()  # with tiers: drained to the bucket too
         elif a.rank_of == "fastckpt_dcp":
             dcp.save(state, storage_writer=writer, checkpoint_id=f"{base}/step-{i}")
             blocked = time.perf_counter() - t0
         elif a.rank_of == "dcp_s3torch":
             from s3torchconnector.dcp import S3StorageWriter
             dcp.save(state, storage_writer=s3torch(S3StorageWriter, f"{base}/step-{i}"))
+            blocked = time.perf_counter() - t0
+        elif a.rank_of == "dcp_fsspec":
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # DCP exports it only there
+            dcp.save(state, storage_writer=FsspecWriter(f"{base}/step-{i}"))
             blocked = time.perf_counter() - t0
         else:  # bound: one multipart upload of this rank's bytes, full concurrency
             import obstore
@@ -114,13 +132,16 @@ def rank_main(a) -> None:
     for _ in range(a.runs if a.rank_of != "bound" else 0):
         dist.barrier()
         t0 = time.perf_counter()
-        if a.rank_of == "fastckpt":
+        if a.rank_of in CHECKPOINTERS:
             got = ck.load()
         else:
             got = {k: torch.empty_like(v) for k, v in state.items()}
             if a.rank_of == "dcp_s3torch":
                 from s3torchconnector.dcp import S3StorageReader
                 reader = s3torch(S3StorageReader, f"{base}/step-{last}")
+            elif a.rank_of == "dcp_fsspec":
+                from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+                reader = FsspecReader(f"{base}/step-{last}")
             else:
                 from fastckpt.dcp import FastStorageReader
                 reader = FastStorageReader(f"{base}/step-{last}")
@@ -152,14 +173,17 @@ def run_contender(a, server, name: str, folder: str) -> dict:
     result = os.path.join(folder, f"{name}.json")
     port = free_port()
     s0 = cpu_of(server.proc.pid)
+    memory = tempfile.mkdtemp(prefix="s3-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     procs = []
     for rank in range(a.ranks):
         env = dict(os.environ, **server.env(), RANK=str(rank), WORLD_SIZE=str(a.ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-of", name, "--result", result,
-                                       "--gib", str(a.gib), "--runs", str(a.runs), "--tag", str(os.getpid())],
+                                       "--gib", str(a.gib), "--runs", str(a.runs), "--tag", str(os.getpid()),
+                                       "--memory", memory, "--disk", folder],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
+    shutil.rmtree(memory, ignore_errors=True)
     if any(p.returncode for p in procs):
         tail = "\n".join(o[-1500:] for o in outs)
         raise SystemExit(f"{name} failed:\n{tail}")
@@ -180,6 +204,8 @@ def main() -> None:
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--memory", help=argparse.SUPPRESS)
+    ap.add_argument("--disk", help=argparse.SUPPRESS)
     ap.add_argument("--table", action="store_true", help="the section rewritten from --out's s3.json, nothing run")
     a = ap.parse_args()
     if a.rank_of:
@@ -219,8 +245,11 @@ def main() -> None:
 
 def table(res: dict, a) -> str:
     rows, bound = res["rows"], res["rows"]["bound"]["durable_median"]
-    said = {"fastckpt": "fastckpt Checkpointer → S3", "fastckpt_dcp": "DCP + fastckpt FastStorageWriter → S3",
-            "dcp_s3torch": "DCP + s3torchconnector S3StorageWriter", "bound": "bound: one multipart upload per rank"}
+    said = {"fastckpt": "fastckpt Checkpointer → S3", "fastckpt_tiers": "fastckpt tiers: /dev/shm → S3",
+            "fastckpt_disk": "fastckpt Checkpointer → local disk (no S3: the blocked time tiers are held to)",
+            "fastckpt_dcp": "DCP + fastckpt FastStorageWriter → S3",
+            "dcp_s3torch": "DCP + s3torchconnector S3StorageWriter", "dcp_fsspec": "DCP + FsspecWriter (s3fs)",
+            "bound": "bound: one multipart upload per rank"}
     lines = [f"## s3.py — {res['when']}, vm ({res['cores']} cores), SeaweedFS `weed mini` on "
              f"loopback, `python benchmarks/s3.py --gib {a.gib:g} --runs {a.runs}`", "",
              f"{a.gib:g} GiB of float32 in all on {a.ranks} gloo ranks, each save into a fresh prefix; medians of "
@@ -231,9 +260,9 @@ def table(res: dict, a) -> str:
              "| server CPU, every save and load (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
         load = f"{r['load_median']:.3f}" if r.get("load_median") else "-"
+        vs = "-" if name == "fastckpt_disk" else f"{bound / r['durable_median']:.2f}x"
         lines.append(f"| {said[name]} | {r['blocked_median']:.3f} | {r['durable_median']:.3f} | "
-                     f"{bound / r['durable_median']:.2f}x | {load} | {r['cpu'] / res['runs']:.2f} | "
-                     f"{r['server_cpu']:.1f} |")
+                     f"{vs} | {load} | {r['cpu'] / res['runs']:.2f} | {r['server_cpu']:.1f} |")
     fast, rival = rows.get("fastckpt"), rows.get("dcp_s3torch")
     if fast and rival:
         ratio = rival["durable_median"] / fast["durable_median"]
@@ -244,6 +273,16 @@ def table(res: dict, a) -> str:
                   f"is durable at {bound / fast['durable_median']:.2f}x the bound. Every contender is within "
                   f"{max(r['durable_median'] for r in rows.values()) / bound:.2f}x of the bound: the server "
                   "(SeaweedFS on the same 2 cores) is what limits them all, and its CPU is most of what the cores spend."]
+    tiers, disk, fsspec = rows.get("fastckpt_tiers"), rows.get("fastckpt_disk"), rows.get("dcp_fsspec")
+    if tiers and disk:
+        lines += ["", f"With tiers (/dev/shm → S3) training is blocked {tiers['blocked_median']:.3f} s against "
+                  f"{disk['blocked_median']:.3f} s for a save to the local disk alone "
+                  f"({tiers['blocked_median'] / disk['blocked_median']:.2f}x), and the save is in the bucket "
+                  f"{tiers['durable_median']:.3f} s after it began."]
+    if fast and fsspec:
+        lines += ["", f"Against DCP + FsspecWriter (s3fs): fastckpt is durable "
+                  f"{fsspec['durable_median'] / fast['durable_median']:.2f}x sooner and loads "
+                  f"{fsspec['load_median'] / fast['load_median']:.1f}x faster."]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ WORLD_SIZE, MASTER_ADDR/PORT, and Lightning then joins them instead of spawning.
 --gpu: one CUDA device (with --ddp: DDP of one process over NCCL, which still runs the
 gradient buckets through the communication hook).
 
-Writes OUT/ck/*.ckpt, OUT/loss-rank0.txt (one "step loss.hex()" line per step, flushed),
+Writes OUT/ck/*.ckpt (or --ck DIR's: a bucket's prefix, s3://...), OUT/loss-rank0.txt (one "step loss.hex()" line per step, flushed),
 OUT/sync/*.pt (a synchronous torch.save of every checkpoint dict, as it was built),
 OUT/final-rankR.pt (final weights) and OUT/loaded-rankR.pt (what each rank resumed from).
 """
@@ -88,11 +88,13 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--io-strategy", default="c")
     ap.add_argument("--precision", default=None)
+    ap.add_argument("--resume-from", default=None, help="ckpt_path (Lightning's 'last' finds none in a bucket)")
+    ap.add_argument("--ck", default=None, help="ModelCheckpoint's dirpath (default OUT/ck; an s3:// URL too)")
     a = ap.parse_args()
     L.seed_everything(0, verbose=False)
     io = FastCheckpointIO(strategy=a.io_strategy, per_rank=a.per_rank, chunk_mb=4 if a.staging_mb else 64,
                           staging_mb=a.staging_mb, stall_timeout_s=60)
-    cbs = [ModelCheckpoint(dirpath=os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=-1, save_last=True,
+    cbs = [ModelCheckpoint(dirpath=a.ck or os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=-1, save_last=True,
                            save_on_train_epoch_end=True), Record(a.out, a.sleep)]
     if a.layerwise:
         cbs.append(LayerwiseCheckpointing())
@@ -106,7 +108,7 @@ def main() -> None:
         kw.update(strategy=strategy, devices=1 if a.gpu else 2, num_nodes=1)
     t = trainer(io, cbs, **kw)
     model = TinyModule(big=a.big)
-    t.fit(model, loader(), ckpt_path="last" if a.resume else None)
+    t.fit(model, loader(), ckpt_path=a.resume_from or ("last" if a.resume else None))
     torch.save(model.state_dict(), os.path.join(a.out, f"final-rank{t.global_rank}.pt"))
     with open(os.path.join(a.out, f"stats-rank{t.global_rank}.json"), "w") as f:
         json.dump({**io.stats, "layerwise_released": io.saves.held.released}, f)
