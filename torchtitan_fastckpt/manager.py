@@ -35,6 +35,10 @@ safetensors. What changes:
   usable one (no rank writes them any more: saves are committed in order) are removed too.
   Each is withdrawn first (its record, then its `.metadata`), so a removal cut short never
   leaves something that looks resumable.
+- A bucket (`folder="s3://bucket/run7"`, endpoint and credentials as AWS tools find them): saves and
+  loads through fastckpt.dcp's object-store path, "the newest" is the newest committed there, and
+  retention withdraws each checkpoint past `keep_latest_k` before torchtitan's purge thread deletes
+  its objects (its own fsspec calls need s3fs); saves cut short there are swept by the next save.
 """
 from __future__ import annotations
 
@@ -54,7 +58,8 @@ from torchtitan.tools.utils import GarbageCollection
 from fastckpt.settings import DEFAULTS as D
 from fastckpt.settings import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
-from fastckpt.dcp.committed import cut_short_below, withdraw
+from fastckpt.dcp.committed import committed, cut_short_below, withdraw
+from fastckpt.dcp.on_s3 import is_s3
 
 class CheckpointManager(TitanCheckpointManager):
     """torchtitan's CheckpointManager through fastckpt.dcp (see the module docstring)."""
@@ -180,6 +185,8 @@ class CheckpointManager(TitanCheckpointManager):
     def _purge_stale_checkpoints(self) -> None:
         if not self._should_purge():
             return
+        if is_s3(self.folder):
+            return self._purge_in_bucket()
         flying = {os.path.abspath(cid) for cid, future in self.in_flight if not future.done()}
         found = resumable(self.folder)
         doomed = [r.path for r in found[0][self.keep_latest_k:]] + cut_short_below(found)
@@ -189,6 +196,15 @@ class CheckpointManager(TitanCheckpointManager):
                 withdraw(path)  # once: a folder withdrawn and queued looks cut short until the thread removes it
                 self._purging.add(os.path.abspath(path))
                 self.purge_queue.put(path)
+
+    def _purge_in_bucket(self) -> None:
+        """The committed checkpoints past the newest keep_latest_k, never one in flight: each withdrawn
+        (no longer listed as committed, so queued once), then its objects deleted by the purge thread."""
+        flying = {os.fspath(cid).rstrip("/") for cid, future in self.in_flight if not future.done()}
+        for info in committed(self.folder)[self.keep_latest_k:]:
+            if info.path.rstrip("/") not in flying:
+                withdraw(info.path)
+                self.purge_queue.put(info.path)
 
     def _close(self) -> None:
         if getattr(self, "_closed", True):  # closed already, or its __init__ never got this far

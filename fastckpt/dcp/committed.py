@@ -37,7 +37,7 @@ from ..fsutil import fsync_dir
 from .check import read_metadata
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
-from .on_s3 import S3Place, committed_at, is_s3, newest_committed_at
+from .on_s3 import S3Place, committed_at, is_s3, newest_committed_at, withdraw_at
 from .stock_warning import warn_stock_once
 
 LOOKS_LIKE = re.compile(r"^(step|checkpoint|ckpt)[-_]?\d+$")  # a checkpoint's name, even when empty
@@ -194,7 +194,9 @@ def withdraw(directory: str) -> None:
     checkpoint is: fastckpt.commit.committed_under), then its .metadata (each removal made
     durable before the next), so a removal or a save cut short after this is never taken for it
     by our reader or DCP's. A directory removed meanwhile (torchtitan's purge thread) is
-    withdrawn too."""
+    withdrawn too. At an s3:// URL: its record object, then its .metadata, deleted."""
+    if is_s3(os.fspath(directory)):
+        return withdraw_at(os.fspath(directory))
     CommittedUnder(os.path.dirname(os.path.abspath(directory))).withdraw(directory)
     try:
         os.unlink(os.path.join(directory, md_file.NAME))

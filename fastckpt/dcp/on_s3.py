@@ -29,7 +29,7 @@ from ..store.s3.spool import Spool
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
 
-__all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at"]
+__all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at", "withdraw_at"]
 
 
 class RemoteCheckpoint:
@@ -67,8 +67,7 @@ class RemoteCheckpoint:
 
     def withdraw(self) -> None:
         """Its record, then its .metadata, gone (a save into a prefix that held a checkpoint)."""
-        self.bucket.delete([self.key(record.COMMIT_NAME)])
-        self.bucket.delete([self.key(md_file.NAME)])
+        withdraw_at(self.url, self.endpoint)
 
     def discard(self, names: Optional[list] = None) -> None:
         """Objects of a failed save deleted (names: these; None: every one, the record first)."""
@@ -133,6 +132,15 @@ class RemoteCheckpoint:
     def close(self) -> None:
         """Its local folder removed (the spool is its owner's)."""
         shutil.rmtree(self.local, ignore_errors=True)
+
+
+def withdraw_at(url: str, endpoint: Optional[str] = None) -> None:
+    """The checkpoint at url stops being one: its record deleted, then its .metadata (a removal cut
+    short after this leaves objects no reader takes for a checkpoint)."""
+    place = S3Place.parse(url.rstrip("/"), "the DCP checkpoint")
+    bucket = bucket_for(place, endpoint)
+    bucket.delete([place.key(record.COMMIT_NAME)])
+    bucket.delete([place.key(md_file.NAME)])
 
 
 def _save_file(name: str) -> bool:

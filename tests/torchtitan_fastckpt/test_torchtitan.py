@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
@@ -28,6 +29,8 @@ import torch
 pytest.importorskip("torchtitan", reason="torchtitan is a test dependency (setup.cfg: dev)")
 
 from fastckpt.dcp import committed, newest_committed  # noqa: E402
+from fastckpt.store.s3.client import bucket_for  # noqa: E402
+from fastckpt.store.s3.place import S3Place  # noqa: E402
 from support import readme_blocks, warm  # noqa: E402
 from support.paths import ROOT, WORKERS, python_path  # noqa: E402
 from support.processes import free_port  # noqa: E402
@@ -88,6 +91,25 @@ def test_every_async_mode_saves_resumes_and_steps_bit_exact(tmp_path, reference,
     for step in (4, 5):
         assert equal(state(tmp_path / "second", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
     assert [info.step for info in committed(ckpt)] == [5, 4, 3]  # keep_latest_k=3
+
+
+def test_a_bucket_as_the_folder_saves_resumes_and_keeps_the_newest_k_bit_exact(tmp_path, reference, s3_env):
+    """CheckpointManager.Config(folder="s3://..."): every step's checkpoint committed in the bucket
+    (fastckpt's record over its objects), a new run resumes from the newest there and trains on
+    bit-exact, and keep_latest_k=3 leaves the objects of the newest three alone."""
+    ckpt = f"s3://{s3_env.bucket}/titan-{uuid.uuid4().hex[:8]}"
+    first = run("fast", "async", ckpt, tmp_path / "first", 3)
+    assert loaded_step(first) == 0 and [info.step for info in committed(ckpt)] == [3, 2, 1]
+    second = run("fast", "async", ckpt, tmp_path / "second", 5)
+    assert loaded_step(second) == 3
+    assert "closed, fastckpt threads left: []" in first and "closed, fastckpt threads left: []" in second
+    assert equal(state(tmp_path / "second", "loaded.pt"), state(reference, "state-3.pt"))
+    for step in (4, 5):
+        assert equal(state(tmp_path / "second", f"state-{step}.pt"), state(reference, f"state-{step}.pt")), step
+    assert [info.step for info in committed(ckpt)] == [5, 4, 3]
+    place = S3Place.parse(ckpt)
+    left = {o.key.split("/")[1] for o in bucket_for(place).listing(place.key(""))}
+    assert left == {"step-3", "step-4", "step-5"}, left  # the pruned ones' objects deleted too
 
 
 @pytest.mark.parametrize("mode", ["disabled", "async"])
