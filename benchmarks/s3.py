@@ -3,8 +3,10 @@
     python benchmarks/s3.py --gib 1 --runs 3        # 2 gloo ranks on CPU, SeaweedFS on loopback
 
 The same state (GIB of float32 tensors in all, split over RANKS processes) is saved to the same
-local S3 server (SeaweedFS's `weed mini`, started here as the tests start it), RUNS times after a
-warm-up save, each save into a fresh prefix, by:
+local S3 server (SeaweedFS's `weed mini`, started here as the tests start it) in RUNS rounds; in each
+round every contender in turn starts its ranks, saves once to warm up and once measured, each save
+into a fresh prefix, and loads that save once (rounds, not one contender's runs in a row: the
+server slows and speeds up as its volumes fill and compact, which weighs on every contender alike):
   fastckpt          fastckpt.Checkpointer("s3://...")      blocked: save() + gate(); durable: wait()
                                                              (its record object is in the bucket)
   fastckpt_tiers    fastckpt.Checkpointer(tiers=["/dev/shm/...", "s3://..."]): committed on the
@@ -179,7 +181,7 @@ def run_contender(a, server, name: str, folder: str) -> dict:
         env = dict(os.environ, **server.env(), RANK=str(rank), WORLD_SIZE=str(a.ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-of", name, "--result", result,
-                                       "--gib", str(a.gib), "--runs", str(a.runs), "--tag", str(os.getpid()),
+                                       "--gib", str(a.gib), "--runs", "1", "--tag", f"{os.getpid()}-{time.time_ns()}",
                                        "--memory", memory, "--disk", folder],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
@@ -224,8 +226,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="s3-bench-") as folder:
         server = S3Server(folder).start()
         try:
-            for name in a.only:
-                rows[name] = r = run_contender(a, server, name, folder)
+            # round by round, every contender in each (one save and load each, after its own warm-up):
+            # the server's state (its volumes fill, it compacts) weighs on every contender alike
+            for round_ in range(a.runs):
+                for name in a.only:
+                    got = run_contender(a, server, name, folder)
+                    r = rows.setdefault(name, {"blocked": [], "durable": [], "load": [], "cpu": 0.0, "server_cpu": 0.0})
+                    for k in ("blocked", "durable", "load"):
+                        r[k] += got[k]
+                    r["cpu"] += got["cpu"]
+                    r["server_cpu"] += got["server_cpu"]
+                    r["bytes"] = got["bytes"]
+                print(f"round {round_ + 1} of {a.runs} done", flush=True)
+            for name, r in rows.items():
                 med = {k: statistics.median(r[k]) if r[k] else None for k in ("blocked", "durable", "load")}
                 r.update({f"{k}_median": v for k, v in med.items()})
                 print(f"{name:<14} blocked {med['blocked']:.3f} s  durable {med['durable']:.3f} s  load "

@@ -19,9 +19,10 @@ from typing import Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from fastckpt.errors import CheckpointWriteError
+from fastckpt.errors import CheckpointWriteError, ConfigError
 from fastckpt.named import NamedCheckpoints
 from fastckpt.preempt import PreemptSignal
+from fastckpt.settings import URL
 from fastckpt.training_saves import TrainingSaves
 
 from . import open_engines
@@ -71,6 +72,16 @@ class FastckptEngine(CheckpointEngine):
         self.update_only = module_params
 
     # -- saving ----------------------------------------------------------
+    def makedirs(self, path, exist_ok=False):
+        """DeepSpeed's save_dir made; a URL refused in one line before anything is written (DeepSpeed
+        writes its tag folders and `latest` with local file calls: an s3:// save_dir would become a
+        local folder named `s3:`)."""
+        if isinstance(path, str) and URL.match(path):
+            raise ConfigError(f"DeepSpeed's save_dir {path!r} is a URL: DeepSpeed writes its tag folders and `latest` "
+                              "with local file calls, so it saves only to a local or mounted path (a bucket is "
+                              "the root of a Checkpointer or a DCP checkpoint: docs/s3.md)")
+        super().makedirs(path, exist_ok=exist_ok)
+
     def create(self, info: CheckpointCommitInfo) -> None:
         """Every rank, before DeepSpeed's own collectives of this save (its tag check): a tag that
         failed on any rank is raised here on every rank alike (fastckpt.commit.agreed_errors)."""

@@ -1,9 +1,11 @@
 """A URL where fastckpt has no store for it (issue 66's first point): every front end refuses it
 in one line, before any work, and no local folder named after the scheme (`gs:`) is made. Before,
 `Checkpointer("s3://ckpt/run")` wrote a local folder `s3:` and loaded from it while the bucket
-stayed empty. s3:// is a store now (the root of a Checkpointer, a DCP checkpoint: tests/fastckpt/s3/);
-an unknown scheme is still an error, never a local path, and so is s3:// where no S3 store is built
-yet (a tier). Without AWS credentials an s3:// place is a one-line error saying where they go.
+stayed empty. s3:// is a store now (the root of a Checkpointer, its last tier, a DCP checkpoint:
+tests/fastckpt/s3/); an unknown scheme is still an error, never a local path, and so is s3:// where no
+S3 store is built (a tier before the last; a memory tier in front of named paths; DeepSpeed's
+save_dir: tests/deepspeed_fastckpt/). Without AWS credentials an s3:// place is a one-line error
+saying where they go.
 (Lightning's own paths may be fsspec URLs: that store uploads.)"""
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def front_ends(url: str):
     }
 
 
-S3_NOT_YET = ("Checkpointer(tiers)", "Checkpointer(memory tier)", "FastCheckpointIO(tiers)", "DeepSpeed entry")
+S3_NOT_YET = ("Checkpointer(memory tier)", "FastCheckpointIO(tiers)", "DeepSpeed entry")
 
 
 def _hydra(override: str):
