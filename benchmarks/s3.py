@@ -4,7 +4,7 @@
 
 The same state (GIB of float32 tensors in all, split over RANKS processes) is saved to the same
 local S3 server (SeaweedFS's `weed mini`, started here as the tests start it) in RUNS rounds; in each
-round every contender in turn starts its ranks, saves once to warm up and once measured, each save
+round every contender in turn starts its ranks, saves WARMUP times to warm up and once measured, each save
 into a fresh prefix, and loads that save once (rounds, not one contender's runs in a row: the
 server slows and speeds up as its volumes fill and compact, which weighs on every contender alike):
   fastckpt          fastckpt.Checkpointer("s3://...")      blocked: save() + gate(); durable: wait()
@@ -95,7 +95,7 @@ def rank_main(a) -> None:
     elif a.rank_of == "fastckpt_dcp":
         from fastckpt.dcp import FastStorageWriter
         writer = FastStorageWriter(base)
-    for i in range(a.runs + 1):  # the first: a warm-up, discarded
+    for i in range(a.warmup + a.runs):  # the first ones: warm-ups, discarded
         dist.barrier()
         cpu0, t0 = own_cpu(), time.perf_counter()
         if a.rank_of in CHECKPOINTERS:
@@ -126,7 +126,7 @@ def rank_main(a) -> None:
         local = time.perf_counter() - t0
         times = [None] * world
         dist.all_gather_object(times, local)  # durable: once every rank's part is (the slowest rank)
-        if i:
+        if i >= a.warmup:
             out["blocked"].append(blocked)
             out["durable"].append(max(times))
             out["cpu"] += own_cpu() - cpu0
@@ -175,13 +175,14 @@ def run_contender(a, server, name: str, folder: str) -> dict:
     result = os.path.join(folder, f"{name}.json")
     port = free_port()
     s0 = cpu_of(server.proc.pid)
+    tag = f"{os.getpid()}-{time.time_ns()}"  # this launch's prefixes, the same on every rank
     memory = tempfile.mkdtemp(prefix="s3-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     procs = []
     for rank in range(a.ranks):
         env = dict(os.environ, **server.env(), RANK=str(rank), WORLD_SIZE=str(a.ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-of", name, "--result", result,
-                                       "--gib", str(a.gib), "--runs", "1", "--tag", f"{os.getpid()}-{time.time_ns()}",
+                                       "--gib", str(a.gib), "--runs", "1", "--warmup", str(a.warmup), "--tag", tag,
                                        "--memory", memory, "--disk", folder],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
@@ -206,6 +207,8 @@ def main() -> None:
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=2, help="saves before the measured one, every contender's "
+                    "(staging and memory tiers are faulted in once, as in a run of many saves)")
     ap.add_argument("--memory", help=argparse.SUPPRESS)
     ap.add_argument("--disk", help=argparse.SUPPRESS)
     ap.add_argument("--table", action="store_true", help="the section rewritten from --out's s3.json, nothing run")
@@ -218,7 +221,7 @@ def main() -> None:
         with open(path) as f:
             res = json.load(f)
         res.setdefault("when", time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(path))))
-        a.gib, a.ranks, a.runs = res["gib"], res["ranks"], res["runs"]
+        a.gib, a.ranks, a.runs, a.warmup = res["gib"], res["ranks"], res["runs"], res.get("warmup", 1)
         return results.write_section("s3", table(res, a))
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from support.s3_server import S3Server
@@ -246,7 +249,7 @@ def main() -> None:
                       + f"  ranks' CPU {r['cpu'] / a.runs:.2f} s/save  server CPU {r['server_cpu']:.1f} s", flush=True)
         finally:
             server.stop()
-    res = {"gib": a.gib, "ranks": a.ranks, "runs": a.runs, "cores": os.cpu_count(), "rows": rows,
+    res = {"gib": a.gib, "ranks": a.ranks, "runs": a.runs, "warmup": a.warmup, "cores": os.cpu_count(), "rows": rows,
            "when": time.strftime("%Y-%m-%d %H:%M")}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "s3.json"), "w") as f:
@@ -266,7 +269,7 @@ def table(res: dict, a) -> str:
     lines = [f"## s3.py — {res['when']}, vm ({res['cores']} cores), SeaweedFS `weed mini` on "
              f"loopback, `python benchmarks/s3.py --gib {a.gib:g} --runs {a.runs}`", "",
              f"{a.gib:g} GiB of float32 in all on {a.ranks} gloo ranks, each save into a fresh prefix; medians of "
-             f"{a.runs} runs after a warm-up. Durable: every rank's part in the bucket (for fastckpt and DCP, the "
+             f"{a.runs} rounds, each contender's save after {a.warmup} warm-ups. Durable: every rank's part in the bucket (for fastckpt and DCP, the "
              "commit record too). The bound: each rank's bytes as one multipart upload (obstore, 8 parts in "
              "flight), every rank at once.", "",
              "| contender | blocked (s) | until durable (s) | durable vs the bound | load (s) | ranks' CPU per save (s) "

@@ -206,7 +206,7 @@ class CheckpointerConfig:
             tiers[-1], str) and tiers[-1].startswith("s3://")  # an object store: the last tier only
         for i, tier in enumerate(tiers if isinstance(tiers, tuple) else ()):
             if isinstance(tier, str) and not (bucket_last and i == len(tiers) - 1):
-                local_place(tier, "the tier" if not tier.startswith("s3://") else
+                local_place(tier, "the tier" if self.store == "path" or not tier.startswith("s3://") else
                             "the tier (an s3:// tier is the last one: tiers=['/dev/shm/run7', 's3://bucket/run7'])")
         if self.store == "path":
             return self._check_tiers_before_paths()

@@ -132,7 +132,8 @@ class Bucket:
                     del array
         except BaseException:
             view.release()
-            mapped.close()
+            if mapped is not None:
+                mapped.close()
             raise
         try:
             result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),

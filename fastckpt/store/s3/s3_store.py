@@ -112,7 +112,7 @@ class S3Store(Store):
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Room in the spool for the parts in flight (the memory filesystem's, when spooling there)."""
-        return not self.spool.memory or self.spool.room() >= nbytes * (concurrency + 1)
+        return not self.spool.memory or self.spool.room() >= nbytes * (concurrency + 1)  # spares count as room
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
         self.spool.to_disk()
@@ -125,6 +125,7 @@ class S3Store(Store):
         name = f"step-{step:08d}.c{counter:06d}"
         part = self.spool.path(f"{name}.{self.file_name(rank, fmt)}")
         self._begun[part] = self.where.key(name, self.file_name(rank, fmt))
+        self.spool.reuse_into(part)  # an uploaded part's memory, written over
         return self.where.url_of(self.where.key(name)), part
 
     def file_name(self, rank: int, fmt: str) -> str:
@@ -147,7 +148,7 @@ class S3Store(Store):
             self._abort_uploads_of(key)
             raise CheckpointWriteError(str(e)) from e
         finally:
-            _unlink(part)
+            self.spool.keep(part)
         return result
 
     def _abort_uploads_of(self, key: str) -> None:

@@ -6,6 +6,10 @@ its file (the write path's MemoryFileSink: the copy the gate waits for is the on
 upload reads it from memory. Otherwise a folder of the system's temporary directory on disk. Each
 store's spool is a folder of its own, named by its pid, removed at close; folders of dead
 processes are swept when a new one is made.
+
+Memory is recycled: an uploaded part's file is kept aside (`.spare/`, SPARES at most) and the next
+part is written over it, so its pages are not faulted in again at every save (on tmpfs that is
+most of what the copy training waits for costs).
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from ..path_store import pid_alive
 
 PREFIX = "fastckpt-s3-"
 MEMORY = "/dev/shm"
+SPARE = ".spare"
+SPARES = 2  # uploaded parts' files kept to be written over
 
 
 def room(folder: str) -> int:
@@ -47,7 +53,35 @@ class Spool:
         return os.path.join(self.open(), name)
 
     def room(self) -> int:
-        return room(self.open())
+        """Free bytes, the spares' counted in (they are written over, never added to)."""
+        return room(self.open()) + sum(os.path.getsize(p) for p in self._spares())
+
+    def _spares(self) -> list[str]:
+        folder = os.path.join(self.open(), SPARE)
+        try:
+            return [os.path.join(folder, n) for n in sorted(os.listdir(folder))]
+        except FileNotFoundError:
+            return []
+
+    def keep(self, path: str) -> None:
+        """A part's file, uploaded: kept aside to be written over (on memory, SPARES at most), else removed."""
+        try:
+            if self.memory and path.startswith(self.folder + os.sep) and len(self._spares()) < SPARES:
+                os.makedirs(os.path.join(self.folder, SPARE), exist_ok=True)
+                os.rename(path, os.path.join(self.folder, SPARE, os.path.basename(path)))
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def reuse_into(self, path: str) -> None:
+        """A spare file put at path, to be written over, when there is one."""
+        for spare in self._spares():
+            try:
+                os.rename(spare, path)
+                return
+            except OSError:
+                continue
 
     def folder_for(self, nbytes: int) -> str:
         """Where a file of nbytes goes now: the spool's folder when it has room for it (and a
