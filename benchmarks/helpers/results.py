@@ -37,8 +37,9 @@ SECTIONS = [
     ("reliability", "the reliability campaign: kills, corruptions, faults, distributed kills, hostile files"),
     ("s3_clients", "which S3 client to build on: one multipart upload to a local SeaweedFS by obstore and by boto3, "
                    "with the client's and the server's CPU"),
-    ("s3", "checkpoints to S3 on 2 ranks: fastckpt, DCP + FastStorageWriter, DCP + s3torchconnector and the "
-           "multipart bound on one local SeaweedFS; blocked, until durable, load"),
+    ("s3", "checkpoints to S3 on 2 ranks: fastckpt (direct, and tiers drained to it), DCP + FastStorageWriter, "
+           "DCP + s3torchconnector, DCP + fsspec, the multipart bound and the local disk alone on one local "
+           "SeaweedFS; blocked, until durable, load"),
 ]
 
 
