@@ -95,6 +95,7 @@ def rank_main(a) -> None:
     elif a.rank_of == "fastckpt_dcp":
         from fastckpt.dcp import FastStorageWriter
         writer = FastStorageWriter(base)
+    whole = torch.cat([t.view(torch.uint8) for t in state.values()]) if a.rank_of == "bound" else None
     for i in range(a.warmup + a.runs):  # the first ones: warm-ups, discarded
         dist.barrier()
         cpu0, t0 = own_cpu(), time.perf_counter()
@@ -119,7 +120,6 @@ def rank_main(a) -> None:
             import obstore
             from fastckpt.store.s3.client import bucket_for
             from fastckpt.store.s3.place import S3Place
-            whole = torch.cat([t.view(torch.uint8) for t in state.values()])
             obstore.put(bucket_for(S3Place.parse(base)).store, f"{a.rank_of}-{a.tag}/{i}/rank-{rank}",
                         memoryview(whole.numpy()), chunk_size=64 << 20, max_concurrency=8)
             blocked = time.perf_counter() - t0
@@ -261,7 +261,7 @@ def main() -> None:
 
 def table(res: dict, a) -> str:
     rows, bound = res["rows"], res["rows"]["bound"]["durable_median"]
-    said = {"fastckpt": "fastckpt Checkpointer → S3", "fastckpt_tiers": "fastckpt tiers: /dev/shm → S3",
+    said = {"fastckpt": "fastckpt Checkpointer → S3", "fastckpt_tiers": "fastckpt tiers: /dev/shm → S3 (loads from /dev/shm)",
             "fastckpt_disk": "fastckpt Checkpointer → local disk (no S3: the blocked time tiers are held to)",
             "fastckpt_dcp": "DCP + fastckpt FastStorageWriter → S3",
             "dcp_s3torch": "DCP + s3torchconnector S3StorageWriter", "dcp_fsspec": "DCP + FsspecWriter (s3fs)",
@@ -271,7 +271,9 @@ def table(res: dict, a) -> str:
              f"{a.gib:g} GiB of float32 in all on {a.ranks} gloo ranks, each save into a fresh prefix; medians of "
              f"{a.runs} rounds, each contender's save after {a.warmup} warm-ups. Durable: every rank's part in the bucket (for fastckpt and DCP, the "
              "commit record too). The bound: each rank's bytes as one multipart upload (obstore, 8 parts in "
-             "flight), every rank at once.", "",
+             "flight), every rank at once: what the server takes from one plain upload, not a hard limit (a "
+             "contender's requests may be paced better than one put's). The local disk: a root in a folder of the "
+             "machine's disk, the same in every round.", "",
              "| contender | blocked (s) | until durable (s) | durable vs the bound | load (s) | ranks' CPU per save (s) "
              "| server CPU, every save and load (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():

@@ -73,18 +73,18 @@ class FastckptEngine(CheckpointEngine):
 
     # -- saving ----------------------------------------------------------
     def makedirs(self, path, exist_ok=False):
-        """DeepSpeed's save_dir made; a URL refused in one line before anything is written (DeepSpeed
-        writes its tag folders and `latest` with local file calls: an s3:// save_dir would become a
-        local folder named `s3:`)."""
-        if isinstance(path, str) and URL.match(path):
-            raise ConfigError(f"DeepSpeed's save_dir {path!r} is a URL: DeepSpeed writes its tag folders and `latest` "
-                              "with local file calls, so it saves only to a local or mounted path (a bucket is "
-                              "the root of a Checkpointer or a DCP checkpoint: docs/s3.md)")
-        super().makedirs(path, exist_ok=exist_ok)
+        """DeepSpeed's save_dir made (rank 0 alone, before a barrier); a URL is not made into a local
+        folder named `s3:`: create(), which every rank calls, refuses it."""
+        if not (isinstance(path, str) and URL.match(path)):
+            super().makedirs(path, exist_ok=exist_ok)
 
     def create(self, info: CheckpointCommitInfo) -> None:
         """Every rank, before DeepSpeed's own collectives of this save (its tag check): a tag that
         failed on any rank is raised here on every rank alike (fastckpt.commit.agreed_errors)."""
+        if isinstance(info.save_dir, str) and URL.match(info.save_dir):  # every rank alike: no barrier left waiting
+            raise ConfigError(f"DeepSpeed's save_dir {info.save_dir!r} is a URL: DeepSpeed writes its tag folders and "
+                              "`latest` with local file calls, so it saves only to a local or mounted path (a bucket "
+                              "is the root of a Checkpointer or a DCP checkpoint: docs/s3.md)")
         self.committer.raise_agreed()
         if self.committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
             self.committer.wait_for(info.save_dir)

@@ -42,6 +42,7 @@ safetensors. What changes:
 """
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import Future
 import dataclasses
@@ -60,6 +61,8 @@ from fastckpt.settings import CheckpointerConfig
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
 from fastckpt.dcp.committed import committed, cut_short_below, withdraw
 from fastckpt.dcp.on_s3 import is_s3
+
+logger = logging.getLogger("fastckpt")
 
 class CheckpointManager(TitanCheckpointManager):
     """torchtitan's CheckpointManager through fastckpt.dcp (see the module docstring)."""
@@ -201,10 +204,13 @@ class CheckpointManager(TitanCheckpointManager):
         """The committed checkpoints past the newest keep_latest_k, never one in flight: each withdrawn
         (no longer listed as committed, so queued once), then its objects deleted by the purge thread."""
         flying = {os.fspath(cid).rstrip("/") for cid, future in self.in_flight if not future.done()}
-        for info in committed(self.folder)[self.keep_latest_k:]:
-            if info.path.rstrip("/") not in flying:
-                withdraw(info.path)
-                self.purge_queue.put(info.path)
+        try:
+            for info in committed(self.folder)[self.keep_latest_k:]:
+                if info.path.rstrip("/") not in flying:
+                    withdraw(info.path)
+                    self.purge_queue.put(info.path)
+        except OSError as e:  # the bucket unreachable now: training goes on, the next save prunes
+            logger.warning("fastckpt: pruning %s failed (%s); the next save tries again", self.folder, e)
 
     def _close(self) -> None:
         if getattr(self, "_closed", True):  # closed already, or its __init__ never got this far

@@ -79,4 +79,4 @@ class Persisting:
             self._count("persist_failed")
             self._errors.landed((1, unit.info.counter), CheckpointWriteError(
                 f"{unit.label} failed: {error}; the checkpoint stays in the memory tier, and the newest "
-                "copy there stays the latest on disk"), seen)
+                "copy behind it stays the latest there"), seen)

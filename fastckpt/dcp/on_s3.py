@@ -40,7 +40,7 @@ class RemoteCheckpoint:
         self.place = S3Place.parse(self.url, "the DCP checkpoint")
         if not self.place.prefix:
             raise ConfigError(f"{url}: a DCP checkpoint is a prefix of a bucket (s3://bucket/run/step-10)")
-        self.endpoint = endpoint
+        self.endpoint, self.timeout_s = endpoint, timeout_s
         self.bucket = bucket_for(self.place, endpoint, timeout_s)
         self.local = tempfile.mkdtemp(prefix=os.path.basename(self.place.prefix) + "-", dir=spool.open())
 
@@ -67,7 +67,7 @@ class RemoteCheckpoint:
 
     def withdraw(self) -> None:
         """Its record, then its .metadata, gone (a save into a prefix that held a checkpoint)."""
-        withdraw_at(self.url, self.endpoint)
+        withdraw_at(self.url, self.endpoint, self.timeout_s)
 
     def discard(self, names: Optional[list] = None) -> None:
         """Objects of a failed save deleted (names: these; None: every one, the record first)."""
@@ -134,11 +134,11 @@ class RemoteCheckpoint:
         shutil.rmtree(self.local, ignore_errors=True)
 
 
-def withdraw_at(url: str, endpoint: Optional[str] = None) -> None:
+def withdraw_at(url: str, endpoint: Optional[str] = None, timeout_s: float = 120.0) -> None:
     """The checkpoint at url stops being one: its record deleted, then its .metadata (a removal cut
     short after this leaves objects no reader takes for a checkpoint)."""
     place = S3Place.parse(url.rstrip("/"), "the DCP checkpoint")
-    bucket = bucket_for(place, endpoint)
+    bucket = bucket_for(place, endpoint, timeout_s)
     bucket.delete([place.key(record.COMMIT_NAME)])
     bucket.delete([place.key(md_file.NAME)])
 

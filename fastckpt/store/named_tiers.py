@@ -199,6 +199,7 @@ class NamedTiers(Store, ByPath):
                              self._copy, go, done, retain)
 
     def _copy(self, tier, src: str, folder: str, entry) -> None:
+        """One memory copy made durable in the folder beside its path (renamed over it by PathTier)."""
         copy_part(src, os.path.join(folder, entry.name), entry, self.direct_io)
 
     def _place(self, part: str, target: str) -> bool:

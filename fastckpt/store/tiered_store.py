@@ -132,22 +132,26 @@ class TieredStore(Store):
     @property
     def bounded(self) -> bool:
         """While saves go to a memory tier, its room is checked at every save (an optimizer's state
-        made at its first step, or other users of the memory, can make the first save's check stale)."""
-        return self.first < len(self.tiers) - 1
+        made at its first step, or other users of the memory, can make the first save's check stale);
+        so is a bucket's local spool on a memory filesystem, once saves go to the bucket."""
+        return self.first < len(self.tiers) - 1 or self.tiers[-1].bounded
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Whether the first tier has room for (its keep + concurrency + 1) checkpoints of nbytes,
         with its wards' replicas, for every rank of this node (they share its memory; nbytes:
-        this rank's part, taken as every rank's)."""
+        this rank's part, taken as every rank's). Saves going to the last tier: its own room."""
         if self.first == len(self.tiers) - 1:
-            return True
+            return self.tiers[-1].fits(nbytes, concurrency)
         tier = self.tiers[self.first]
         kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
         need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept * self.neighbours
         return tier.has_room(need, self.neighbours)
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
-        """Saves go to the last tier alone; the warning that says so."""
+        """Saves go to the last tier alone; the warning that says so. Already there: the last tier
+        shrinks (a bucket spools its parts on disk)."""
+        if self.first == len(self.tiers) - 1:
+            return self.tiers[-1].shrink(nbytes, concurrency)
         tier = self.tiers[self.first]
         self.first = len(self.tiers) - 1
         self._replicas = None
@@ -164,7 +168,14 @@ class TieredStore(Store):
         return self.writes_to.sink_kind
 
     def sink(self, part: str, direct_io: bool):
-        return self._tier_of(os.path.dirname(part)).sink(part, direct_io)
+        return self._tier_of_part(part).sink(part, direct_io)
+
+    def _tier_of_part(self, part: str):
+        """The tier a part was begun on: a bucket's own spooled part, else its folder's tier."""
+        last = self.tiers[-1]
+        if isinstance(last, S3Store) and last.owns(part):
+            return last
+        return self._tier_of(os.path.dirname(part))
 
     def _tier_of(self, ckpt_id: str) -> RootStore:
         """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever
@@ -174,7 +185,7 @@ class TieredStore(Store):
 
     def finish_write(self, write, part: str):
         """The tier the part was begun on finishes it (an object store: uploads it)."""
-        return self._tier_of(os.path.dirname(part)).finish_write(write, part)
+        return self._tier_of_part(part).finish_write(write, part)
 
     def commit_file(self, ckpt_id, part, result):
         return self._tier_of(ckpt_id).commit_file(ckpt_id, part, result)
@@ -395,9 +406,8 @@ class TieredStore(Store):
         last tier) and on the first (what it held back while copying may go now)."""
         for tier in self.behind():
             if tier is not self.tiers[-1] or self.rank == 0:
-                with self._lock:
-                    copying = set(self._copying)
-                tier.retain(self.keeps[self.tiers.index(tier)], copying)
+                with self._lock:  # held throughout: no copy starts (go) between what it spares and its removals
+                    tier.retain(self.keeps[self.tiers.index(tier)], set(self._copying))
         self.retain(self.keeps[-1], in_flight)
 
     def close(self) -> None:

@@ -167,11 +167,13 @@ def test_unknown_key_in_the_entry_is_a_clear_error(tmp_path):
 
 def test_an_s3_save_dir_is_refused_in_one_line_and_no_local_folder_is_made(tmp_path):
     """DeepSpeed writes its tag folders and `latest` with local file calls: save_checkpoint("s3://...")
-    would make a local folder `s3:`; the entry refuses it before anything is written."""
+    would make a local folder `s3:`; the entry refuses it on every rank (DeepSpeed makes save_dir on
+    rank 0 alone, then waits in a barrier) before anything is written."""
     (tmp_path / "cwd").mkdir()
-    got = run("url-save-dir", tmp_path / "cwd", tmp_path / "e.pt")
+    got = run("url-save-dir", tmp_path / "cwd", tmp_path / "e.pt", ranks=2, timeout=120)
     assert got["error"].startswith("ConfigError: ") and "s3://ckpt/run7" in got["error"], got
     assert "\n" not in got["error"] and got["made"] == [], got
+    assert got["every_rank"] == [got["error"]] * 2, got
 
 
 def test_lightning_deepspeed_strategy_selects_fastckpt_and_resumes_exactly(tmp_path):

@@ -172,9 +172,13 @@ def main() -> None:
         os.chdir(a.save_dir)
         try:
             eng.save_checkpoint("s3://ckpt/run7")
-            torch.save({"error": "none", "made": os.listdir(".")}, a.out)
+            got = {"error": "none"}
         except Exception as e:  # noqa: BLE001 - the test reads the message
-            torch.save({"error": f"{type(e).__name__}: {e}", "made": os.listdir(".")}, a.out)
+            got = {"error": f"{type(e).__name__}: {e}"}
+        errors = [None] * torch.distributed.get_world_size()  # every rank refused (none left in a barrier)
+        torch.distributed.all_gather_object(errors, got["error"])
+        if torch.distributed.get_rank() == 0:
+            torch.save(dict(got, made=os.listdir("."), every_rank=errors), a.out)
         eng.checkpoint_engine.close() if hasattr(eng.checkpoint_engine, "close") else None
         return
     before = threads_now()

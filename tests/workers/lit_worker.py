@@ -89,12 +89,13 @@ def main() -> None:
     ap.add_argument("--io-strategy", default="c")
     ap.add_argument("--precision", default=None)
     ap.add_argument("--resume-from", default=None, help="ckpt_path (Lightning's 'last' finds none in a bucket)")
+    ap.add_argument("--top-k", type=int, default=-1, help="ModelCheckpoint's save_top_k (-1: every epoch's kept)")
     ap.add_argument("--ck", default=None, help="ModelCheckpoint's dirpath (default OUT/ck; an s3:// URL too)")
     a = ap.parse_args()
     L.seed_everything(0, verbose=False)
     io = FastCheckpointIO(strategy=a.io_strategy, per_rank=a.per_rank, chunk_mb=4 if a.staging_mb else 64,
                           staging_mb=a.staging_mb, stall_timeout_s=60)
-    cbs = [ModelCheckpoint(dirpath=a.ck or os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=-1, save_last=True,
+    cbs = [ModelCheckpoint(dirpath=a.ck or os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=a.top_k, save_last=True,
                            save_on_train_epoch_end=True), Record(a.out, a.sleep)]
     if a.layerwise:
         cbs.append(LayerwiseCheckpointing())

@@ -102,6 +102,7 @@ def main() -> None:
 
 
 def tiers(url: str, nodes: str, rank: int) -> None:
+    """Mode tiers (see the module docstring): each rank's node folder, the bucket behind."""
     local = os.path.join(nodes, f"node-{rank}")
 
     def opened():
@@ -111,6 +112,7 @@ def tiers(url: str, nodes: str, rank: int) -> None:
     for step in range(1, 4):
         ck.save(state_for(rank, step), step=step).wait()
     ck.close()
+    dist.barrier()  # rank 0's retention of the bucket done (it alone prunes the shared last tier)
     say(f"rank {rank} in the bucket {sorted(i.step for i in ck.store.tiers[-1].committed())}")
     for wiped in ("node-1", "every node"):
         dist.barrier()

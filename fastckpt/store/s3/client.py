@@ -141,12 +141,12 @@ class Bucket:
         except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
             raise self._failed("upload of", key, e) from e
         finally:
-            view.release()
-            if mapped is not None:
-                try:
+            try:
+                view.release()
+                if mapped is not None:
                     mapped.close()
-                except BufferError:  # the client still holds a view: the mapping goes with it
-                    pass
+            except BufferError:  # the client still holds a view: the mapping goes with it
+                pass
         return result.get("e_tag")
 
     def put_bytes(self, key: str, data: bytes, create_once: bool = False) -> Optional[str]:

@@ -33,6 +33,7 @@ import time
 import uuid
 from typing import Optional
 
+from ... import _native
 from ...commit import record as commit
 from ...commit_info import CommitInfo, FileEntry
 from ...errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
@@ -110,6 +111,16 @@ class S3Store(Store):
             if DIR_RE.match(upload.key[len(base):].split("/", 1)[0]):
                 self.bucket.abort_upload(upload)
 
+    @property
+    def bounded(self) -> bool:
+        """While parts are spooled on a memory filesystem, its room is checked at every save."""
+        self.spool.open()
+        return self.spool.memory
+
+    def owns(self, part: str) -> bool:
+        """Whether part is one this store began (a spooled part on its way to the bucket)."""
+        return part in self._begun
+
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Room in the spool for the parts in flight (the memory filesystem's, when spooling there)."""
         return not self.spool.memory or self.spool.room() >= nbytes * (concurrency + 1)  # spares count as room
@@ -145,10 +156,10 @@ class S3Store(Store):
         try:
             result.etag = self.bucket.put_file(key, part, self.part_bytes, UPLOAD_CONCURRENCY) or ""
         except OSError as e:
+            _unlink(part)  # never written over: the failed upload's client may still hold its pages
             self._abort_uploads_of(key)
             raise CheckpointWriteError(str(e)) from e
-        finally:
-            self.spool.keep(part)
+        self.spool.keep(part)  # uploaded: its memory written over by a later part
         return result
 
     def _abort_uploads_of(self, key: str) -> None:
@@ -360,6 +371,7 @@ class S3Store(Store):
 
     def close(self) -> None:
         self.spool.close()
+        _native.purge_memory_maps(True)  # the spooled parts' mappings held for a next save: there is none
 
     # -- 9-10. the command's view ----------------------------------------------
     @classmethod

@@ -54,9 +54,11 @@ class Spool:
 
     def room(self) -> int:
         """Free bytes, the spares' counted in (they are written over, never added to)."""
+        _native.purge_memory_maps()  # a deleted part still mapped holds its pages until unmapped
         return room(self.open()) + sum(os.path.getsize(p) for p in self._spares())
 
     def _spares(self) -> list[str]:
+        """The files kept aside to be written over, oldest name first."""
         folder = os.path.join(self.open(), SPARE)
         try:
             return [os.path.join(folder, n) for n in sorted(os.listdir(folder))]
@@ -96,6 +98,7 @@ class Spool:
     def to_disk(self) -> None:
         """Later parts spooled on disk (the memory filesystem is too small)."""
         if self.memory:
+            shutil.rmtree(os.path.join(self.folder, SPARE), ignore_errors=True)  # memory it is short of
             self._earlier.append(self.folder)
             self.folder, self.memory = None, False
             self.open(on_memory=False)

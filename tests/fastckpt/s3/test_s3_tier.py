@@ -42,9 +42,17 @@ def test_two_nodes_drain_to_the_bucket_and_resume_from_a_replica_then_from_the_b
         ck.close()
 
 
-def test_a_damaged_local_copy_never_reaches_the_bucket(s3_env, tmp_path):
+def test_a_damaged_local_copy_never_reaches_the_bucket(s3_env, tmp_path, monkeypatch):
     """The copy to the bucket is checked against the record first: a flipped byte in the local
-    tier fails that copy (named), the bucket keeps what it had, and the local copy is passed over."""
+    tier fails that copy (named) before any byte of it is sent, and the bucket keeps nothing of it."""
+    import obstore
+    sent = []
+    put = obstore.put
+
+    def counted(store, key, *args, **kwargs):
+        sent.append(key)
+        return put(store, key, *args, **kwargs)
+    monkeypatch.setattr(obstore, "put", counted)
     url = fresh_url(s3_env)
     local = tmp_path / "mem"
     state = {"w": torch.arange(1 << 20, dtype=torch.float32)}
@@ -56,15 +64,20 @@ def test_a_damaged_local_copy_never_reaches_the_bucket(s3_env, tmp_path):
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x40]))
-    with pytest.raises(CheckpointWriteError, match=f"the copy of step 1 to {url} failed: {part}: .*CRC-32"):
+    with pytest.raises(CheckpointWriteError,
+                       match=re.escape(f"the copy of step 1 to {url} failed: {part}: ") + ".*CRC-32"):
         ck.close()
+    assert not [k for k in sent if k.endswith(".pt")], sent  # not a byte of the part was sent
     bucket = fastckpt.Checkpointer(url)
-    assert bucket.store.committed() == [] and bucket.store.bucket.uploads(bucket.store.where.key("")) == []
-    assert [o.key for o in bucket.store.bucket.listing(bucket.store.where.key(""))] == []  # not a byte sent
-    bucket.close()
+    try:
+        assert bucket.store.committed() == [] and bucket.store.bucket.uploads(bucket.store.where.key("")) == []
+        assert [o.key for o in bucket.store.bucket.listing(bucket.store.where.key(""))] == []
+    finally:
+        bucket.close()
 
 
 def test_an_s3_tier_is_the_last_one_only():
+    """A bucket stands only last, and as the last tier it is the root (store 's3')."""
     with pytest.raises(ConfigError, match="an s3:// tier is the last one"):
         CheckpointerConfig(tiers=["s3://ckpt/a", "/tmp/x"])
     config = CheckpointerConfig(tiers=["/dev/shm/a", "s3://ckpt/a/"])

@@ -268,6 +268,7 @@ class Bucket(Place):
         return copy
 
     def _like(self, where: str) -> "Bucket":
+        """A place of this kind at where (an image's)."""
         return Bucket(where, self.server)
 
     def damage(self, ck, name="last"):
@@ -298,6 +299,7 @@ class TiersToBucket(Bucket):
         return Checkpointer(tiers=[self.memory, self.where], **keep, **kw)
 
     def _like(self, where: str) -> "TiersToBucket":
+        """A place of this kind at where, with a memory tier of its own (an image's)."""
         return TiersToBucket(where, self.server, f"{self.memory}-image-{uuid.uuid4().hex[:6]}")
 
     def image(self):
