@@ -67,8 +67,12 @@ def local_target(path) -> str:
 
 
 def filesystem(url: str):
+    """The fsspec filesystem of url, its listing cache of url's folder dropped: fsspec shares one
+    instance per process (Lightning's own listings fill it), and a stale entry would say an object
+    just uploaded, or its record, is not there."""
     import fsspec
     fs, _ = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache(url.rstrip("/").rsplit("/", 1)[0])
     return fs
 
 
@@ -311,8 +315,10 @@ def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) ->
     if is_remote(p):
         fs = filesystem(p)
         for name in (p + MARKER_SUFFIX, p):
-            if fs.exists(name):
+            try:
                 fs.rm(name, recursive=True)
+            except FileNotFoundError:
+                pass
         return
     p = local_path(p)
     if not os.path.lexists(p):
