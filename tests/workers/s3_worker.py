@@ -6,8 +6,9 @@ outage (step 1 committed; once FLAGS/down exists — the test stopped the server
 one rank's writes — step 2, which must fail; once FLAGS/up exists, step 3, which must commit: what
 each rank was told, and how long each wait took),
 campaign (a job restarted after a kill -9 of the last: the newest committed checkpoint loaded and
-compared bit for bit, one save committed, the unfinished uploads older than it counted; then saves
-until killed),
+compared bit for bit, one save committed, the unfinished uploads older than the bucket's newest
+counted; then saves until killed; FLAGS: a memory tier in front of the bucket, drained to it,
+replicas=1, FASTCKPT_NODE telling the ranks apart),
 tiers (two "nodes", FASTCKPT_NODE apart, each rank's local tier its own folder FLAGS/node-R, the bucket
 behind them, replicas=1: 3 saves, closed (each persisted); the steps in the bucket; then rank 1's node
 wiped and a new job loads: where each part came from; then every node wiped and a new job loads again)."""
@@ -61,7 +62,12 @@ def main() -> None:
     rank = dist.get_rank()
     if mode == "tiers":
         return tiers(url, flags, rank)
-    ck = fastckpt.Checkpointer(url, concurrency=2, chunk_mb=5, keep=2, commit_timeout_s=60, stall_timeout_s=8)
+    if mode == "campaign" and flags:  # over a memory tier (FLAGS) drained to the bucket
+        ck = fastckpt.Checkpointer(tiers=[flags, url], tier_keep=[1, 2], replicas=1, concurrency=2, chunk_mb=5,
+                                   commit_timeout_s=60, stall_timeout_s=8)
+    else:
+        ck = fastckpt.Checkpointer(url, concurrency=2, chunk_mb=5, keep=2, commit_timeout_s=60, stall_timeout_s=8)
+    bucket = ck.store.tiers[-1] if hasattr(ck.store, "tiers") else ck.store
     if mode == "roundtrip":
         for step in range(1, 4):
             ck.save(state_for(rank, step), step=step)
@@ -82,17 +88,20 @@ def main() -> None:
         say(f"rank {rank} step 3 {outcome(ck)} | latest on each rank {latest_everywhere(ck)}")
     elif mode == "campaign":
         problems: list = []
-        newest = ck.store.committed(problems)
+        newest = ck.store.committed(problems)  # this rank's view (with tiers: its own memory tier's too)
         info = newest[0] if newest else None
+        agreed = 0
         if info is not None:
-            out = ck.load()
-            exact = out["step"] == info.step and torch.equal(out["w"], state_for(rank, info.step, 11)["w"])
-        say(f"resumed {info.step if info else 0} {int(info is None or exact)} {len(problems)}")
-        step = (info.step if info else 0) + 1
+            out = ck.load()  # the newest every rank can get: the same step on every rank
+            agreed = out["step"]
+            exact = torch.equal(out["w"], state_for(rank, agreed, 11)["w"])
+        say(f"resumed {agreed} {int(info is None or exact)} {len(problems)}")
+        step = agreed + 1
         ck.save(state_for(rank, step, 11), step=step).wait()
-        counter = ck.latest().counter
-        prefix = ck.store.where.key("")
-        older = [u for u in ck.store.bucket.uploads(prefix)
+        ck.wait()  # with tiers: drained to the bucket too
+        counter = bucket.committed()[0].counter
+        prefix = bucket.where.key("")
+        older = [u for u in bucket.bucket.uploads(prefix)
                  if int(u.key[len(prefix):].split("/")[0].rsplit(".c", 1)[1]) < counter]
         say(f"orphans {len(older)}")
         say("ready")
