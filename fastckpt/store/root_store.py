@@ -22,10 +22,16 @@ from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ..fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
 from . import ahead
 from .protocol import Listed, Store
+from .tier_copy import copy_part
 
 DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
 LATEST = "latest"
 EXT = {"torch": "pt", "safetensors": "safetensors"}
+
+
+def dir_name(step: int, counter: int) -> str:
+    """A checkpoint's folder name (DIR_RE reads it back): the same in a root and under a bucket's prefix."""
+    return f"step-{step:08d}.c{counter:06d}"
 
 
 class RootStore(Store):
@@ -62,13 +68,23 @@ class RootStore(Store):
         """A checkpoint's folder, made on the caller's thread inside save(); its name is made durable
         on the commit thread, before the record (commit.record.write fsyncs the folder and the root,
         which prepare() made durable): no fsync inside save()."""
-        path = os.path.join(self.root, f"step-{step:08d}.c{counter:06d}")
+        path = os.path.join(self.root, dir_name(step, counter))
         os.makedirs(path, exist_ok=True)
         return path
 
     @staticmethod
     def file_name(rank: int, fmt: str) -> str:
         return f"rank-{rank}.{EXT[fmt]}"
+
+    def owns(self, part: str) -> bool:
+        """Whether part was begun here (it lies in a checkpoint folder of this root)."""
+        return os.path.dirname(os.path.dirname(os.path.abspath(part))) == self.root
+
+    def put_copy(self, src: str, folder: str, entry, direct_io: bool = True):
+        """A part committed on a tier in front copied into folder, checked first (tier_copy.copy_part);
+        None: its entry here is the same."""
+        copy_part(src, os.path.join(folder, entry.name), entry, direct_io)
+        return None
 
     # -- the store protocol the Checkpointer drives ----------------------
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,

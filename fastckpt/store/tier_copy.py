@@ -22,12 +22,18 @@ from ..errors import CorruptCheckpointError
 from ..verify import verify_as_recorded, verify_file
 
 
-def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> None:
-    """src's bytes, which its record's entry describes, made durable at dst (fsync of dst's
-    folder is the commit's). CorruptCheckpointError names src when it does not verify."""
+def checked_size(src: str, entry: FileEntry) -> int:
+    """src's size, when it is the one its record's entry says (CorruptCheckpointError naming src otherwise)."""
     size = os.path.getsize(src)
     if size != entry.bytes:
         raise CorruptCheckpointError(f"{src}: has {size} bytes, the commit record says {entry.bytes}")
+    return size
+
+
+def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> None:
+    """src's bytes, which its record's entry describes, made durable at dst (fsync of dst's
+    folder is the commit's). CorruptCheckpointError names src when it does not verify."""
+    size = checked_size(src, entry)
     if size == 0:
         verify_file(src, entry)
         open(dst, "wb").close()

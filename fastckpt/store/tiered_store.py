@@ -50,7 +50,6 @@ from .replicas import Replicas
 from .root_store import RootStore
 from .s3.place import is_s3
 from .s3.s3_store import S3Store
-from .tier_copy import copy_part
 
 log = logging.getLogger("fastckpt")
 
@@ -171,11 +170,8 @@ class TieredStore(Store):
         return self._tier_of_part(part).sink(part, direct_io)
 
     def _tier_of_part(self, part: str):
-        """The tier a part was begun on: a bucket's own spooled part, else its folder's tier."""
-        last = self.tiers[-1]
-        if isinstance(last, S3Store) and last.owns(part):
-            return last
-        return self._tier_of(os.path.dirname(part))
+        """The tier a part was begun on (each tier knows its own: a bucket's are spooled elsewhere)."""
+        return next((t for t in self.tiers if t.owns(part)), self.writes_to)
 
     def _tier_of(self, ckpt_id: str) -> RootStore:
         """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever
@@ -238,14 +234,9 @@ class TieredStore(Store):
             with self._lock:
                 self._copying -= held
             landed(unit, infos, error)
-        return PersistCommit(info, self.rank, behind, self._copy, go, done, retain)
-
-    def _copy(self, tier, src: str, folder: str, entry):
-        """One committed part copied into a tier behind (an object store uploads it: its entry there)."""
-        if isinstance(tier, S3Store):
-            return tier.put_copy(src, folder, entry)
-        copy_part(src, os.path.join(folder, entry.name), entry, self.direct_io)
-        return None
+        return PersistCommit(info, self.rank, behind,
+                             lambda tier, src, folder, entry: tier.put_copy(src, folder, entry, self.direct_io),
+                             go, done, retain)
 
     # -- 5-6. listing and reading: the fastest tier first ------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:

@@ -130,16 +130,11 @@ class Bucket:
                     check(array.ctypes.data)
                 finally:
                     del array
-        except BaseException:
-            view.release()
-            if mapped is not None:
-                mapped.close()
-            raise
-        try:
-            result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),
-                                 max_concurrency=concurrency, use_multipart=size > MIN_PART)
-        except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
-            raise self._failed("upload of", key, e) from e
+            try:
+                result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),
+                                     max_concurrency=concurrency, use_multipart=size > MIN_PART)
+            except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
+                raise self._failed("upload of", key, e) from e
         finally:
             try:
                 view.release()

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -42,15 +41,14 @@ from ...machine import read_threads
 from ...verify import verify_as_recorded, verify_file
 from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
+from ..root_store import DIR_RE, EXT, LATEST, dir_name
+from ..tier_copy import checked_size
 from .checked import read_checked
 from .client import MIN_PART, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
 
 log = logging.getLogger("fastckpt")
-DIR_RE = re.compile(r"^step-(\d+)\.c(\d+)$")
-LATEST = "latest"
-EXT = {"torch": "pt", "safetensors": "safetensors"}
 UPLOAD_CONCURRENCY = 8  # parts in flight per upload (benchmarks/s3_clients.py: 8 the fastest)
 GET_BYTES = 16 << 20  # one ranged GET of a load
 
@@ -133,7 +131,7 @@ class S3Store(Store):
     # -- 1-2. writing --------------------------------------------------------
     def begin(self, step: int, counter: int, rank: int, fmt: str, target=None, plan=None,
               meta=None) -> tuple[str, str]:
-        name = f"step-{step:08d}.c{counter:06d}"
+        name = dir_name(step, counter)
         part = self.spool.path(f"{name}.{self.file_name(rank, fmt)}")
         self._begun[part] = self.where.key(name, self.file_name(rank, fmt))
         self.spool.reuse_into(part)  # an uploaded part's memory, written over
@@ -173,15 +171,13 @@ class S3Store(Store):
     # -- as the last tier: a part committed on a tier in front, copied here ------
     def new_dir(self, step: int, counter: int) -> str:
         """A checkpoint's URL (a prefix: nothing to make)."""
-        return self.where.url_of(self.where.key(f"step-{step:08d}.c{counter:06d}"))
+        return self.where.url_of(self.where.key(dir_name(step, counter)))
 
-    def put_copy(self, src: str, url: str, entry: FileEntry) -> FileEntry:
+    def put_copy(self, src: str, url: str, entry: FileEntry, direct_io: bool = True) -> FileEntry:
         """A part committed on a tier in front (src, its record's entry) uploaded into the checkpoint
         at url, checked against its record before a byte is sent (a damaged copy never reaches the
         bucket); its entry here (this writer's object name, its ETag). A failed upload is aborted."""
-        size = os.path.getsize(src)
-        if size != entry.bytes:
-            raise CorruptCheckpointError(f"{src}: has {size} bytes, the commit record says {entry.bytes}")
+        size = checked_size(src, entry)
         name = f"rank-{entry.rank}.{self.token}.{entry.name.rsplit('.', 1)[-1]}"
         key = self.where.key_of(url) + "/" + name
         if size == 0:
