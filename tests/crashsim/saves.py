@@ -265,8 +265,8 @@ def plant(bug: str) -> None:
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             _native.write_buffered(dst, 0, buf.data_ptr(), len(data), False)
         tier_copy.copy_part = copy_part
-        import fastckpt.store.tiered_store as tiered_store
-        tiered_store.copy_part = copy_part
+        import fastckpt.store.root_store as root_store  # where a tier behind copies a part (put_copy)
+        root_store.copy_part = copy_part
         return
     import fastckpt.dcp.metadata as md_file
 

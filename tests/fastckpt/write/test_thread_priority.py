@@ -22,7 +22,7 @@ def _nice_by_name() -> dict[str, set[int]]:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 stat = f.read()
-        except FileNotFoundError:  # ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile (between the listing and the read)
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         nice = int(stat[stat.rindex(")") + 2:].split()[16])  # field 19 of proc(5), counted after the name
