@@ -152,7 +152,7 @@ class Checkpointer:
             raise ValueError(f"store={self.store_kind!r} here needs save(..., path=...)" if self._named_paths else
                              "save(..., path=...) needs store='path' (or store='pmem' with model=None); "
                              f"store={self.store_kind!r} names its own checkpoints")
-        self._raise_background_errors(agreed=True)
+        self._raise_background_errors(agreed=True, step=step)
         if not self._started:
             try:
                 self._start_writing()
@@ -426,17 +426,18 @@ class Checkpointer:
         """Checkpoints issued and not yet committed (or failed), oldest first."""
         return self._inflight.pendings()
 
-    def _raise_background_errors(self, agreed: bool = False) -> None:
+    def _raise_background_errors(self, agreed: bool = False, step: int | None = None) -> None:
         """The failed checkpoints and copies nobody observed, each reported (report_failure).
         agreed (save(), which every rank of the job calls together): in one collective, every rank
-        reports every one that failed on any rank, at this same call (fastckpt.commit.agreed_errors);
+        reports every one that failed on any rank, at this same call (fastckpt.commit.agreed_errors),
+        and the step it saves is checked the same everywhere (a ValueError on every rank if not);
         else (wait, close: everything landed everywhere) those landed here."""
         where, self._refused_at = self._refused_at, None
         if where is not None:
             warnings.warn(f"fastckpt: {_REFUSED.format(where)}", stacklevel=3)
         if agreed and not self.raise_at_save:
             return
-        for error in self._errors.agreed() if agreed else self._errors.take_local():
+        for error in self._errors.agreed(step) if agreed else self._errors.take_local():
             self.report_failure(error)
 
     def take_errors(self) -> list[BaseException]:

@@ -50,15 +50,21 @@ class AgreedErrors:
             unseen, self._landed = self._unseen(), {}
         return [unseen[k] for k in sorted(unseen)]
 
-    def agreed(self) -> list[BaseException]:
+    def agreed(self, step: Optional[int] = None) -> list[BaseException]:
         """Every rank, at one call: the failures to raise now, the same units on every rank, in
-        commit order (each rank its own error where it has it, else what another rank said)."""
+        commit order (each rank its own error where it has it, else what another rank said).
+        step: the step each rank is about to save, checked the same on every rank in the same
+        all-reduce (a ValueError first when it is not: one checkpoint would hold several steps)."""
         if self._agree.world_size < 2:
             return self.take_local()
         with self._lock:
             mine = {k: f"{e}" for k, e in self._unseen().items()}
-        if self._agree.all_ok(not mine):
-            return []
+        ok, low, high = self._agree.all_min([int(not mine), step or 0, -(step or 0)])
+        unequal = [] if low == -high else [ValueError(
+            f"save() was called with step {low} on one rank and step {-high} on another: every rank saves "
+            "the same step together (nothing of this save was written)")]
+        if ok:
+            return unequal
         failed: dict = {}
         for rank, items in enumerate(self._agree.gather(sorted(mine.items()))):
             for key, said in items:
@@ -74,4 +80,4 @@ class AgreedErrors:
                 rank, said = failed[key]
                 out.append(CheckpointWriteError(f"{said} (said by rank {rank}; every rank raises it here, at the "
                                                 "same call)"))
-        return out
+        return unequal + out

@@ -23,6 +23,10 @@ class Agreement:
     def all_ok(self, ok: bool, background: bool = False) -> bool:
         return ok
 
+    def all_min(self, values: list) -> list:
+        """Each value's minimum over every rank, in one all-reduce (a maximum: negate it)."""
+        return list(values)
+
     def gather(self, obj, background: bool = False) -> list:
         return [obj]
 
@@ -54,6 +58,11 @@ class DistAgreement(Agreement):
         t = torch.tensor([1 if ok else 0], dtype=torch.int32)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._group(background))
         return bool(t.item())
+
+    def all_min(self, values: list) -> list:
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._main)
+        return [int(v) for v in t.tolist()]
 
     def gather(self, obj, background: bool = False) -> list:
         out = [None] * self.world_size

@@ -8,13 +8,15 @@
                  fsspec URL), as Lightning does
   pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,
                  or a file on /dev/shm); with model=None, models named by path
-  tiered_store.py  `tiers`: a memory tier (node_tier.py: each rank's folder) in front of the root,
-                 each save persisted behind it (tier_copy.py) and read back from the fastest tier;
-                 `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
-  s3/          "s3": the root store's layout in a bucket (root='s3://bucket/prefix'), committed by
+  s3/            "s3": the root store's layout in a bucket (root='s3://bucket/prefix'), committed by
                  a record object written once, parts uploaded from a local spool
-  named_tiers.py `tiers` with store 'path': a memory tier in front of the caller's paths
-                 (path_tier.py: the path as the tier behind, and the index of what each path holds)
+  tiers.py       `tiers`: the tier composition — memory tiers (node_tier.py: each rank's folder) in
+                 front of one store, each save persisted behind from its committed copy (tier_copy.py);
+                 what lies behind is one of two kinds:
+  tiered_store.py  the root's layout on a disk or in a bucket, read back from the fastest tier;
+                 `replicas=1`: each part kept by a partner rank too (replicas.py, partners.py)
+  named_tiers.py  the caller's paths (store 'path'), local or s3:// (path_tier.py: the path as the
+                 tier behind, and the index of what each path holds; s3/object_path.py: an s3:// one)
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from ..commit_info import CommitInfo
 from ..fsutil import fsync_dir
+from .tier_copy import copy_part
 
 def stamp(path: str) -> Optional[dict]:
     """What identifies the file at path now (None: there is none)."""
@@ -62,9 +63,10 @@ def read_small(path: str) -> Optional[str]:
 class PathTier:
     """The caller's path as the tier behind one memory copy, as PersistCommit sees a tier: the part
     is copied into a hidden sibling folder, renamed over the path once durable (its folder
-    fsync'ed), and the memory folder's index notes which save the path now holds."""
+    fsync'ed), and the memory folder's index notes which save the path now holds. place(target,
+    land): land() run unless the path was removed meanwhile (False then), under its owner's lock."""
 
-    def __init__(self, target: str, index: str, place: Callable[[str, str], bool]):
+    def __init__(self, target: str, index: str, place: Callable[[str, Callable[[], None]], bool]):
         self.target, self.index, self._place = target, index, place
         self.root = target
         self._made: list[str] = []
@@ -77,6 +79,11 @@ class PathTier:
         self._made.append(folder)
         return folder
 
+    @staticmethod
+    def put_copy(src: str, folder: str, entry, direct_io: bool = True) -> None:
+        """One memory copy made durable in the folder beside its path, checked first (renamed over it in commit_rank)."""
+        copy_part(src, os.path.join(folder, entry.name), entry, direct_io)
+
     def commit_rank(self, folder: str, info: CommitInfo) -> None:
         part = os.path.join(folder, info.files[0].name)
         # noted before the rename (the rename keeps the file's inode, size and mtime): a kill in
@@ -84,7 +91,8 @@ class PathTier:
         made = stamp(part)
         if made is not None:
             self._note(dict(made, time=info.time, counter=info.counter))
-        if not self._place(part, self.target):  # removed by its owner while being copied: nothing lands
+        if not self._place(self.target, lambda: os.replace(part, self.target)):  # removed by its owner while
+            # being copied: nothing lands
             shutil.rmtree(folder, ignore_errors=True)
             return
         # the rename durable: both its folders synced after it (the hidden one it left, and the path's)

@@ -76,10 +76,6 @@ class RootStore(Store):
     def file_name(rank: int, fmt: str) -> str:
         return f"rank-{rank}.{EXT[fmt]}"
 
-    def owns(self, part: str) -> bool:
-        """Whether part was begun here (it lies in a checkpoint folder of this root)."""
-        return os.path.dirname(os.path.dirname(os.path.abspath(part))) == self.root
-
     def put_copy(self, src: str, folder: str, entry, direct_io: bool = True):
         """A part committed on a tier in front copied into folder, checked first (tier_copy.copy_part);
         None: its entry here is the same."""

@@ -1,4 +1,4 @@
-"""One committed part copied from one tier to the next: checked against its record before a
+"""One committed part copied from one tier to the next (a file, or an object: `upload_part`): checked against its record before a
 byte is written (as one archive, or as a DCP rank file of many by its whole-file CRC-32: a damaged
 memory copy never reaches the disk), then written durably
 (O_DIRECT where the filesystem allows, fdatasync'ed) from a mapping of the source: its bytes are
@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _native
 from ..commit_info import FileEntry
-from ..errors import CorruptCheckpointError
+from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..verify import verify_as_recorded, verify_file
 
 
@@ -28,6 +28,21 @@ def checked_size(src: str, entry: FileEntry) -> int:
     if size != entry.bytes:
         raise CorruptCheckpointError(f"{src}: has {size} bytes, the commit record says {entry.bytes}")
     return size
+
+
+def upload_part(bucket, key: str, src: str, entry: FileEntry, part_bytes: int, concurrency: int) -> str:
+    """src's bytes, which its record's entry describes, uploaded as the object key of bucket (an
+    object store's client: fastckpt.store.s3.client.Bucket), checked against the entry on the
+    mapping the upload sends from before a byte is sent; the object's ETag. A failed upload is
+    aborted (no parts left to bill) and raised as CheckpointWriteError."""
+    if checked_size(src, entry) == 0:
+        verify_file(src, entry)
+    try:
+        return bucket.put_file(key, src, part_bytes, concurrency,
+                               check=lambda at: verify_as_recorded(src, entry, at=at)) or ""
+    except OSError as e:
+        bucket.abort_uploads_of(key)
+        raise CheckpointWriteError(str(e)) from e
 
 
 def copy_part(src: str, dst: str, entry: FileEntry, direct_io: bool = True) -> None:

@@ -33,23 +33,21 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from ..commit.persist_unit import PersistCommit
 from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CorruptCheckpointError
 from ..verify import verify_file
 from .node_tier import NodeTier, load_lent
 from .partners import node_name, partners, wards
-from .protocol import Store
 from .replicas import Replicas
 from .root_store import RootStore
 from .s3.place import is_s3
 from .s3.s3_store import S3Store
+from .tiers import CopyPlan, Tiers
 
 log = logging.getLogger("fastckpt")
 
@@ -68,27 +66,24 @@ class Read:
     path: str
 
 
-class TieredStore(Store):
+class TieredStore(Tiers):
+    """Tiers in front of the root's layout on a disk or in a bucket (see the module docstring)."""
+
     kind = "root"
     survey_kind = "root"
-    every_rank_retains = True  # each rank's memory-tier folder is its own to prune
 
     def __init__(self, places: tuple[str, ...], keeps: tuple[int, ...], rank: int, direct_io: bool = True,
                  replicas: int = 0, endpoint: Optional[str] = None, part_mb: int = 64, timeout_s: float = 120.0):
         last = S3Store(places[-1], endpoint, part_mb, timeout_s) if is_s3(places[-1]) else RootStore(places[-1])
-        self.tiers: list = [NodeTier(p, rank) for p in places[:-1]] + [last]
+        super().__init__([NodeTier(p, rank) for p in places[:-1]] + [last], keeps, rank, direct_io)
         self.places = tuple(p.rstrip("/") if is_s3(p) else os.path.abspath(p) for p in places)
-        self.keeps, self.rank, self.direct_io = keeps, rank, direct_io
-        self.root = self.tiers[-1].root
-        self.first = 0  # the tier saves commit to (the last, once shrunk)
+        self.root = last.root
+        self.alone = last.root
         self.reads: list[Read] = []
-        self._lock = threading.Lock()
-        self._copying: set[str] = set()  # folders of copies in progress: the source, and where it goes
         self._newest_handed = 0  # the counter of the newest checkpoint handed over to be persisted
         self._holders: dict[int, list[tuple[int, CommitInfo]]] = {}
         self.replicas = replicas
         self.partner_of: list = []  # rank -> the rank keeping its replica (join)
-        self.neighbours = 1  # ranks on this node, this one included: they share its memory (join)
         self._replicas: Optional[Replicas] = None
 
     @classmethod
@@ -107,136 +102,38 @@ class TieredStore(Store):
             self.partner_of = partners(nodes)
             self._replicas = Replicas(self.tiers[0], agreement, self.partner_of, wards(self.partner_of, self.rank))
 
-    @property
-    def writes_to(self) -> RootStore:
-        return self.tiers[self.first]
-
-    def behind(self) -> list[RootStore]:
+    def behind(self) -> list:
         """The tiers a committed save is persisted to, after the one it committed on."""
         return self.tiers[self.first + 1:]
 
-    # -- 0. opening ------------------------------------------------------
-    def prepare(self) -> None:
-        for tier in self.tiers:
-            tier.prepare()
-        for tier in self.tiers[:-1]:  # every rank's own folder (rank 0 alone runs remove_uncommitted)
-            tier.remove_uncommitted()
-
-    def remove_uncommitted(self) -> None:
-        self.tiers[-1].remove_uncommitted()
-
-    def next_counter(self) -> int:
-        return max(tier.next_counter() for tier in self.tiers)
-
-    @property
-    def bounded(self) -> bool:
-        """While saves go to a memory tier, its room is checked at every save (an optimizer's state
-        made at its first step, or other users of the memory, can make the first save's check stale);
-        so is a bucket's local spool on a memory filesystem, once saves go to the bucket."""
-        return self.first < len(self.tiers) - 1 or self.tiers[-1].bounded
-
-    def fits(self, nbytes: int, concurrency: int) -> bool:
-        """Whether the first tier has room for (its keep + concurrency + 1) checkpoints of nbytes,
-        with its wards' replicas, for every rank of this node (they share its memory; nbytes:
-        this rank's part, taken as every rank's). Saves going to the last tier: its own room."""
-        if self.first == len(self.tiers) - 1:
-            return self.tiers[-1].fits(nbytes, concurrency)
-        tier = self.tiers[self.first]
-        kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
-        need = (self.keeps[self.first] + concurrency + 1) * nbytes * kept * self.neighbours
-        return tier.has_room(need, self.neighbours)
+    def kept_per_part(self) -> int:
+        return 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
 
     def shrink(self, nbytes: int, concurrency: int) -> str:
-        """Saves go to the last tier alone; the warning that says so. Already there: the last tier
-        shrinks (a bucket spools its parts on disk)."""
-        if self.first == len(self.tiers) - 1:
-            return self.tiers[-1].shrink(nbytes, concurrency)
-        tier = self.tiers[self.first]
-        self.first = len(self.tiers) - 1
+        said = super().shrink(nbytes, concurrency)
         self._replicas = None
-        return (f"the memory tier {tier.place} has no room for {self.keeps[0]} + {concurrency} + 1 checkpoints of "
-                f"{nbytes / 2**20:.0f} MiB on some rank; checkpoints go to {self.root} alone")
-
-    # -- 1-4. writing and committing: the first tier ---------------------------
-    def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
-        return self.writes_to.begin(step, counter, rank, fmt, target, plan, meta)
-
-    @property
-    def sink_kind(self) -> str:
-        """The sink of the tier saves go to now (a memory tier's is "memory": no staging)."""
-        return self.writes_to.sink_kind
-
-    def sink(self, part: str, direct_io: bool):
-        return self._tier_of_part(part).sink(part, direct_io)
-
-    def _tier_of_part(self, part: str):
-        """The tier a part was begun on (each tier knows its own: a bucket's are spooled elsewhere)."""
-        return next((t for t in self.tiers if t.owns(part)), self.writes_to)
-
-    def _tier_of(self, ckpt_id: str) -> RootStore:
-        """The tier a checkpoint was begun on (its folder's parent): its commit goes there, whichever
-        tier later saves go to."""
-        parent = ckpt_id.rsplit("/", 1)[0] if is_s3(ckpt_id) else os.path.dirname(os.path.abspath(ckpt_id))
-        return next((t for t in self.tiers if t.root == parent), self.writes_to)
-
-    def finish_write(self, write, part: str):
-        """The tier the part was begun on finishes it (an object store: uploads it)."""
-        return self._tier_of_part(part).finish_write(write, part)
-
-    def commit_file(self, ckpt_id, part, result):
-        return self._tier_of(ckpt_id).commit_file(ckpt_id, part, result)
+        return said
 
     def commit_rank(self, ckpt_id, info):
         """Every rank, every part durable: the replicas exchanged (checked on arrival), then the record."""
-        tier = self._tier_of(ckpt_id)
-        if self._replicas is not None and tier is self.tiers[0]:
+        if self._replicas is not None and self.tier_of(ckpt_id) is self.tiers[0]:
             self._replicas.exchange(ckpt_id, info)
-        tier.commit_rank(ckpt_id, info)
+        super().commit_rank(ckpt_id, info)
 
-    def commit(self, info):
-        self._tier_of(info.path).commit(info)
-
-    def abort(self, ckpt_id, part, rank, stuck=False):
-        (self._tier_of(ckpt_id) if ckpt_id is not None else self.writes_to).abort(ckpt_id, part, rank, stuck)
-
-    def hurry(self) -> None:
-        """From now on saves go straight to the last tier (durable there soonest: a preemption's);
-        those begun on the memory tier still commit there, and are not copied behind."""
-        self.first = len(self.tiers) - 1
-
-    def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
-        """The unit that persists a checkpoint just committed on the first tier to the tiers
-        behind it (None: there are none). landed(unit, infos, error), retain() (calls
-        retain_behind): the owner's; agree_all(ok) -> bool: the persist chain's all-ranks AND.
-        At its turn it goes only if every rank still holds its source and has not been handed
-        a newer checkpoint to persist; its source is kept from retention until it lands."""
+    def plan_copy(self, info: CommitInfo) -> Optional[CopyPlan]:
+        """A copy to each tier behind; at its turn it goes only if every rank still holds its source
+        and has not been handed a newer checkpoint to persist (else it gives way: Superseded). Its
+        source, and the folders it is copied into (uncommitted until it lands: a save straight to
+        the last tier meanwhile, after shrink() or hurry(), must not retain them away as dead), are
+        spared from retention from its start until it lands."""
         behind = self.behind()
         if not behind:
             return None
         with self._lock:
             self._newest_handed = max(self._newest_handed, info.counter)
-        # its source, and the folders it is copied into (uncommitted until it lands: a save straight
-        # to the last tier meanwhile, after shrink() or hurry(), must not retain them away as dead)
-        held = {info.path} | {os.path.join(t.root, os.path.basename(info.path)) for t in behind}
-
-        def go(unit) -> bool:
-            with self._lock:
-                mine = self._newest_handed == info.counter and record_present(info.path)
-                if mine:
-                    self._copying |= held
-            if agree_all(mine):
-                return True
-            with self._lock:
-                self._copying -= held
-            return False
-
-        def done(unit, infos, error):
-            with self._lock:
-                self._copying -= held
-            landed(unit, infos, error)
-        return PersistCommit(info, self.rank, behind,
-                             lambda tier, src, folder, entry: tier.put_copy(src, folder, entry, self.direct_io),
-                             go, done, retain)
+        return CopyPlan(behind, ready=lambda: self._newest_handed == info.counter and bool(record_present(info.path)),
+                        refused=lambda: False,
+                        spared_going=frozenset({info.path} | {os.path.join(t.root, os.path.basename(info.path)) for t in behind}))
 
     # -- 5-6. listing and reading: the fastest tier first ------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
@@ -383,24 +280,3 @@ class TieredStore(Store):
         """This rank's part, from the fastest tier whose copy verifies (no exchange with other ranks)."""
         return self.load_routed(info, None, [], _Alone(), rank, map_location, verify, weights_only, mmap)
 
-    # -- 7-8. removing, closing ------------------------------------------------
-    def retain(self, keep: int, in_flight: set) -> None:
-        """Every rank, after a commit on the first tier: its keep there (`keep` is the last tier's);
-        never the folder being copied behind (under the lock a copy starts under)."""
-        tier = self.writes_to
-        if self.rank == 0 or tier is not self.tiers[-1]:
-            with self._lock:
-                tier.retain(self.keeps[self.first], set(in_flight) | self._copying)
-
-    def retain_behind(self, in_flight: set) -> None:
-        """After a persist landed: each tier's keep, on the tiers behind (rank 0 alone on the shared
-        last tier) and on the first (what it held back while copying may go now)."""
-        for tier in self.behind():
-            if tier is not self.tiers[-1] or self.rank == 0:
-                with self._lock:  # held throughout: no copy starts (go) between what it spares and its removals
-                    tier.retain(self.keeps[self.tiers.index(tier)], set(self._copying))
-        self.retain(self.keeps[-1], in_flight)
-
-    def close(self) -> None:
-        for tier in self.tiers:
-            tier.close()

@@ -58,3 +58,17 @@ def test_a_dcp_save_raises_on_every_rank(tmp_path, fault_shim):
         assert "close_error" not in out, (rank, out)
     from fastckpt.dcp import newest_committed
     assert os.path.basename(newest_committed(str(root))) == "step-1"
+
+
+def test_ranks_given_different_steps_at_one_save_raise_together_and_write_nothing(tmp_path, fault_shim):
+    """One checkpoint holds one step: a save whose ranks were given different steps is a ValueError
+    on every rank at that call (checked in the all-reduce the save makes anyway), nothing of it is
+    written, and the next save with one step goes on."""
+    root = tmp_path / "ck"
+    got = run_ranks("steps", root, tmp_path / "out", "no-fault-here", fault_shim)
+    for rank, out in enumerate(got):
+        assert out["raised_at"] == 2 and out["error"].startswith("ValueError"), (rank, out)
+        assert "step 2 on one rank and step 3 on another" in out["error"], out
+    import fastckpt
+    with fastckpt.Checkpointer(str(root)) as ck:
+        assert [i.step for i in ck.list()] == [4, 1]

@@ -220,13 +220,14 @@ BUGS = (
         "the memory tier's room check counts each rank's own part only, not its wards' replicas: with replicas=1 "
         "the tier holds twice what it was sized for",
         (("fastckpt/store/tiered_store.py",
-          "        kept = 1 + (len(self._replicas.wards) if self._replicas is not None else 0)",
-          "        kept = 1  # planted"),),
+          "        return 1 + (len(self._replicas.wards) if self._replicas is not None else 0)",
+          "        return 1  # planted"),),
         ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "memory_bound")),
     Bug("tier-retention-on-rank-0-only",
         "retention of the memory tier runs on rank 0 alone: every other rank's memory-tier folder grows without bound",
-        (("fastckpt/store/tiered_store.py", "        if self.rank == 0 or tier is not self.tiers[-1]:",
-          "        if self.rank == 0:  # planted"),),
+        (("fastckpt/store/tiers.py",
+          "                if tier is not self.last or self.rank == 0:  # the last store is shared: rank 0 prunes it",
+          "                if self.rank == 0:  # planted"),),
         ("tests/fastckpt/tiers/test_tier_ranks.py", "-k", "tier_keep_on_its_memory_tier")),
     Bug("tier-copy-buffered-no-fdatasync",
         "the copy of a part behind the memory tier through the page cache (a filesystem refusing O_DIRECT; "
@@ -391,8 +392,8 @@ BUGS = (
     Bug("s3-tier-uploads-unchecked",
         "a part drained from the memory tier to the bucket is uploaded without being checked against its record: a "
         "damaged memory copy reaches the bucket and is committed there",
-        (("fastckpt/store/s3/s3_store.py", "check=lambda at: verify_as_recorded(src, entry, at=at))",
-          "check=None)  # planted"),),
+        (("fastckpt/store/tier_copy.py", "check=lambda at: verify_as_recorded(src, entry, at=at)) or \"\"",
+          "check=None) or \"\"  # planted"),),
         ("tests/fastckpt/s3/test_s3_tier.py", "-k", "damaged")),
     Bug("s3-tier-reads-the-bucket-as-a-disk",
         "with a bucket as the last tier, a part is read from it as from a local path: a node that lost its local "

@@ -7,6 +7,7 @@ seconds late. Usage: agreed_errors_worker.py MODE ROOT OUT (env: RANK, WORLD_SIZ
                 records a failure late
   dcp           FastStorageWriter: dcp.save of ROOT/step-1, step-2 and step-3; the thread of
                 HOLD_RANK that waits for its file to be durable takes HOLD_S longer on step 2
+  steps         a Checkpointer over ROOT whose ranks are given different steps at one save
 OUT.RANK: the step whose call raised on this rank, its error, how long that call took, and any
 error of the close that follows.
 """
@@ -59,6 +60,15 @@ def checkpointer(root: str, out: dict) -> None:
         out["close_error"] = f"{type(e).__name__}: {e}"
 
 
+def steps(root: str, out: dict) -> None:
+    """Step 1 on both ranks; then rank 0 saves step 2 while rank 1 saves step 3 (raised on both, at
+    that call: nothing written); then step 4 on both."""
+    with fastckpt.Checkpointer(root, chunk_mb=1, commit_timeout_s=60, stall_timeout_s=60) as ck:
+        ck.save(state_for(RANK, 1), 1).wait()
+        raised(out, 2, lambda: ck.save(state_for(RANK, 2 + RANK), 2 + RANK))
+        ck.save(state_for(RANK, 4), 4).wait()
+
+
 def dcp(root: str, out: dict) -> None:
     import torch.distributed.checkpoint as dcp_api
 
@@ -94,7 +104,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     RANK = dist.get_rank()
     out = {"raised_at": None}
-    {"checkpointer": checkpointer, "dcp": dcp}[mode](root, out)
+    {"checkpointer": checkpointer, "dcp": dcp, "steps": steps}[mode](root, out)
     torch.save(out, f"{out_path}.{RANK}")
     dist.barrier()
     dist.destroy_process_group()

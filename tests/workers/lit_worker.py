@@ -91,10 +91,11 @@ def main() -> None:
     ap.add_argument("--resume-from", default=None, help="ckpt_path (Lightning's 'last' finds none in a bucket)")
     ap.add_argument("--top-k", type=int, default=-1, help="ModelCheckpoint's save_top_k (-1: every epoch's kept)")
     ap.add_argument("--ck", default=None, help="ModelCheckpoint's dirpath (default OUT/ck; an s3:// URL too)")
+    ap.add_argument("--tiers", default=None, help="a memory tier in front of the checkpoints (FastCheckpointIO(tiers=))")
     a = ap.parse_args()
     L.seed_everything(0, verbose=False)
     io = FastCheckpointIO(strategy=a.io_strategy, per_rank=a.per_rank, chunk_mb=4 if a.staging_mb else 64,
-                          staging_mb=a.staging_mb, stall_timeout_s=60)
+                          staging_mb=a.staging_mb, stall_timeout_s=60, tiers=[a.tiers] if a.tiers else None)
     cbs = [ModelCheckpoint(dirpath=a.ck or os.path.join(a.out, "ck"), every_n_epochs=1, save_top_k=a.top_k, save_last=True,
                            save_on_train_epoch_end=True), Record(a.out, a.sleep)]
     if a.layerwise:

@@ -27,6 +27,7 @@ from .place import S3Place
 
 MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last is at least 5 MiB
 MAX_PARTS = 10000
+UPLOAD_CONCURRENCY = 8  # parts in flight per upload (benchmarks/s3_clients.py: 8 the fastest)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,19 @@ class Bucket:
                 return None
             raise err from e
 
+    def stamp(self, key: str) -> Optional[dict]:
+        """What identifies the object now: its size, ETag and modification time (None: there is none)."""
+        import obstore
+        try:
+            meta = obstore.head(self.store, key)
+        except Exception as e:  # noqa: BLE001
+            err = self._failed("reading", key, e)
+            if isinstance(err, FileNotFoundError):
+                return None
+            raise err from e
+        return {"size": int(meta["size"]), "etag": meta.get("e_tag") or "",
+                "mtime_ns": int(meta["last_modified"].timestamp() * 1e9)}
+
     def get_into(self, key: str, fd: int, size: int, part: int, threads: int,
                  done: Callable[[int], None] = lambda n: None) -> None:
         """The object's `size` bytes written at their offsets into the open file fd, by parallel
@@ -252,6 +266,16 @@ class Bucket:
                 args.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
         except Exception as e:  # noqa: BLE001 - botocore's, one error out
             raise self._failed("listing the uploads under", prefix, e) from e
+
+    def abort_uploads_of(self, key: str) -> None:
+        """Every unfinished multipart upload of key aborted (a failed one's parts are billed
+        otherwise); the server unreachable: left to the next writer's start or retention."""
+        try:
+            for upload in self.uploads(key):
+                if upload.key == key:
+                    self.abort_upload(upload)
+        except OSError:
+            pass
 
     def abort_upload(self, upload: Upload) -> None:
         """An unfinished upload aborted: its parts freed (already gone is fine)."""

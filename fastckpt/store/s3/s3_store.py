@@ -38,18 +38,17 @@ from ...commit_info import CommitInfo, FileEntry
 from ...errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from ...format import load_file
 from ...machine import read_threads
-from ...verify import verify_as_recorded, verify_file
+from ...verify import verify_file
 from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
 from ..root_store import DIR_RE, EXT, LATEST, dir_name
-from ..tier_copy import checked_size
+from ..tier_copy import upload_part
 from .checked import read_checked
-from .client import MIN_PART, Bucket, ListedObject, Upload
+from .client import MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
 
 log = logging.getLogger("fastckpt")
-UPLOAD_CONCURRENCY = 8  # parts in flight per upload (benchmarks/s3_clients.py: 8 the fastest)
 GET_BYTES = 16 << 20  # one ranged GET of a load
 
 
@@ -115,10 +114,6 @@ class S3Store(Store):
         self.spool.open()
         return self.spool.memory
 
-    def owns(self, part: str) -> bool:
-        """Whether part is one this store began (a spooled part on its way to the bucket)."""
-        return part in self._begun
-
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Room in the spool for the parts in flight (the memory filesystem's, when spooling there)."""
         return not self.spool.memory or self.spool.room() >= nbytes * (concurrency + 1)  # spares count as room
@@ -155,18 +150,10 @@ class S3Store(Store):
             result.etag = self.bucket.put_file(key, part, self.part_bytes, UPLOAD_CONCURRENCY) or ""
         except OSError as e:
             _unlink(part)  # never written over: the failed upload's client may still hold its pages
-            self._abort_uploads_of(key)
+            self.bucket.abort_uploads_of(key)
             raise CheckpointWriteError(str(e)) from e
         self.spool.keep(part)  # uploaded: its memory written over by a later part
         return result
-
-    def _abort_uploads_of(self, key: str) -> None:
-        try:
-            for upload in self.bucket.uploads(key):
-                if upload.key == key:
-                    self.bucket.abort_upload(upload)
-        except OSError:
-            pass  # the server is gone: the next writer's start or retention aborts it
 
     # -- as the last tier: a part committed on a tier in front, copied here ------
     def new_dir(self, step: int, counter: int) -> str:
@@ -177,17 +164,9 @@ class S3Store(Store):
         """A part committed on a tier in front (src, its record's entry) uploaded into the checkpoint
         at url, checked against its record before a byte is sent (a damaged copy never reaches the
         bucket); its entry here (this writer's object name, its ETag). A failed upload is aborted."""
-        size = checked_size(src, entry)
         name = f"rank-{entry.rank}.{self.token}.{entry.name.rsplit('.', 1)[-1]}"
-        key = self.where.key_of(url) + "/" + name
-        if size == 0:
-            verify_file(src, entry)
-        try:
-            etag = self.bucket.put_file(key, src, self.part_bytes, UPLOAD_CONCURRENCY,
-                                        check=lambda at: verify_as_recorded(src, entry, at=at))
-        except OSError as e:
-            self._abort_uploads_of(key)
-            raise CheckpointWriteError(str(e)) from e
+        etag = upload_part(self.bucket, self.where.key_of(url) + "/" + name, src, entry, self.part_bytes,
+                           UPLOAD_CONCURRENCY)
         return dataclasses.replace(entry, name=name, etag=etag or "")
 
     # -- 3-4. committing -------------------------------------------------------
@@ -232,7 +211,7 @@ class S3Store(Store):
         if part is not None and not stuck:
             _unlink(part)
         if key is not None:  # this writer's own object (its name is this writer's alone)
-            self._abort_uploads_of(key)
+            self.bucket.abort_uploads_of(key)
             self.bucket.delete([key])
         if ckpt_id in self._refused:  # another writer's record is there: the rest is not ours to delete
             self._refused.discard(ckpt_id)

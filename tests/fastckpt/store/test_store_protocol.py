@@ -321,6 +321,52 @@ class TiersToBucket(Bucket):
         shutil.rmtree(self.memory, ignore_errors=True)
 
 
+class NamedTiersToBucket(Bucket):
+    """A memory tier on /dev/shm in front of s3:// paths (store 'path' with `tiers`: Lightning's
+    `.ckpt` in a bucket behind FastCheckpointIO(tiers=[memory]))."""
+
+    by_path = True
+
+    def __init__(self, where: str, server, memory: str):
+        super().__init__(where, server)
+        self.memory = memory
+
+    def checkpointer(self, **kw):
+        keep = {"tier_keep": (4,)} if kw.get("keep") == 0 else {}
+        return Checkpointer(store="path", tiers=[self.memory], **keep, **kw)
+
+    def target(self, name="last"):
+        return f"{self.where}/{name}.ckpt"
+
+    def _like(self, where: str) -> "NamedTiersToBucket":
+        return NamedTiersToBucket(where, self.server, f"{self.memory}-image-{uuid.uuid4().hex[:6]}")
+
+    def image(self):
+        copy = super().image()
+        if os.path.exists(self.memory):
+            shutil.copytree(self.memory, copy.memory)
+        for folder, _, files in os.walk(copy.memory):  # the image's copies name the image's paths
+            if TARGET in files:
+                with open(os.path.join(folder, TARGET), "r+", encoding="utf-8") as f:
+                    named = f.read().replace(self.where + "/", copy.where + "/", 1)
+                    f.seek(0), f.truncate(), f.write(named)
+        return copy
+
+    def damage(self, ck, name="last"):
+        import obstore
+        ck.wait()  # persisted to the path too: every copy is damaged
+        for _, file in ck.store.copies_of(self.target(name)):
+            _flip(file)
+        key = self.target(name).split("/", 3)[3]
+        data = bytearray(obstore.get(self.server.store(), key).bytes())
+        data[len(data) // 2] ^= 0xFF
+        obstore.put(self.server.store(), key, bytes(data))
+
+    def cleanup(self):
+        super().cleanup()
+        shutil.rmtree(self.memory, ignore_errors=True)
+
+
 def _flip(path: str) -> None:
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -329,13 +375,14 @@ def _flip(path: str) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers", "s3", "tiers-s3"])
+@pytest.fixture(params=["root", "path", "url", "pmem", "tiers", "named-tiers", "s3", "tiers-s3", "named-tiers-s3"])
 def place(request, tmp_path, shm):
-    if request.param in ("s3", "tiers-s3"):
+    if request.param in ("s3", "tiers-s3", "named-tiers-s3"):
         server = request.getfixturevalue("s3_env")
         url = f"s3://{server.bucket}/suite-{uuid.uuid4().hex[:8]}"
-        made = (Bucket(url, server) if request.param == "s3" else
-                TiersToBucket(url, server, os.path.join(shm, f"memory-tier-{uuid.uuid4().hex[:6]}")))
+        memory = os.path.join(shm, f"memory-tier-{uuid.uuid4().hex[:6]}")
+        made = {"s3": lambda: Bucket(url, server), "tiers-s3": lambda: TiersToBucket(url, server, memory),
+                "named-tiers-s3": lambda: NamedTiersToBucket(url, server, memory)}[request.param]()
         yield made
         made.cleanup()
         return

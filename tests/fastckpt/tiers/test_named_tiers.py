@@ -74,9 +74,9 @@ def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memor
     """What a DeepSpeed tag's record waits for (fastckpt.commit.file_sets): the file at its path.
     The copy to the path is held; the save is committed (in memory) but not placed until it lands."""
     import threading
-    from fastckpt.store import named_tiers
-    go, real = threading.Event(), named_tiers.copy_part
-    monkeypatch.setattr(named_tiers, "copy_part", lambda *a, **k: (go.wait(60), real(*a, **k)))
+    from fastckpt.store import path_tier
+    go, real = threading.Event(), path_tier.copy_part
+    monkeypatch.setattr(path_tier, "copy_part", lambda *a, **k: (go.wait(60), real(*a, **k)))
     named = NamedCheckpoints({}, tiers=[memory])
     pending = named.save(state(1), str(tmp_path / "last.ckpt"), 1)
     assert pending.wait() is not None  # committed in memory

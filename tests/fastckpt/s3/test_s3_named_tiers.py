@@ -1,0 +1,120 @@
+"""A memory tier in front of s3:// paths (fastckpt.store.named_tiers with fastckpt.store.s3.object_path
+behind): Lightning's `.ckpt` in a bucket through FastCheckpointIO(tiers=[memory]), against a real S3
+server. Each save commits in memory, then its copy is uploaded to the path's object through the S3
+store's client, checked against its record first, and its commit record put after it; a load reads
+the memory copy while the object is that save (the index notes its ETag), else the object; a removal
+takes the object, its record and the memory copies. On 2 DDP ranks: training resumes bit-exact from
+the bucket after the memory tier is wiped."""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import pytest
+import torch
+
+import fastckpt
+from fastckpt.named import NamedCheckpoints
+from lightning_fastckpt import FastCheckpointIO
+from support.lightning_runs import losses, run
+from support.states import assert_same
+from workers.lit_app import assert_equal
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(300, 1000, generator=g), "step": step}
+
+
+def listed(url: str) -> list[str]:
+    import fsspec
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[1] for p in fs.ls(url)) if fs.exists(url) else []
+
+
+@pytest.fixture
+def memory(shm):
+    return os.path.join(shm, "memory")
+
+
+def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, memory):
+    url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}"
+    named = NamedCheckpoints({}, tiers=[memory], tier_keep=[2])
+    for step in (1, 2):
+        pending = named.save(state(step), f"{url}/last.ckpt", step)
+        assert pending.wait_placed(120) and pending.placed_error is None, pending.placed_error
+    assert listed(url) == ["last.ckpt", "last.ckpt.fastckpt-commit"]
+    plain = NamedCheckpoints({})  # no tier: the object, checked against its record
+    assert_same(state(2), plain.load(f"{url}/last.ckpt"))
+    assert_same(state(2), named.load(f"{url}/last.ckpt"))  # the object is that save: read from memory
+    assert named.reads[-1].tier == "memory"
+    named.close()
+
+    # a later run without the tier saves the path again: the memory copy never stands in for it
+    plain.save(state(7), f"{url}/last.ckpt", 7).wait()
+    plain.close()
+    again = NamedCheckpoints({}, tiers=[memory], tier_keep=[2])
+    assert again.load(f"{url}/last.ckpt")["step"] == 7 and again.reads[-1].tier == "disk"
+
+    # a removal takes the object, its record and the memory copies
+    again.save(state(3), f"{url}/a.ckpt", 3).wait_placed(120)
+    again.save(state(4), f"{url}/b.ckpt", 4).wait_placed(120)  # a removal waits for a newer checkpoint
+    again.remove(f"{url}/a.ckpt")
+    assert "a.ckpt" not in listed(url) and "a.ckpt.fastckpt-commit" not in listed(url)
+    assert again._store.copies_of(f"{url}/a.ckpt") == []
+    again.close()
+
+
+def test_a_damaged_memory_copy_never_reaches_the_bucket(s3_env, memory, monkeypatch):
+    """The memory copy is checked against its record on the mapping the upload sends from: a
+    flipped byte fails the copy naming the file, and no object (nor record) is put at the path."""
+    from fastckpt.store import tier_copy
+    url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}/last.ckpt"
+    real = tier_copy.upload_part
+
+    def flipped(bucket, key, src, entry, *a):
+        with open(src, "r+b") as f:
+            f.seek(entry.bytes // 2)
+            byte = f.read(1)
+            f.seek(entry.bytes // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        return real(bucket, key, src, entry, *a)
+    monkeypatch.setattr("fastckpt.store.s3.object_path.upload_part", flipped)
+    named = NamedCheckpoints({}, tiers=[memory])
+    pending = named.save(state(1), url, 1)
+    assert pending.wait_placed(120)
+    assert isinstance(pending.placed_error, fastckpt.CorruptCheckpointError), pending.placed_error
+    assert memory in str(pending.placed_error) and "fails its CRC-32 check" in str(pending.placed_error)
+    with pytest.raises(fastckpt.CheckpointWriteError, match="fails its CRC-32 check"):
+        named.close()
+    assert listed(url.rsplit("/", 1)[0]) == []  # neither the object nor its record
+
+
+def test_ddp_with_a_memory_tier_saves_to_a_bucket_and_resumes_from_it_bit_exact(s3_env, tmp_path, memory):
+    """save_top_k=1 through FastCheckpointIO(tiers=[memory]) on 2 DDP ranks: the bucket holds the
+    newest epoch's file and last.ckpt, each equal to a synchronous torch.save of the same dict; the
+    memory tier is wiped and training resumes from the bucket, bit-exact."""
+    url = f"s3://{s3_env.bucket}/lit-tiers-{uuid.uuid4().hex[:8]}"
+    run(tmp_path / "whole", "--epochs", "3", ddp=True)
+    run(tmp_path / "s3", "--epochs", "2", "--ck", url, "--top-k", "1", "--tiers", memory, ddp=True)
+    assert listed(url) == ["epoch=1-step=8.ckpt", "epoch=1-step=8.ckpt.fastckpt-commit", "last.ckpt",
+                           "last.ckpt.fastckpt-commit"], listed(url)
+    io = FastCheckpointIO()
+    for name in ("epoch=1-step=8.ckpt", "last.ckpt"):
+        got = io.load_checkpoint(f"{url}/{name}")  # the object, checked against its record
+        want = torch.load(tmp_path / "s3" / "sync" / f"step-{got['global_step']}.pt", weights_only=True)
+        assert_equal({"state_dict": got["state_dict"], "optimizer_states": got["optimizer_states"]}, want)
+    io.teardown()
+    assert any(n.startswith("step-") for n in os.listdir(os.path.join(memory, "rank-0")))  # committed there first
+    shutil.rmtree(memory)  # a new node: nothing local
+    run(tmp_path / "s3", "--epochs", "3", "--ck", url, "--top-k", "1", "--tiers", memory,
+        "--resume-from", f"{url}/last.ckpt", ddp=True)
+    assert torch.load(tmp_path / "s3" / "loaded-rank0.pt", weights_only=True)["global_step"] == 8
+    assert losses(tmp_path / "s3") == losses(tmp_path / "whole")
+    assert_equal(torch.load(tmp_path / "s3" / "final-rank0.pt"), torch.load(tmp_path / "whole" / "final-rank0.pt"))
+    assert listed(url) == ["epoch=2-step=12.ckpt", "epoch=2-step=12.ckpt.fastckpt-commit", "last.ckpt",
+                           "last.ckpt.fastckpt-commit"]
