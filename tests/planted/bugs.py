@@ -446,4 +446,21 @@ BUGS = (
         (("fastckpt/dcp/writer.py", "                etag = remote.upload(path, self.config.chunk_mb << 20)\n",
           "                etag = \"\"  # planted\n"),),
         ("tests/fastckpt/s3/test_s3_dcp.py", "-k", "resharded")),
+    Bug("named-s3-removed-object-kept",
+        "a memory tier in front of s3:// paths: a path removed while its copy was uploading keeps the object",
+        (("fastckpt/store/s3/object_path.py",
+          "            self.bucket.delete([self.key])  # removed by its owner while it was uploading\n",
+          "            pass  # planted\n"),),
+        ("tests/fastckpt/s3/test_s3_named_tiers.py", "-k", "removed_while")),
+    Bug("named-s3-stale-memory-copy-read",
+        "a memory tier in front of s3:// paths compares its copy's commit time with the object's whole-second "
+        "modification time as if it were exact: an object saved again by another writer within that second is "
+        "read from the older memory copy",
+        (("fastckpt/store/named_tiers.py", " + (1.0 if is_s3(key) else 0.0) else None", " else None  # planted"),),
+        ("tests/fastckpt/s3/test_s3_named_tiers.py", "-k", "lands_in_the_bucket")),
+    Bug("unequal-steps-saved-as-one",
+        "ranks given different steps at one save write one checkpoint whose parts are of different steps",
+        (("fastckpt/commit/agreed_errors.py", "        unequal = [] if low == -high else [ValueError(",
+          "        unequal = [] if True else [ValueError(  # planted"),),
+        ("tests/fastckpt/test_agreed_errors.py", "-k", "different_steps")),
 )

@@ -33,7 +33,7 @@ def listed(url: str) -> list[str]:
     import fsspec
     fs = fsspec.filesystem("s3")
     fs.invalidate_cache()
-    return sorted(p.rsplit("/", 1)[1] for p in fs.ls(url)) if fs.exists(url) else []
+    return sorted(n for n in (p.rsplit("/", 1)[1] for p in fs.ls(url)) if n) if fs.exists(url) else []
 
 
 @pytest.fixture
@@ -92,6 +92,26 @@ def test_a_damaged_memory_copy_never_reaches_the_bucket(s3_env, memory, monkeypa
     with pytest.raises(fastckpt.CheckpointWriteError, match="fails its CRC-32 check"):
         named.close()
     assert listed(url.rsplit("/", 1)[0]) == []  # neither the object nor its record
+
+
+def test_a_path_removed_while_its_copy_uploads_is_left_without_object_or_record(s3_env, memory, monkeypatch):
+    """Lightning's top-k removes a file whose copy is still on its way: once the upload ends, the
+    copy finds its path removed and deletes the object again; no record is put."""
+    from fastckpt.store.s3 import object_path
+    url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}/epoch=0.ckpt"
+    named = NamedCheckpoints({}, tiers=[memory])
+    real = object_path.upload_part
+
+    def removed_meanwhile(*a):
+        named._store.remove_path(url)  # as NamedCheckpoints.remove does, on another thread, as the upload starts
+        etag = real(*a)
+        assert url.rsplit("/", 1)[1] in listed(url.rsplit("/", 1)[0])  # uploaded after the removal
+        return etag
+    monkeypatch.setattr(object_path, "upload_part", removed_meanwhile)
+    pending = named.save(state(1), url, 1)
+    assert pending.wait_placed(120) and pending.placed_error is None, pending.placed_error
+    assert listed(url.rsplit("/", 1)[0]) == []
+    named.close()
 
 
 def test_ddp_with_a_memory_tier_saves_to_a_bucket_and_resumes_from_it_bit_exact(s3_env, tmp_path, memory):
