@@ -1,5 +1,6 @@
 """Save/load of a training state: fastckpt vs torch.save/load, DCP, Lightning-style async save,
-and the physical bounds (O_DIRECT write/read, memcpy) measured in the same run.
+Meta's torch_checkpointing, and the physical bounds (O_DIRECT write/read, memcpy) measured in the
+same run.
 
     python benchmarks/save_load.py --sizes 0.125 1 4 --runs 3
 
@@ -60,10 +61,10 @@ def fastckpt_save(ck: fastckpt.Checkpointer, state, step: int) -> dict:
     return {"blocking": t_gate, "durable": time.perf_counter() - t0, "path": info.file_for(0), "timings": p.timings}
 
 
-def fastckpt_load(root: str, mmap: bool | None = None) -> float:
+def fastckpt_load(root: str, mmap: bool | None = None, into: dict | None = None) -> float:
     ck = fastckpt.Checkpointer(root)
     t0 = time.perf_counter()
-    ck.load(mmap=mmap)
+    ck.load(mmap=mmap, into=into)
     return time.perf_counter() - t0
 
 
@@ -79,6 +80,8 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
 
     cks = {s: fastckpt.Checkpointer(os.path.join(out_dir, f"fc_{s}"), strategy=s, concurrency=1, keep=1)
            for s in ("c", "d")}
+    tc = peers.TorchCheckpointing.opened(os.path.join(out_dir, "tc_probe"))
+    into = {k: torch.empty_like(v) for k, v in state.items()}  # a load into existing tensors: both allocated once
     for r in range(runs + 1):  # round 0 warms every contender up and is discarded
         rec = add if r else (lambda k, v: None)
         touch(state)
@@ -100,6 +103,18 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         rec("fastckpt_load_cold", fastckpt_load(os.path.join(out_dir, "fc_d")))
         rec("fastckpt_load_warm", fastckpt_load(os.path.join(out_dir, "fc_d")))
         rec("fastckpt_load_copy_warm", fastckpt_load(os.path.join(out_dir, "fc_d"), mmap=False))
+        bounds.drop_cache(res["path"])
+        rec("fastckpt_load_into_cold", fastckpt_load(os.path.join(out_dir, "fc_d"), into=into))
+        tc_dir = os.path.join(out_dir, "torch_checkpointing")
+        touch(state)
+        b, w, d = tc.save(state, tc_dir)
+        rec("tc_blocking", b)
+        rec("tc_written", w)
+        rec("tc_durable", d)
+        for folder, _, files in os.walk(tc_dir):
+            for name in files:
+                bounds.drop_cache(os.path.join(folder, name))
+        rec("tc_load_into_cold", tc.load(tc_dir, into))
         tpath = os.path.join(out_dir, "torch.pt")
         touch(state)
         rec("torch_save", peers.torch_save(state, tpath))
@@ -117,10 +132,11 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
         b, t = peers.clone_thread_save(state, os.path.join(out_dir, "lightning.pt"))
         rec("clone_thread_blocking", b)
         rec("clone_thread_durable", t)
-        for d in ("dcp", "dcp_async", "lightning.pt"):
+        for d in ("dcp", "dcp_async", "lightning.pt", "torch_checkpointing"):
             p = os.path.join(out_dir, d)
             shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.path.exists(p) and os.unlink(p)
         print(f"  round {r}/{runs} of {gib} GiB done{' (warm-up)' if r == 0 else ''}", flush=True)
+    tc.close()
     retain = {}  # deleting the save before (keep=1), after each landed: the mean per save
     for s, ck in cks.items():
         ck.close()  # the last retention ended
@@ -132,7 +148,8 @@ def one_size(gib: float, runs: int, out_dir: str) -> dict:
     med["odirect_write"] = min(med[f"odirect_write_{t}"] for t in bounds.WRITE_THREADS)
     timed = {s: {p: statistics.median(t.get(p, 0.0) for t in ts) for p in set().union(*ts)} | {"retain": retain[s]}
              for s, ts in phases.items() if ts}
-    return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows, "phases": timed}
+    return {"gib": gib, "bytes": nbytes, "runs": runs, "median_s": med, "all_s": rows, "phases": timed,
+            "torch_checkpointing": tc.note}
 
 
 def _per_run(res: dict, strategy: str) -> str:
@@ -168,8 +185,10 @@ def table(res: dict) -> str:
         row(f"fastckpt save `{s}`, until durable", f"fastckpt_{s}_durable",
             f"{m['odirect_write'] / m[f'fastckpt_{s}_durable']:.2f}x O_DIRECT write{_per_run(res, s)}; "
             f"{m['torch_save'] / m[f'fastckpt_{s}_durable']:.2f}x torch.save+fsync")
+    tc = "tc_blocking" in m
     row("fastckpt save `c`, blocking (save+gate)", "fastckpt_c_blocking",
-        f"{m['fastckpt_c_blocking'] / m['memcpy']:.2f}x memcpy")
+        f"{m['fastckpt_c_blocking'] / m['memcpy']:.2f}x memcpy" +
+        (f"; {m['tc_blocking'] / m['fastckpt_c_blocking']:.2f}x less than torch_checkpointing's" if tc else ""))
     row("fastckpt save `d`, blocking (save+gate)", "fastckpt_d_blocking", "")
     row("torch.save + fsync", "torch_save")
     row("DCP save", "dcp_save")
@@ -178,12 +197,22 @@ def table(res: dict) -> str:
     row("clone + thread save (Lightning-style), blocking", "clone_thread_blocking",
         f"{m['clone_thread_blocking'] / m['memcpy']:.2f}x memcpy")
     row("clone + thread save, until durable", "clone_thread_durable")
+    if tc:
+        row("torch_checkpointing save, blocking (save + lock())", "tc_blocking",
+            f"{m['tc_blocking'] / m['memcpy']:.2f}x memcpy")
+        row("torch_checkpointing save, until written (it never fsyncs)", "tc_written")
+        row("torch_checkpointing save, until durable (+ fsync of its files)", "tc_durable",
+            f"fastckpt `c` durable {m['tc_durable'] / m['fastckpt_c_durable']:.2f}x sooner")
     row("fastckpt load (verified), cold", "fastckpt_load_cold",
         f"{m['torch_load_cold'] / m['fastckpt_load_cold']:.2f}x torch.load cold")
     row("fastckpt load (verified), warm", "fastckpt_load_warm",
         f"{m['torch_load_warm'] / m['fastckpt_load_warm']:.2f}x torch.load warm")
     row("fastckpt load (verified, mmap=False copy), warm", "fastckpt_load_copy_warm",
         f"{m['torch_load_warm'] / m['fastckpt_load_copy_warm']:.2f}x torch.load warm")
+    if tc:
+        row("fastckpt load (verified) into existing tensors, cold", "fastckpt_load_into_cold",
+            f"{m['tc_load_into_cold'] / m['fastckpt_load_into_cold']:.2f}x torch_checkpointing's")
+        row("torch_checkpointing load into existing tensors, cold (nothing checked)", "tc_load_into_cold")
     row("torch.load, cold", "torch_load_cold")
     row("torch.load, warm", "torch_load_warm")
     if res.get("phases"):
@@ -198,7 +227,17 @@ def table(res: dict) -> str:
                                                    "chunk_wait", "crc", "put", "written_at", "finish", "commit",
                                                    "durable_at", "retain")]
             lines.append(f"| `{s}` | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    if res.get("torch_checkpointing"):
+        lines += ["", f"torch_checkpointing {_version('torch_checkpointing')} ran with {res['torch_checkpointing']}."]
     return "\n".join(lines)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
 
 
 def main() -> None:
@@ -235,10 +274,12 @@ def record(stamp: str, results: list, args) -> None:
          header + "\n\n" + "\n\n".join(table(r) for r in results), plot, publish=not args.no_results)
 
 
-PLOTTED = [("memcpy", "memcpy (bound)"), ("odirect_write", "O_DIRECT write (bound)"),
-           ("fastckpt_c_durable", "fastckpt save c, durable"), ("torch_save", "torch.save+fsync"),
-           ("dcp_save", "DCP save"), ("dcp_async_durable", "DCP async_save, durable"),
+PLOTTED = [("memcpy", "memcpy (bound)"), ("fastckpt_c_blocking", "fastckpt c, blocked"),
+           ("tc_blocking", "torch_checkpointing, blocked"), ("odirect_write", "O_DIRECT write (bound)"),
+           ("fastckpt_c_durable", "fastckpt save c, durable"), ("tc_durable", "torch_checkpointing +fsync, durable"),
+           ("torch_save", "torch.save+fsync"), ("dcp_save", "DCP save"), ("dcp_async_durable", "DCP async_save, durable"),
            ("odirect_read", "O_DIRECT read cold (bound)"), ("fastckpt_load_cold", "fastckpt load cold"),
+           ("fastckpt_load_into_cold", "fastckpt load into, cold"), ("tc_load_into_cold", "torch_checkpointing load, cold"),
            ("torch_load_cold", "torch.load cold")]
 
 
@@ -251,7 +292,7 @@ def plot(res: dict, path: str) -> None:
     width = 0.8 / len(res["results"])
     for j, r in enumerate(res["results"]):
         gb = r["bytes"] / 1e9
-        ax.bar([i + j * width for i in range(len(PLOTTED))], [gb / r["median_s"][k] for k, _ in PLOTTED],
+        ax.bar([i + j * width for i in range(len(PLOTTED))], [gb / r["median_s"].get(k, float("inf")) for k, _ in PLOTTED],
                width, label=f"{r['gib']} GiB")
     ax.set_xticks([i + width * (len(res["results"]) - 1) / 2 for i in range(len(PLOTTED))])
     ax.set_xticklabels([n for _, n in PLOTTED], rotation=30, ha="right", fontsize=8)

@@ -149,7 +149,7 @@ class Tiers(Store):
         return self.writes_to.begin(step, counter, rank, fmt, target, plan, meta)
 
     def sink(self, part: str, direct_io: bool):
-        return self.tier_of(os.path.dirname(part) if "://" not in part else part).sink(part, direct_io)
+        return self.tier_of(os.path.dirname(part)).sink(part, direct_io)  # parts are local files
 
     def finish_write(self, write, part: str):
         """The tier the part was begun on finishes it (an object store: uploads it)."""

@@ -169,11 +169,7 @@ class NamedTiersPlace(WithMemoryTier, LocalPath):
         copy = super().image()
         # each memory copy names the path it is a copy of: the image's copies name the image's paths
         # (a crash leaves both where they were)
-        for folder, _, files in os.walk(copy.memory):
-            if TARGET in files:
-                with open(os.path.join(folder, TARGET), "r+", encoding="utf-8") as f:
-                    named = f.read().replace(os.path.abspath(self.where), os.path.abspath(copy.where), 1)
-                    f.seek(0), f.truncate(), f.write(named)
+        _retarget(copy.memory, os.path.abspath(self.where), os.path.abspath(copy.where))
         return copy
 
     def damage(self, ck, name="last"):
@@ -345,11 +341,7 @@ class NamedTiersToBucket(Bucket):
         copy = super().image()
         if os.path.exists(self.memory):
             shutil.copytree(self.memory, copy.memory)
-        for folder, _, files in os.walk(copy.memory):  # the image's copies name the image's paths
-            if TARGET in files:
-                with open(os.path.join(folder, TARGET), "r+", encoding="utf-8") as f:
-                    named = f.read().replace(self.where + "/", copy.where + "/", 1)
-                    f.seek(0), f.truncate(), f.write(named)
+        _retarget(copy.memory, self.where + "/", copy.where + "/")  # the image's copies name the image's paths
         return copy
 
     def damage(self, ck, name="last"):
@@ -365,6 +357,15 @@ class NamedTiersToBucket(Bucket):
     def cleanup(self):
         super().cleanup()
         shutil.rmtree(self.memory, ignore_errors=True)
+
+
+def _retarget(memory: str, old: str, new: str) -> None:
+    """Each memory copy under memory names the path it is a copy of: old's place becomes new's."""
+    for folder, _, files in os.walk(memory):
+        if TARGET in files:
+            with open(os.path.join(folder, TARGET), "r+", encoding="utf-8") as f:
+                named = f.read().replace(old, new, 1)
+                f.seek(0), f.truncate(), f.write(named)
 
 
 def _flip(path: str) -> None:
