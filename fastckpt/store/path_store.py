@@ -4,9 +4,10 @@ Local paths: the file is written as a hidden sibling `.NAME.fastckpt-PID-COUNTER
 made durable, renamed over NAME and the directory fsync'ed, so NAME is the old checkpoint
 or the new one, complete — never a torn mix, and never there before it is durable.
 
-URLs (`s3://`, `gcs://`, `memory://`, ... through fsspec): the file is staged on local
-disk, uploaded, and then its commit record `NAME.fastckpt-commit` (fastckpt.commit.record's:
-the file's size, whole-file CRC and chunk CRCs) is written last. Object stores have no atomic rename, so a reader checks NAME against that
+URLs (`s3://` through the S3 store's client, fastckpt.store.s3.client; `gcs://`, `memory://`,
+... through fsspec): the file is staged on local disk, uploaded, and then its commit record
+`NAME.fastckpt-commit` (fastckpt.commit.record's: the file's size, whole-file CRC and chunk CRCs)
+is written last; an s3:// one is read back by parallel ranged GETs. Object stores have no atomic rename, so a reader checks NAME against that
 record when it exists; a URL without one (a file fastckpt did not upload) is read as
 Lightning would read it, checked by its own CRCs. `file://` URLs are plain local paths.
 
@@ -32,9 +33,12 @@ from ..commit.record import file_size
 from ..commit_info import CommitInfo, FileEntry
 from ..errors import CheckpointWriteError, CorruptCheckpointError
 from ..format import load_file, sniff
+from ..machine import read_threads
 from ..fsutil import fsync_dir, makedirs_durable
 from .protocol import ByPath, Listed, Store
 from .root_store import RootStore
+from .s3.client import UPLOAD_CONCURRENCY, bucket_for
+from .s3.place import S3Place, is_s3
 
 MARKER_SUFFIX = ".fastckpt-commit"
 TMP_GLOB = ".*.fastckpt-*.tmp"
@@ -74,6 +78,19 @@ def filesystem(url: str):
     fs, _ = fsspec.core.url_to_fs(url)
     fs.invalidate_cache(url.rstrip("/").rsplit("/", 1)[0])
     return fs
+
+
+GET_BYTES = 16 << 20  # one ranged GET of an s3:// checkpoint's download
+PUT_BYTES = 64 << 20  # one part of its multipart upload (the S3 store's default chunk_mb)
+
+
+def object_of(url: str):
+    """(the S3 store's client, the key) of an s3:// URL (the server as AWS tools find it); None for
+    other schemes, which fsspec serves."""
+    if not is_s3(url):
+        return None
+    place = S3Place.parse(url, "the checkpoint path")
+    return bucket_for(place), place.prefix
 
 
 class PathStore(Store, ByPath):
@@ -132,6 +149,8 @@ class PathStore(Store, ByPath):
 
     # -- ByPath ------------------------------------------------------------
     def prepare_path(self, path: str) -> None:
+        if is_s3(path):
+            return  # a bucket has no folders to make
         if is_remote(path):
             filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         else:
@@ -146,6 +165,10 @@ class PathStore(Store, ByPath):
         another writer put it there without one)."""
         if not is_remote(path):
             return file_size(local_path(path))
+        found = object_of(path)
+        if found is not None:
+            bucket, key = found
+            return read_marker(path)["size"] if bucket.size_of(key + MARKER_SUFFIX) is not None else bucket.size_of(key)
         fs = filesystem(path)
         if fs.exists(path + MARKER_SUFFIX):
             return read_marker(path)["size"]
@@ -219,18 +242,32 @@ class PathStore(Store, ByPath):
 
 
 def _upload(local: str, url: str, result) -> None:
-    """Data first, the commit record last (object stores have no atomic rename)."""
-    fs = filesystem(url)
+    """Data first, the commit record last (object stores have no atomic rename); the old record is
+    deleted first, so that it never vouches for the new bytes mid-upload."""
+    fs = filesystem(url)  # its listing cache of the folder dropped: Lightning's next listing sees the upload
+    found = object_of(url)
     marker = url + MARKER_SUFFIX
     try:
-        if fs.exists(marker):
-            fs.rm(marker)  # the old record must not vouch for the new bytes mid-upload
-        fs.put_file(local, url)
+        if found is not None:
+            bucket, key = found
+            bucket.delete([key + MARKER_SUFFIX])
+            try:
+                bucket.put_file(key, local, PUT_BYTES, UPLOAD_CONCURRENCY)
+            except OSError as e:
+                bucket.abort_uploads_of(key)
+                raise CheckpointWriteError(str(e)) from e
+        else:
+            if fs.exists(marker):
+                fs.rm(marker)
+            fs.put_file(local, url)
         parent, name = url.rsplit("/", 1)
         entry = FileEntry(name, 0, result.bytes, result.file_crc, [list(s) for s in result.spans], result.names or [])
-        commit.write(CommitInfo(step=-1, path=parent, bytes=result.bytes, counter=1, time=time.time(), world_size=1,
-                                format=sniff(local), files=(entry,)),
-                     name + MARKER_SUFFIX, fs=fs)
+        info = CommitInfo(step=-1, path=parent, bytes=result.bytes, counter=1, time=time.time(), world_size=1,
+                          format=sniff(local), files=(entry,))
+        if found is not None:
+            commit.write_with(info, lambda raw: found[0].put_bytes(found[1] + MARKER_SUFFIX, raw))
+        else:
+            commit.write(info, name + MARKER_SUFFIX, fs=fs)
     finally:
         _unlink_quietly(local)
 
@@ -267,11 +304,14 @@ def _load_url(url: str, map_location, verify: bool, weights_only: bool):
 def read_marker(url: str) -> dict:
     """The commit record of an uploaded checkpoint: {"size", "crc32"}; CorruptCheckpointError
     if missing or bad. A record fastckpt 0.1 wrote (plain JSON: size, hex crc32) still reads."""
-    fs = filesystem(url)
     path = url + MARKER_SUFFIX
+    found = object_of(url)
     try:
-        with fs.open(path, "rb") as f:
-            raw = f.read(commit.MAX_RECORD + 1)
+        if found is not None:
+            raw = found[0].get_bytes(found[1] + MARKER_SUFFIX, commit.MAX_RECORD + 1)
+        else:
+            with filesystem(url).open(path, "rb") as f:
+                raw = f.read(commit.MAX_RECORD + 1)
     except FileNotFoundError as e:
         raise CorruptCheckpointError(f"{url} has no commit record ({path}): its upload never finished") from e
     try:
@@ -290,13 +330,22 @@ def download(url: str, into_dir: str) -> tuple[str, int | None]:
     """Copies a checkpoint at a URL to a local file; returns (path, the whole-file CRC its
     commit record expects). A URL without a commit record (a file fastckpt did not upload)
     comes back with None: its loader checks it by the file's own CRCs only."""
-    fs = filesystem(url)
-    rec = read_marker(url) if fs.exists(url + MARKER_SUFFIX) else None
     local = os.path.join(into_dir, "download.tmp")
-    try:
-        fs.get_file(url, local)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint {url!r} does not exist") from None
+    found = object_of(url)
+    if found is not None:  # parallel ranged GETs
+        bucket, key = found
+        rec = read_marker(url) if bucket.size_of(key + MARKER_SUFFIX) is not None else None
+        size = bucket.size_of(key)
+        if size is None:
+            raise FileNotFoundError(f"checkpoint {url!r} does not exist")
+        bucket.download(key, local, size, GET_BYTES, read_threads())
+    else:
+        fs = filesystem(url)
+        rec = read_marker(url) if fs.exists(url + MARKER_SUFFIX) else None
+        try:
+            fs.get_file(url, local)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"checkpoint {url!r} does not exist") from None
     size = os.path.getsize(local)
     if rec is not None and size != rec["size"]:
         raise CorruptCheckpointError(f"{url} is {size} bytes but its commit record says {rec['size']}")
@@ -312,6 +361,12 @@ def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) ->
     leaves a dead writer's temporary file, which the next save into that directory sweeps.
     """
     p = os.fspath(path)
+    found = object_of(p)
+    if found is not None:
+        filesystem(p)  # its listing cache of the folder dropped
+        found[0].delete([found[1] + MARKER_SUFFIX])  # the record first: never one without its object
+        found[0].delete([found[1]])
+        return
     if is_remote(p):
         fs = filesystem(p)
         for name in (p + MARKER_SUFFIX, p):

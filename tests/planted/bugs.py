@@ -317,8 +317,8 @@ BUGS = (
     Bug("checkpointer-error-on-one-rank",
         "a failed checkpoint is raised at the next save only on the ranks whose commit thread already recorded it: "
         "the others issue the next save and their commit waits for a rank that is gone",
-        (("fastckpt/checkpointer.py", "        self._raise_background_errors(agreed=True)",
-          "        self._raise_background_errors(agreed=False)  # planted"),),
+        (("fastckpt/checkpointer.py", "        self._raise_background_errors(agreed=True, step=step)",
+          "        self._raise_background_errors(agreed=False, step=step)  # planted"),),
         ("tests/fastckpt/test_agreed_errors.py", "-k", "checkpointer")),
     Bug("lightning-error-on-rank-0-only",
         "under DDP a failed save is raised on rank 0 alone, inside Trainer.save_checkpoint, while the other ranks "
