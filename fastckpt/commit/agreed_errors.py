@@ -54,12 +54,14 @@ class AgreedErrors:
         """Every rank, at one call: the failures to raise now, the same units on every rank, in
         commit order (each rank its own error where it has it, else what another rank said).
         step: the step each rank is about to save, checked the same on every rank in the same
-        all-reduce (a ValueError first when it is not: one checkpoint would hold several steps)."""
+        all-reduce (a ValueError last when it is not: one checkpoint would hold several steps; a
+        step that is not an int counts as 0, so None beside an int is unequal too)."""
         if self._agree.world_size < 2:
             return self.take_local()
         with self._lock:
             mine = {k: f"{e}" for k, e in self._unseen().items()}
-        ok, low, high = self._agree.all_min([int(not mine), step or 0, -(step or 0)])
+        said = step if isinstance(step, int) and not isinstance(step, bool) else 0
+        ok, low, high = self._agree.all_min([int(not mine), said, -said])
         unequal = [] if low == -high else [ValueError(
             f"save() was called with step {low} on one rank and step {-high} on another: every rank saves "
             "the same step together (nothing of this save was written)")]
@@ -80,4 +82,4 @@ class AgreedErrors:
                 rank, said = failed[key]
                 out.append(CheckpointWriteError(f"{said} (said by rank {rank}; every rank raises it here, at the "
                                                 "same call)"))
-        return unequal + out
+        return out + unequal

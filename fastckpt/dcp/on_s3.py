@@ -23,7 +23,7 @@ from ..commit import record
 from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError
 from ..store.s3.checked import read_checked
-from ..store.s3.client import bucket_for
+from ..store.s3.client import UPLOAD_CONCURRENCY, bucket_for
 from ..store.s3.place import S3Place, is_s3
 from ..store.s3.spool import Spool
 from . import metadata as md_file
@@ -54,7 +54,7 @@ class RemoteCheckpoint:
     # -- writing ---------------------------------------------------------------
     def upload(self, local: str, part_bytes: int = 64 << 20) -> str:
         """A durable local file of the checkpoint uploaded under its name; its ETag."""
-        return self.bucket.put_file(self.key(os.path.basename(local)), local, part_bytes, 8) or ""
+        return self.bucket.put_file(self.key(os.path.basename(local)), local, part_bytes, UPLOAD_CONCURRENCY) or ""
 
     def commit(self, info: CommitInfo) -> CommitInfo:
         """The record, written once, after every object it names; its counter above every record

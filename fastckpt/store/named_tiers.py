@@ -46,9 +46,10 @@ from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from .node_tier import RANK_RE, NodeTier, load_lent
-from .path_store import PathStore, is_remote, local_path, local_target, sweep_dead_tmp
+from .path_store import PathStore, Remote, is_remote, local_path, local_target, object_of, sweep_dead_tmp
 from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
-from .s3.object_path import ObjectPath, object_of
+from .s3.client import MIN_PART
+from .s3.object_path import ObjectPath
 from .s3.place import is_s3
 from .protocol import ByPath
 from .tiers import CopyPlan, Tiers
@@ -74,14 +75,16 @@ class NamedTiers(Tiers, ByPath):
     names_by_path = True
     places_loosely = True
     alone = "their paths"
+    where_short = ""  # each process's own tier
     part_rank = 0  # each process's checkpoints are its own: one part each
 
     def __init__(self, memory: str, keep: int, rank: int, direct_io: bool = True, endpoint: Optional[str] = None,
                  part_mb: int = 64, timeout_s: float = 120.0):
         # this process's folder (its checkpoints: one part each), then the paths
-        super().__init__([NodeTier(memory, rank), PathStore(per_rank=False)], (keep, 1), rank, direct_io)
+        self.remote = Remote(endpoint, timeout_s, max(MIN_PART, part_mb << 20))  # how s3:// paths are reached
+        super().__init__([NodeTier(memory, rank), PathStore(per_rank=False, remote=self.remote)], (keep, 1), rank,
+                         direct_io)
         self.keep = keep
-        self.bucket_settings = dict(endpoint=endpoint, part_mb=part_mb, timeout_s=timeout_s)  # s3:// paths'
         self.reads: list[NamedRead] = []
         self.pointers = False  # ByPath's (pool pointers): nothing here
         self._removed: set[str] = set()  # paths removed since their last save
@@ -105,9 +108,9 @@ class NamedTiers(Tiers, ByPath):
                    config.chunk_mb, config.stall_timeout_s)
 
     def waiting(self) -> int:
-        """Every copy handed over waits its turn in memory: none gives way to a newer one."""
-        with self._lock:
-            return len(self._held)
+        """Every copy handed over and not landed, counting the one being copied (none gives way to a
+        newer one). Read without the lock (a save asks; len() of a set is atomic)."""
+        return len(self._held)
 
     # -- 1-4. writing and committing --------------------------------------------
     def begin(self, step, counter, rank, fmt, target=None, plan=None, meta=None):
@@ -115,7 +118,7 @@ class NamedTiers(Tiers, ByPath):
         if self.on_last:
             return self.disk.begin(step, counter, rank, fmt, target, plan, meta)
         if is_s3(target):
-            object_of(target, self.bucket_settings["endpoint"], self.bucket_settings["timeout_s"])  # a bad URL: now
+            object_of(target, self.remote)  # a bad URL: said now
         elif is_remote(target):
             raise CheckpointWriteError(f"a memory tier in front of a URL other than s3:// ({target}) is not "
                                        "supported; save to s3://, or to a local or mounted path")
@@ -137,23 +140,26 @@ class NamedTiers(Tiers, ByPath):
         if not target:
             raise CheckpointWriteError(f"{info.path}: its {TARGET} file is missing: the path it is a copy of is unknown")
 
+        seen: dict = {}  # what ready() saw, under the lock, for refused()
+
         def ready() -> bool:  # under the lock: a removal marks the path, then withdraws the copy
-            return target not in self._removed and bool(record_present(info.path))
+            seen.update(removed=target in self._removed, there=bool(record_present(info.path)))
+            return seen["there"] and not seen["removed"]
 
         def refused() -> bool:
-            with self._lock:
-                if target in self._removed:  # its owner removed the path: nothing to write
+            with self._lock:  # its owner removed the path (then, or since): nothing to write
+                if seen.get("removed") or target in self._removed:
                     return False
             # not removed by its owner, yet not copied: the path never gets this save. Never silent
             # (a superseded copy is counted, not reported): the checkpoint it was is lost on disk.
             raise CheckpointWriteError(
                 f"the save of {target} was not persisted: "
-                + ("its memory copy at " + info.path + " was gone before its turn" if not record_present(info.path)
+                + ("its memory copy at " + info.path + " was gone before its turn" if not seen.get("there")
                    else "another rank no longer had its memory copy, or had removed the path")
                 + "; the path keeps what it held before")
 
         index = os.path.join(self.memory.root, PERSISTED)
-        behind = (ObjectPath(target, index, self._place, **self.bucket_settings) if is_s3(target) else
+        behind = (ObjectPath(target, index, self._place, self.remote) if is_s3(target) else
                   PathTier(target, index, self._place))
         return CopyPlan([behind], ready, refused, spared=frozenset({info.path}))
 
@@ -179,7 +185,7 @@ class NamedTiers(Tiers, ByPath):
     def stamp_of(self, key: str) -> Optional[dict]:
         """What identifies the file, or the object, at key now (None: there is none)."""
         if is_s3(key):
-            bucket, name = object_of(key, self.bucket_settings["endpoint"], self.bucket_settings["timeout_s"])
+            bucket, name = object_of(key, self.remote)
             return bucket.stamp(name)
         return stamp(key)
 
@@ -251,7 +257,9 @@ class NamedTiers(Tiers, ByPath):
         note = self.on_disk(key, now)
         if note is not None:
             return (info, file) if info.time >= note.get("time", float("inf")) else None
-        # an object's modification time is whole seconds (HTTP's Last-Modified): within one, the path
+        # an object's modification time is whole seconds (HTTP's Last-Modified), and the server's
+        # clock: within a second of the copy's commit, the path is read (a memory copy never stands
+        # in for a newer object; the server's clock is taken to be this node's within that second)
         return (info, file) if info.time > now["mtime_ns"] / 1e9 + (1.0 if is_s3(key) else 0.0) else None
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,

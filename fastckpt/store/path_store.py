@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..commit import record as commit
@@ -37,7 +38,7 @@ from ..machine import read_threads
 from ..fsutil import fsync_dir, makedirs_durable
 from .protocol import ByPath, Listed, Store
 from .root_store import RootStore
-from .s3.client import UPLOAD_CONCURRENCY, bucket_for
+from .s3.client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, bucket_for
 from .s3.place import S3Place, is_s3
 
 MARKER_SUFFIX = ".fastckpt-commit"
@@ -80,17 +81,34 @@ def filesystem(url: str):
     return fs
 
 
-GET_BYTES = 16 << 20  # one ranged GET of an s3:// checkpoint's download
-PUT_BYTES = 64 << 20  # one part of its multipart upload (the S3 store's default chunk_mb)
+@dataclass(frozen=True)
+class Remote:
+    """How s3:// paths are reached: the settings' `endpoint` (None: as AWS tools find the server),
+    the time one request may take, and the size of one part of an upload (the settings' chunk_mb)."""
+
+    endpoint: Optional[str] = None
+    timeout_s: float = 120.0
+    part_bytes: int = 64 << 20
 
 
-def object_of(url: str):
-    """(the S3 store's client, the key) of an s3:// URL (the server as AWS tools find it); None for
-    other schemes, which fsspec serves."""
+AS_AWS_TOOLS = Remote()
+
+
+def object_of(url: str, remote: Remote = AS_AWS_TOOLS):
+    """(the S3 store's client, the key) of an s3:// URL; None for other schemes, which fsspec serves."""
     if not is_s3(url):
         return None
     place = S3Place.parse(url, "the checkpoint path")
-    return bucket_for(place), place.prefix
+    return bucket_for(place, remote.endpoint, remote.timeout_s), place.prefix
+
+
+def forget_listing(url: str) -> None:
+    """fsspec's listing cache of url's folder dropped, where fsspec serves the scheme at all (Lightning
+    lists the folder through it: its next listing sees what was just put or deleted)."""
+    try:
+        filesystem(url)
+    except ImportError:  # no fsspec filesystem for it here (s3fs missing): nothing cached either
+        pass
 
 
 class PathStore(Store, ByPath):
@@ -103,14 +121,15 @@ class PathStore(Store, ByPath):
 
     places_loosely = True  # any folder of checkpoint files
 
-    def __init__(self, per_rank: bool = False):
-        self.per_rank = per_rank
+    def __init__(self, per_rank: bool = False, remote: Remote = AS_AWS_TOOLS):
+        self.per_rank, self.remote = per_rank, remote
         self._staging = None
         self.folder: Optional[str] = None  # opened at a folder to read it (place_at)
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "PathStore":
-        return cls(per_rank=world_size > 1)
+        return cls(per_rank=world_size > 1, remote=Remote(config.endpoint, config.stall_timeout_s,
+                                                          max(MIN_PART, config.chunk_mb << 20)))
 
     # -- the command's view --------------------------------------------------
     @classmethod
@@ -158,24 +177,26 @@ class PathStore(Store, ByPath):
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):
-        return read_path(path, rank, map_location, verify, weights_only, mmap)
+        return read_path(path, rank, map_location, verify, weights_only, mmap, self.remote)
 
     def size_of(self, path: str) -> Optional[int]:
         """The file's size; at a URL, what its commit record says (the object's own size when
         another writer put it there without one)."""
         if not is_remote(path):
             return file_size(local_path(path))
-        found = object_of(path)
+        found = object_of(path, self.remote)
         if found is not None:
             bucket, key = found
-            return read_marker(path)["size"] if bucket.size_of(key + MARKER_SUFFIX) is not None else bucket.size_of(key)
+            if bucket.size_of(key + MARKER_SUFFIX) is not None:
+                return read_marker(path, self.remote)["size"]
+            return bucket.size_of(key)
         fs = filesystem(path)
         if fs.exists(path + MARKER_SUFFIX):
             return read_marker(path)["size"]
         return fs.size(path) if fs.exists(path) else None
 
     def remove_path(self, path: str, later=None) -> None:
-        remove(path, later)
+        remove(path, later, self.remote)
 
     def prepare(self) -> None:
         pass
@@ -215,7 +236,7 @@ class PathStore(Store, ByPath):
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
         """Makes this rank's durable file visible at its name; returns that name."""
         if is_remote(ckpt_id):
-            _upload(file_path, ckpt_id, result)
+            _upload(file_path, ckpt_id, result, self.remote)
             return ckpt_id
         if self.per_rank:
             return file_path
@@ -241,20 +262,19 @@ class PathStore(Store, ByPath):
             self._staging = None
 
 
-def _upload(local: str, url: str, result) -> None:
+def _upload(local: str, url: str, result, remote: Remote) -> None:
     """Data first, the commit record last (object stores have no atomic rename); the old record is
     deleted first, so that it never vouches for the new bytes mid-upload."""
-    fs = filesystem(url)  # its listing cache of the folder dropped: Lightning's next listing sees the upload
-    found = object_of(url)
+    found = object_of(url, remote)
+    fs = None if found is not None else filesystem(url)
     marker = url + MARKER_SUFFIX
     try:
         if found is not None:
             bucket, key = found
             bucket.delete([key + MARKER_SUFFIX])
             try:
-                bucket.put_file(key, local, PUT_BYTES, UPLOAD_CONCURRENCY)
+                bucket.put_file(key, local, remote.part_bytes, UPLOAD_CONCURRENCY)
             except OSError as e:
-                bucket.abort_uploads_of(key)
                 raise CheckpointWriteError(str(e)) from e
         else:
             if fs.exists(marker):
@@ -266,6 +286,7 @@ def _upload(local: str, url: str, result) -> None:
                           format=sniff(local), files=(entry,))
         if found is not None:
             commit.write_with(info, lambda raw: found[0].put_bytes(found[1] + MARKER_SUFFIX, raw))
+            forget_listing(url)
         else:
             commit.write(info, name + MARKER_SUFFIX, fs=fs)
     finally:
@@ -273,11 +294,11 @@ def _upload(local: str, url: str, result) -> None:
 
 
 def read_path(path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
-              mmap: Optional[bool] = None):
+              mmap: Optional[bool] = None, remote: Remote = AS_AWS_TOOLS):
     """What a path holds, read back: a URL (checked against its commit record when it has one), a
     per-rank folder (this rank's file, as its COMMIT names it), or a plain file."""
     if is_remote(path):
-        return _load_url(path, map_location, verify, weights_only)
+        return _load_url(path, map_location, verify, weights_only, remote)
     local = local_path(path)
     if os.path.isdir(local):  # per-rank checkpoint directory
         info = commit.read(local)
@@ -288,10 +309,10 @@ def read_path(path: str, rank: int, map_location=None, verify: bool = True, weig
     return load_file(local, map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
 
 
-def _load_url(url: str, map_location, verify: bool, weights_only: bool):
+def _load_url(url: str, map_location, verify: bool, weights_only: bool, remote: Remote):
     tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
     try:
-        local, crc = download(url, tmp)
+        local, crc = download(url, tmp, remote)
         if crc is None:
             warnings.warn(f"fastckpt: {url} has no fastckpt commit record ({url}{MARKER_SUFFIX}): "
                           "it was not uploaded by fastckpt (or its upload was cut short after the data); "
@@ -301,11 +322,11 @@ def _load_url(url: str, map_location, verify: bool, weights_only: bool):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_marker(url: str) -> dict:
+def read_marker(url: str, remote: Remote = AS_AWS_TOOLS) -> dict:
     """The commit record of an uploaded checkpoint: {"size", "crc32"}; CorruptCheckpointError
     if missing or bad. A record fastckpt 0.1 wrote (plain JSON: size, hex crc32) still reads."""
     path = url + MARKER_SUFFIX
-    found = object_of(url)
+    found = object_of(url, remote)
     try:
         if found is not None:
             raw = found[0].get_bytes(found[1] + MARKER_SUFFIX, commit.MAX_RECORD + 1)
@@ -326,15 +347,15 @@ def read_marker(url: str) -> dict:
     return {"size": info.files[0].bytes, "crc32": info.files[0].crc32}
 
 
-def download(url: str, into_dir: str) -> tuple[str, int | None]:
+def download(url: str, into_dir: str, remote: Remote = AS_AWS_TOOLS) -> tuple[str, int | None]:
     """Copies a checkpoint at a URL to a local file; returns (path, the whole-file CRC its
     commit record expects). A URL without a commit record (a file fastckpt did not upload)
     comes back with None: its loader checks it by the file's own CRCs only."""
     local = os.path.join(into_dir, "download.tmp")
-    found = object_of(url)
+    found = object_of(url, remote)
     if found is not None:  # parallel ranged GETs
         bucket, key = found
-        rec = read_marker(url) if bucket.size_of(key + MARKER_SUFFIX) is not None else None
+        rec = read_marker(url, remote) if bucket.size_of(key + MARKER_SUFFIX) is not None else None
         size = bucket.size_of(key)
         if size is None:
             raise FileNotFoundError(f"checkpoint {url!r} does not exist")
@@ -352,7 +373,7 @@ def download(url: str, into_dir: str) -> tuple[str, int | None]:
     return local, rec["crc32"] if rec is not None else None
 
 
-def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) -> None:
+def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None, remote: Remote = AS_AWS_TOOLS) -> None:
     """Deletes a checkpoint at a local path or URL; URLs: commit record first, then the data.
 
     A local path is renamed at once to a hidden `.NAME.fastckpt-PID-rmN.tmp`, so the name is
@@ -361,11 +382,11 @@ def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None) ->
     leaves a dead writer's temporary file, which the next save into that directory sweeps.
     """
     p = os.fspath(path)
-    found = object_of(p)
+    found = object_of(p, remote)
     if found is not None:
-        filesystem(p)  # its listing cache of the folder dropped
         found[0].delete([found[1] + MARKER_SUFFIX])  # the record first: never one without its object
         found[0].delete([found[1]])
+        forget_listing(p)
         return
     if is_remote(p):
         fs = filesystem(p)

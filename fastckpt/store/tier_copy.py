@@ -40,8 +40,7 @@ def upload_part(bucket, key: str, src: str, entry: FileEntry, part_bytes: int, c
     try:
         return bucket.put_file(key, src, part_bytes, concurrency,
                                check=lambda at: verify_as_recorded(src, entry, at=at)) or ""
-    except OSError as e:
-        bucket.abort_uploads_of(key)
+    except OSError as e:  # aborted by the client
         raise CheckpointWriteError(str(e)) from e
 
 

@@ -6,7 +6,8 @@ persists it behind from that committed copy (fastckpt.commit.persist_unit: the o
 ordered commit), each part checked against its record before a byte leaves; the training state
 is never read again for it. When the first tier has no room (checked at every save: `fits`) or a
 preemption hurries the saves (`hurry`), every save goes to the last store alone from then on;
-those begun in front still commit there.
+those begun in front still commit there (and are persisted behind as each kind says: the
+Checkpointer's steps are not, a path's every save is).
 
 This module is what every composition shares: where a save begins and which tier each of its
 calls goes to (`tier_of`), the room check, handing a committed copy over to be persisted and
@@ -56,12 +57,13 @@ class Tiers(Store):
 
     every_rank_retains = True  # each rank's memory-tier folder is its own to prune
     alone = "the last tier"  # where saves go once the first tier is out of room (said in the warning)
+    where_short = " on some rank"  # where it was out of room (said in the warning)
 
     def __init__(self, tiers: list, keeps: tuple[int, ...], rank: int, direct_io: bool = True):
         self.tiers = tiers
         self.keeps, self.rank, self.direct_io = keeps, rank, direct_io
         self.first = 0  # the tier saves commit to (the last, once shrunk or hurried)
-        self.neighbours = 1  # ranks sharing the first tier's memory, this one included
+        self.neighbours = 1  # ranks sharing the first tier's memory, this one included (as join() finds them)
         self._lock = threading.Lock()
         self._held: set[str] = set()  # folders retention spares: copies handed over or in progress
 
@@ -102,13 +104,15 @@ class Tiers(Store):
         return 1
 
     def waiting(self) -> int:
-        """Copies handed over and not yet landed that the first tier holds besides the one being copied."""
+        """Copies handed over and not yet landed that the first tier holds besides the keep, the saves
+        in flight and one more (0: a copy waiting gives way to a newer one)."""
         return 0
 
     def fits(self, nbytes: int, concurrency: int) -> bool:
         """Whether the first tier has room for its keep, the saves in flight, the copies waiting and
-        the one being copied, each with its replicas, for every rank sharing its memory (nbytes:
-        this rank's part, taken as every rank's). Saves going to the last store: its own room."""
+        the one being copied, each with its replicas, for every rank sharing its memory that join()
+        found (nbytes: this rank's part, taken as every rank's). Saves going to the last store: its
+        own room."""
         if self.on_last:
             return self.last.fits(nbytes, concurrency)
         tier = self.writes_to
@@ -123,7 +127,7 @@ class Tiers(Store):
         tier = self.writes_to
         self.first = len(self.tiers) - 1
         return (f"the memory tier {tier.place} has no room for {self.keeps[0]} + {concurrency} + 1 checkpoints of "
-                f"{nbytes / 2**20:.0f} MiB on some rank; checkpoints go to {self.alone} alone")
+                f"{nbytes / 2**20:.0f} MiB{self.where_short}; checkpoints go to {self.alone} alone")
 
     def hurry(self) -> None:
         """From now on saves go straight to the last store (durable there soonest: a preemption's);

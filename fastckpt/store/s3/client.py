@@ -28,6 +28,7 @@ from .place import S3Place
 MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last is at least 5 MiB
 MAX_PARTS = 10000
 UPLOAD_CONCURRENCY = 8  # parts in flight per upload (benchmarks/s3_clients.py: 8 the fastest)
+GET_BYTES = 16 << 20  # one ranged GET of a load (or a download)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class Bucket:
         """A local file uploaded as key (multipart, `concurrency` parts in flight); its ETag. The
         file is mapped and its pages handed to the client as they are (no copy into buffers of
         its own: on a memory filesystem the upload reads the spool's pages themselves).
-        check(address): called on the mapped bytes before a byte is sent (it raises to stop)."""
+        check(address): called on the mapped bytes before a byte is sent (it raises to stop).
+        A failed upload is aborted (no parts of it left to bill) before its OSError is raised."""
         import obstore
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -135,6 +137,7 @@ class Bucket:
                 result = obstore.put(self.store, key, view, chunk_size=part_bytes(size, part),
                                      max_concurrency=concurrency, use_multipart=size > MIN_PART)
             except Exception as e:  # noqa: BLE001 - obstore's and the OS's, one error out
+                self.abort_uploads_of(key)  # its parts are billed otherwise
                 raise self._failed("upload of", key, e) from e
         finally:
             try:

@@ -7,37 +7,33 @@ to the path's object (one multipart upload, checked against its record on the ma
 from: fastckpt.store.tier_copy.upload_part) — an object store shows an object whole or not at all,
 so there is nothing to rename — then its new record is PUT, and the memory folder's index
 (fastckpt.store.path_tier) notes the object the path now holds: its ETag, size and modification
-time. A path removed while its copy was uploading gets the object deleted again, never a record.
+time. No request is made under the owner's lock (a save on the training thread takes it): a path
+removed while its copy was on its way is found so afterwards, and its object and record are
+deleted again.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+import logging
+from typing import Callable
 
 from ...commit import record as commit
 from ...commit_info import CommitInfo
-from ..path_store import MARKER_SUFFIX
+from ..path_store import MARKER_SUFFIX, Remote, forget_listing, object_of
 from ..path_tier import PathTier
 from ..tier_copy import upload_part
-from .client import MIN_PART, UPLOAD_CONCURRENCY, bucket_for
-from .place import S3Place
+from .client import UPLOAD_CONCURRENCY
 
-
-
-def object_of(url: str, endpoint: Optional[str], timeout_s: float):
-    """(the Bucket client, the key) of an s3:// path (a one-line ConfigError for a bad one)."""
-    place = S3Place.parse(url, "the checkpoint path")
-    return bucket_for(place, endpoint, timeout_s), place.prefix
+log = logging.getLogger("fastckpt")
 
 
 class ObjectPath(PathTier):
     """The s3:// path as the tier behind one memory copy (see the module docstring)."""
 
-    def __init__(self, target: str, index: str, place: Callable[[str, Callable[[], None]], bool],
-                 endpoint: Optional[str] = None, part_mb: int = 64, timeout_s: float = 120.0):
+    def __init__(self, target: str, index: str, place: Callable[[str, Callable[[], None]], bool], remote: Remote):
         super().__init__(target, index, place)
-        self.bucket, self.key = object_of(target, endpoint, timeout_s)
-        self.part_bytes = max(MIN_PART, part_mb << 20)
+        self.bucket, self.key = object_of(target, remote)
+        self.part_bytes = remote.part_bytes
 
     def new_dir(self, step: int, counter: int) -> str:
         return self.target  # an object: nothing to make
@@ -49,11 +45,18 @@ class ObjectPath(PathTier):
     def commit_rank(self, url: str, info: CommitInfo) -> None:
         parent, name = self.target.rsplit("/", 1)
         record = dataclasses.replace(info, path=parent, files=(dataclasses.replace(info.files[0], name=name),))
-        if not self._place(self.target, lambda: commit.write_with(
-                record, lambda raw: self.bucket.put_bytes(self.key + MARKER_SUFFIX, raw))):
-            self.bucket.delete([self.key])  # removed by its owner while it was uploading
+        commit.write_with(record, lambda raw: self.bucket.put_bytes(self.key + MARKER_SUFFIX, raw))
+        if not self._place(self.target, lambda: None):  # removed by its owner meanwhile: gone again
+            self.bucket.delete([self.key + MARKER_SUFFIX])
+            self.bucket.delete([self.key])
+            forget_listing(self.target)
             return
-        made = self.bucket.stamp(self.key)
+        forget_listing(self.target)
+        try:
+            made = self.bucket.stamp(self.key)
+        except OSError as e:  # the copy landed; only the index's note is missing (a load reads the object)
+            log.warning("fastckpt: %s landed, but its stamp could not be read for the index: %s", self.target, e)
+            return
         if made is not None:
             self._note(dict(made, time=info.time, counter=info.counter))
 

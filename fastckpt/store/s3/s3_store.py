@@ -44,12 +44,11 @@ from ..protocol import Listed, Store
 from ..root_store import DIR_RE, EXT, LATEST, dir_name
 from ..tier_copy import upload_part
 from .checked import read_checked
-from .client import MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
+from .client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
 
 log = logging.getLogger("fastckpt")
-GET_BYTES = 16 << 20  # one ranged GET of a load
 
 
 class S3Store(Store):
@@ -150,7 +149,6 @@ class S3Store(Store):
             result.etag = self.bucket.put_file(key, part, self.part_bytes, UPLOAD_CONCURRENCY) or ""
         except OSError as e:
             _unlink(part)  # never written over: the failed upload's client may still hold its pages
-            self.bucket.abort_uploads_of(key)
             raise CheckpointWriteError(str(e)) from e
         self.spool.keep(part)  # uploaded: its memory written over by a later part
         return result

@@ -41,7 +41,7 @@ def memory(shm):
     return os.path.join(shm, "memory")
 
 
-def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, memory):
+def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, memory, monkeypatch):
     url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}"
     named = NamedCheckpoints({}, tiers=[memory], tier_keep=[2])
     for step in (1, 2):
@@ -54,11 +54,16 @@ def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, m
     assert named.reads[-1].tier == "memory"
     named.close()
 
-    # a later run without the tier saves the path again: the memory copy never stands in for it
+    # a later run without the tier saves the path again: the memory copy never stands in for it,
+    # even when the object's whole-second modification time falls in the second the copy committed
     plain.save(state(7), f"{url}/last.ckpt", 7).wait()
     plain.close()
     again = NamedCheckpoints({}, tiers=[memory], tier_keep=[2])
-    assert again.load(f"{url}/last.ckpt")["step"] == 7 and again.reads[-1].tier == "disk"
+    committed = again._store.copies_of(f"{url}/last.ckpt")[0][0].time
+    real = type(again._store).stamp_of
+    with monkeypatch.context() as m:
+        m.setattr(type(again._store), "stamp_of", lambda self, key: dict(real(self, key), mtime_ns=int(committed) * 10**9))
+        assert again.load(f"{url}/last.ckpt")["step"] == 7 and again.reads[-1].tier == "disk"
 
     # a removal takes the object, its record and the memory copies
     again.save(state(3), f"{url}/a.ckpt", 3).wait_placed(120)
@@ -103,7 +108,8 @@ def test_a_path_removed_while_its_copy_uploads_is_left_without_object_or_record(
     real = object_path.upload_part
 
     def removed_meanwhile(*a):
-        named._store.remove_path(url)  # as NamedCheckpoints.remove does, on another thread, as the upload starts
+        named._store.remove_path(url)  # as NamedCheckpoints.remove does (here on the copy's own thread), as the
+        # upload starts: the upload and its record land after the removal
         etag = real(*a)
         assert url.rsplit("/", 1)[1] in listed(url.rsplit("/", 1)[0])  # uploaded after the removal
         return etag
@@ -112,6 +118,29 @@ def test_a_path_removed_while_its_copy_uploads_is_left_without_object_or_record(
     assert pending.wait_placed(120) and pending.placed_error is None, pending.placed_error
     assert listed(url.rsplit("/", 1)[0]) == []
     named.close()
+
+
+def test_the_endpoint_setting_reaches_every_request_on_an_s3_path(s3_env, memory, monkeypatch):
+    """endpoint= in the settings, no AWS_ENDPOINT_URL: uploads, records, loads, removals and saves
+    straight to the path (after a preemption's hurry) all go to that server."""
+    import obstore
+    endpoint = s3_env.endpoint
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    prefix = f"named-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{s3_env.bucket}/{prefix}"
+    named = NamedCheckpoints({"endpoint": endpoint}, tiers=[memory], tier_keep=[3])
+    for step, name in ((1, "a"), (2, "b")):
+        assert named.save(state(step), f"{url}/{name}.ckpt", step).wait_placed(120)
+    named.remove(f"{url}/a.ckpt")
+    named._store.hurry()  # a preemption: saves go to their paths alone
+    assert named.save(state(3), f"{url}/c.ckpt", 3).wait_placed(120)
+    assert named.load(f"{url}/b.ckpt")["step"] == 2 and named.reads[-1].tier == "memory"
+    named.close()
+    keys = sorted(o["path"].rsplit("/", 1)[1] for o in obstore.list(s3_env.store(), prefix=prefix + "/").collect())
+    assert keys == ["b.ckpt", "b.ckpt.fastckpt-commit", "c.ckpt", "c.ckpt.fastckpt-commit"], keys
+    plain = NamedCheckpoints({"endpoint": endpoint})
+    assert plain.load(f"{url}/c.ckpt")["step"] == 3 and plain.load(f"{url}/b.ckpt")["step"] == 2
+    plain.close()
 
 
 def test_ddp_with_a_memory_tier_saves_to_a_bucket_and_resumes_from_it_bit_exact(s3_env, tmp_path, memory):
