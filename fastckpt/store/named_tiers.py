@@ -12,8 +12,8 @@ behind: as the path store writes, a hidden sibling renamed over the name once du
 s3:// path an ObjectPath: uploaded to the object through the S3 store's client, then its commit
 record, fastckpt.store.s3.object_path); the folder's index of persisted paths (`.persisted/`, one
 small file per path, its last few saves) notes which save the path holds — its commit time and
-counter — and that file (inode, size, modification time; a rename keeps them) or object (ETag,
-size, modification time). Every save of a path is copied there, in order — none is superseded by a newer one
+counter — and that file (inode, size, modification time; a rename keeps them); an object's commit
+record names its save itself, and the index notes a copy to it begun and landed (`held_now`). Every save of a path is copied there, in order — none is superseded by a newer one
 (a DeepSpeed tag's or a DCP checkpoint's record waits for its files there, and each name a
 framework saved must reach its disk); a disk slower than the saves holds more copies in memory,
 which the memory bound counts.
@@ -42,11 +42,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..commit.committed_under import CommittedUnder
+from ..commit import record as commit
 from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from .node_tier import RANK_RE, NodeTier, load_lent
-from .path_store import PathStore, Remote, is_remote, local_path, local_target, object_of, sweep_dead_tmp
+from .path_store import (MARKER_SUFFIX, PathStore, Remote, is_remote, local_path, local_target, object_of,
+                         sweep_dead_tmp)
 from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
 from .s3.client import MIN_PART
 from .s3.object_path import ObjectPath
@@ -182,13 +184,6 @@ class NamedTiers(Tiers, ByPath):
         """Whether the memory tier may hold copies of path (a local path, or an s3:// one)."""
         return is_s3(path) or not is_remote(path)
 
-    def stamp_of(self, key: str) -> Optional[dict]:
-        """What identifies the file, or the object, at key now (None: there is none)."""
-        if is_s3(key):
-            bucket, name = object_of(key, self.remote)
-            return bucket.stamp(name)
-        return stamp(key)
-
     # -- 5. listing -------------------------------------------------------------
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
         return []  # read by path (load_path), never by the Checkpointer's load()
@@ -233,34 +228,69 @@ class NamedTiers(Tiers, ByPath):
                     return note
         return None
 
+    def held_now(self, key: str, copies: list) -> Optional[dict]:
+        """Which save the path `key` holds now: None (nothing there); {"save": (time, counter)} — a save
+        of this tier (a local file its index notes; an s3:// object whose commit record names it: the
+        record holds the memory copy's commit time and counter); {"since": seconds} — something else,
+        that old (a local file's modification time; another writer's record's time; an object without
+        a record: its whole-second modification time plus that second); {"pending": True} — an
+        s3:// object without a record while this tier's copy to it is on its way or was cut short."""
+        if not is_s3(key):
+            now = stamp(key)
+            if now is None:
+                return None
+            note = self.on_disk(key, now)
+            return {"since": now["mtime_ns"] / 1e9} if note is None else {"save": (note.get("time"), note.get("counter"))}
+        bucket, name = object_of(key, self.remote)
+        try:
+            record = commit.decode(bucket.get_bytes(name + MARKER_SUFFIX, commit.MAX_RECORD + 1), key + MARKER_SUFFIX)
+        except (FileNotFoundError, CorruptCheckpointError):
+            record = None
+        if record is not None:
+            if any((c.time, c.counter) == (record.time, record.counter) for c, _ in copies):
+                return {"save": (record.time, record.counter)}
+            return {"since": record.time}
+        if self.copying(key):
+            return {"pending": True}
+        now = bucket.stamp(name)
+        # an object's modification time is whole seconds (HTTP's Last-Modified) of the server's clock:
+        # within a second of a copy's commit, the object is taken as newer (a memory copy never stands
+        # in for a newer object; the server's clock is taken to be this node's within that second)
+        return None if now is None else {"since": now["mtime_ns"] / 1e9 + 1.0}
+
+    def copying(self, key: str) -> bool:
+        """Whether this node's newest index note of the s3:// path says a copy to it began and has
+        not landed (fastckpt.store.s3.object_path notes both)."""
+        for tier in self._folders():
+            notes = read_notes(os.path.join(tier.root, PERSISTED, note_name(key)), key)
+            if notes and "pending" in notes[-1]:
+                return True
+        return False
+
     def copy_of(self, path: str) -> Optional[str]:
         """The memory copy (a file) that is the file at path now, byte for byte (the save the
-        index notes it holds); None when there is none on this node."""
+        index, or the object's record, says it holds); None when there is none on this node."""
         key = self.key_of(path)
-        note = self.on_disk(key, self.stamp_of(key))
-        if note is None:
+        copies = self.copies_of(key)
+        now = self.held_now(key, copies) if copies else None
+        if now is None or "save" not in now:
             return None
-        return next((file for info, file in self.copies_of(key)
-                     if info.time == note.get("time") and info.counter == note.get("counter")), None)
+        return next((file for info, file in copies if (info.time, info.counter) == tuple(now["save"])), None)
 
     def source_of(self, key: str) -> Optional[tuple[CommitInfo, str]]:
         """The memory copy to read for the path `key` (None: the path itself): the newest copy of
-        it, when the file at the path is a save of this tier no newer than it, or none of this
-        tier's and older than it (see the module docstring)."""
+        it, when the path holds a save of this tier no newer than it, or something else older than
+        it, or nothing yet (see the module docstring)."""
         copies = self.copies_of(key)
         if not copies:
             return None
         info, file = copies[0]
-        now = self.stamp_of(key)
-        if now is None:
+        now = self.held_now(key, copies)
+        if now is None or "pending" in now:
             return info, file
-        note = self.on_disk(key, now)
-        if note is not None:
-            return (info, file) if info.time >= note.get("time", float("inf")) else None
-        # an object's modification time is whole seconds (HTTP's Last-Modified), and the server's
-        # clock: within a second of the copy's commit, the path is read (a memory copy never stands
-        # in for a newer object; the server's clock is taken to be this node's within that second)
-        return (info, file) if info.time > now["mtime_ns"] / 1e9 + (1.0 if is_s3(key) else 0.0) else None
+        if "save" in now:
+            return (info, file) if info.time >= (now["save"][0] or float("inf")) else None
+        return (info, file) if info.time > now["since"] else None
 
     def load_path(self, path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
                   mmap: Optional[bool] = None):

@@ -456,8 +456,14 @@ BUGS = (
         "a memory tier in front of s3:// paths compares its copy's commit time with the object's whole-second "
         "modification time as if it were exact: an object saved again by another writer within that second is "
         "read from the older memory copy",
-        (("fastckpt/store/named_tiers.py", " + (1.0 if is_s3(key) else 0.0) else None", " else None  # planted"),),
-        ("tests/fastckpt/s3/test_s3_named_tiers.py", "-k", "lands_in_the_bucket")),
+        (("fastckpt/store/named_tiers.py", "{\"since\": now[\"mtime_ns\"] / 1e9 + 1.0}",
+          "{\"since\": now[\"mtime_ns\"] / 1e9}  # planted"),),
+        ("tests/fastckpt/s3/test_s3_named_tiers.py", "-k", "without_a_record")),
+    Bug("named-s3-copy-on-its-way-ignored",
+        "a memory tier in front of s3:// paths forgets that a copy to a path is on its way: between the old record's "
+        "deletion and the new one, a load reads the old object rather than the newest save",
+        (("fastckpt/store/named_tiers.py", "        if self.copying(key):\n", "        if False:  # planted\n"),),
+        ("tests/fastckpt/s3/test_s3_named_tiers.py", "-k", "on_its_way")),
     Bug("unequal-steps-saved-as-one",
         "ranks given different steps at one save write one checkpoint whose parts are of different steps",
         (("fastckpt/commit/agreed_errors.py", "        unequal = [] if low == -high else [ValueError(",

@@ -5,16 +5,16 @@ The copy: the path's old commit record (`NAME.fastckpt-commit`, fastckpt.store.p
 deleted first, so that it never vouches for new bytes; the memory copy is then uploaded straight
 to the path's object (one multipart upload, checked against its record on the mapping it is sent
 from: fastckpt.store.tier_copy.upload_part) — an object store shows an object whole or not at all,
-so there is nothing to rename — then its new record is PUT, and the memory folder's index
-(fastckpt.store.path_tier) notes the object the path now holds: its ETag, size and modification
-time. No request is made under the owner's lock (a save on the training thread takes it): a path
+so there is nothing to rename — then its new record is PUT, naming the memory copy's commit time
+and counter (which save the object is, as the index says it of a local file). The memory folder's
+index (fastckpt.store.path_tier) notes that the copy began, before the old record goes, and that it
+landed: in between, a load reads the memory copy. No request is made under the owner's lock (a save on the training thread takes it): a path
 removed while its copy was on its way is found so afterwards, and its object and record are
 deleted again.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Callable
 
 from ...commit import record as commit
@@ -23,8 +23,6 @@ from ..path_store import MARKER_SUFFIX, Remote, forget_listing, object_of
 from ..path_tier import PathTier
 from ..tier_copy import upload_part
 from .client import UPLOAD_CONCURRENCY
-
-log = logging.getLogger("fastckpt")
 
 
 class ObjectPath(PathTier):
@@ -36,6 +34,7 @@ class ObjectPath(PathTier):
         self.part_bytes = remote.part_bytes
 
     def new_dir(self, step: int, counter: int) -> str:
+        self._note({"pending": counter})  # until it lands, a load reads the memory copy, not the object
         return self.target  # an object: nothing to make
 
     def put_copy(self, src: str, url: str, entry, direct_io: bool = True) -> None:
@@ -52,13 +51,7 @@ class ObjectPath(PathTier):
             forget_listing(self.target)
             return
         forget_listing(self.target)
-        try:
-            made = self.bucket.stamp(self.key)
-        except OSError as e:  # the copy landed; only the index's note is missing (a load reads the object)
-            log.warning("fastckpt: %s landed, but its stamp could not be read for the index: %s", self.target, e)
-            return
-        if made is not None:
-            self._note(dict(made, time=info.time, counter=info.counter))
+        self._note({"landed": info.counter, "time": info.time})
 
     def abort(self, folder, part, rank: int, stuck: bool = False) -> None:
         self.bucket.abort_uploads_of(self.key)
