@@ -4,8 +4,8 @@
   root_store.py  "root": fastckpt names each checkpoint, a directory per checkpoint under the root
                  and a `latest` pointer (the Checkpointer's own layout); ahead.py: each rank's next
                  file made before its save
-  path_store.py  "path": every save names its own path (a local file, a per-rank directory, an
-                 URL: s3:// through s3/client.py, others through fsspec), as Lightning does
+  path_store.py  "path": every save names its own path (a local file, a per-rank directory, a
+                 URL: url_files.py, s3:// through s3/client.py, others through fsspec), as Lightning does
   pmem_store.py  "pmem": versions of a model in a persistent-memory pool (a DAX device or file,
                  or a file on /dev/shm); with model=None, models named by path
   s3/            "s3": the root store's layout in a bucket (root='s3://bucket/prefix'), committed by

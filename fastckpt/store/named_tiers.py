@@ -47,14 +47,13 @@ from ..commit.record import present as record_present
 from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 from .node_tier import RANK_RE, NodeTier, load_lent
-from .path_store import (MARKER_SUFFIX, PathStore, Remote, is_remote, local_path, local_target, object_of,
-                         sweep_dead_tmp)
+from .path_store import PathStore, is_remote, local_path, local_target, sweep_dead_tmp
 from .path_tier import PathTier, matches, note_name, read_notes, read_small, stamp
-from .s3.client import MIN_PART
 from .s3.object_path import ObjectPath
 from .s3.place import is_s3
 from .protocol import ByPath
 from .tiers import CopyPlan, Tiers
+from .url_files import AS_AWS_TOOLS, MARKER_SUFFIX, Remote, object_of, record_bytes
 
 TARGET, PERSISTED = "TARGET", ".persisted"  # a copy's path; a folder's index of what each path holds
 
@@ -80,10 +79,9 @@ class NamedTiers(Tiers, ByPath):
     where_short = ""  # each process's own tier
     part_rank = 0  # each process's checkpoints are its own: one part each
 
-    def __init__(self, memory: str, keep: int, rank: int, direct_io: bool = True, endpoint: Optional[str] = None,
-                 part_mb: int = 64, timeout_s: float = 120.0):
+    def __init__(self, memory: str, keep: int, rank: int, direct_io: bool = True, remote: Remote = AS_AWS_TOOLS):
         # this process's folder (its checkpoints: one part each), then the paths
-        self.remote = Remote(endpoint, timeout_s, max(MIN_PART, part_mb << 20))  # how s3:// paths are reached
+        self.remote = remote  # how s3:// paths are reached
         super().__init__([NodeTier(memory, rank), PathStore(per_rank=False, remote=self.remote)], (keep, 1), rank,
                          direct_io)
         self.keep = keep
@@ -106,8 +104,7 @@ class NamedTiers(Tiers, ByPath):
                               "supported; each process's own paths are (FastCheckpointIO without per_rank, DeepSpeed)")
         import torch.distributed as dist
         global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        return cls(config.tiers[0], config.keep_on_tiers()[0], global_rank, config.direct_io, config.endpoint,
-                   config.chunk_mb, config.stall_timeout_s)
+        return cls(config.tiers[0], config.keep_on_tiers()[0], global_rank, config.direct_io, Remote.of(config))
 
     def waiting(self) -> int:
         """Every copy handed over and not landed, counting the one being copied (none gives way to a
@@ -241,10 +238,10 @@ class NamedTiers(Tiers, ByPath):
                 return None
             note = self.on_disk(key, now)
             return {"since": now["mtime_ns"] / 1e9} if note is None else {"save": (note.get("time"), note.get("counter"))}
-        bucket, name = object_of(key, self.remote)
+        raw = record_bytes(key, self.remote)
         try:
-            record = commit.decode(bucket.get_bytes(name + MARKER_SUFFIX, commit.MAX_RECORD + 1), key + MARKER_SUFFIX)
-        except (FileNotFoundError, CorruptCheckpointError):
+            record = commit.decode(raw, key + MARKER_SUFFIX) if raw is not None else None
+        except CorruptCheckpointError:
             record = None
         if record is not None:
             if any((c.time, c.counter) == (record.time, record.counter) for c, _ in copies):
@@ -252,6 +249,7 @@ class NamedTiers(Tiers, ByPath):
             return {"since": record.time}
         if self.copying(key):
             return {"pending": True}
+        bucket, name = object_of(key, self.remote)
         now = bucket.stamp(name)
         # an object's modification time is whole seconds (HTTP's Last-Modified) of the server's clock:
         # within a second of a copy's commit, the object is taken as newer (a memory copy never stands

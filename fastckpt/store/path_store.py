@@ -4,12 +4,10 @@ Local paths: the file is written as a hidden sibling `.NAME.fastckpt-PID-COUNTER
 made durable, renamed over NAME and the directory fsync'ed, so NAME is the old checkpoint
 or the new one, complete — never a torn mix, and never there before it is durable.
 
-URLs (`s3://` through the S3 store's client, fastckpt.store.s3.client; `gcs://`, `memory://`,
-... through fsspec): the file is staged on local disk, uploaded, and then its commit record
-`NAME.fastckpt-commit` (fastckpt.commit.record's: the file's size, whole-file CRC and chunk CRCs)
-is written last; an s3:// one is read back by parallel ranged GETs. Object stores have no atomic rename, so a reader checks NAME against that
-record when it exists; a URL without one (a file fastckpt did not upload) is read as
-Lightning would read it, checked by its own CRCs. `file://` URLs are plain local paths.
+URLs (`s3://`, `gcs://`, `memory://`, ...): the file is staged on local disk, uploaded, and then
+its commit record written last (fastckpt.store.url_files: s3:// through the S3 store's client,
+others through fsspec); a reader checks NAME against that record when it exists. `file://` URLs
+are plain local paths.
 
 Per-rank saving (every rank saves the same step): NAME is a directory holding one
 `rank-R.<id>` file per rank and a COMMIT record naming them, written atomically by
@@ -19,29 +17,23 @@ from __future__ import annotations
 
 import glob
 import itertools
-import json
 import os
 import re
 import shutil
 import tempfile
-import time
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..commit import record as commit
 from ..commit.record import file_size
-from ..commit_info import CommitInfo, FileEntry
+from ..commit_info import CommitInfo
 from ..errors import CheckpointWriteError, CorruptCheckpointError
-from ..format import load_file, sniff
-from ..machine import read_threads
+from ..format import load_file
 from ..fsutil import fsync_dir, makedirs_durable
 from .protocol import ByPath, Listed, Store
+from . import url_files
 from .root_store import RootStore
-from .s3.client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, bucket_for
-from .s3.place import S3Place, is_s3
+from .url_files import AS_AWS_TOOLS, MARKER_SUFFIX, Remote
 
-MARKER_SUFFIX = ".fastckpt-commit"
 TMP_GLOB = ".*.fastckpt-*.tmp"
 TMP_RE = re.compile(r"^\.(.+)\.fastckpt-\d+-\d+\.tmp$")  # a file in flight (or a dead writer's)
 CHECKPOINT_EXT = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")  # what a folder of checkpoint files holds
@@ -71,46 +63,6 @@ def local_target(path) -> str:
     return target
 
 
-def filesystem(url: str):
-    """The fsspec filesystem of url, its listing cache of url's folder dropped: fsspec shares one
-    instance per process (Lightning's own listings fill it), and a stale entry would say an object
-    just uploaded, or its record, is not there."""
-    import fsspec
-    fs, _ = fsspec.core.url_to_fs(url)
-    fs.invalidate_cache(url.rstrip("/").rsplit("/", 1)[0])
-    return fs
-
-
-@dataclass(frozen=True)
-class Remote:
-    """How s3:// paths are reached: the settings' `endpoint` (None: as AWS tools find the server),
-    the time one request may take, and the size of one part of an upload (the settings' chunk_mb)."""
-
-    endpoint: Optional[str] = None
-    timeout_s: float = 120.0
-    part_bytes: int = 64 << 20
-
-
-AS_AWS_TOOLS = Remote()
-
-
-def object_of(url: str, remote: Remote = AS_AWS_TOOLS):
-    """(the S3 store's client, the key) of an s3:// URL; None for other schemes, which fsspec serves."""
-    if not is_s3(url):
-        return None
-    place = S3Place.parse(url, "the checkpoint path")
-    return bucket_for(place, remote.endpoint, remote.timeout_s), place.prefix
-
-
-def forget_listing(url: str) -> None:
-    """fsspec's listing cache of url's folder dropped, where fsspec serves the scheme at all (Lightning
-    lists the folder through it: its next listing sees what was just put or deleted)."""
-    try:
-        filesystem(url)
-    except ImportError:  # no fsspec filesystem for it here (s3fs missing): nothing cached either
-        pass
-
-
 class PathStore(Store, ByPath):
     """The store protocol for caller-named paths; no retention, no `latest`."""
 
@@ -128,8 +80,7 @@ class PathStore(Store, ByPath):
 
     @classmethod
     def open(cls, config, rank: int, world_size: int) -> "PathStore":
-        return cls(per_rank=world_size > 1, remote=Remote(config.endpoint, config.stall_timeout_s,
-                                                          max(MIN_PART, config.chunk_mb << 20)))
+        return cls(per_rank=world_size > 1, remote=Remote.of(config))
 
     # -- the command's view --------------------------------------------------
     @classmethod
@@ -168,10 +119,8 @@ class PathStore(Store, ByPath):
 
     # -- ByPath ------------------------------------------------------------
     def prepare_path(self, path: str) -> None:
-        if is_s3(path):
-            return  # a bucket has no folders to make
         if is_remote(path):
-            filesystem(path).makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            url_files.prepare(path)
         else:
             makedirs_durable(os.path.dirname(local_path(path)))
 
@@ -184,16 +133,7 @@ class PathStore(Store, ByPath):
         another writer put it there without one)."""
         if not is_remote(path):
             return file_size(local_path(path))
-        found = object_of(path, self.remote)
-        if found is not None:
-            bucket, key = found
-            if bucket.size_of(key + MARKER_SUFFIX) is not None:
-                return read_marker(path, self.remote)["size"]
-            return bucket.size_of(key)
-        fs = filesystem(path)
-        if fs.exists(path + MARKER_SUFFIX):
-            return read_marker(path)["size"]
-        return fs.size(path) if fs.exists(path) else None
+        return url_files.size_at(path, self.remote)
 
     def remove_path(self, path: str, later=None) -> None:
         remove(path, later, self.remote)
@@ -236,7 +176,7 @@ class PathStore(Store, ByPath):
     def commit_file(self, ckpt_id: str, file_path: str, result) -> str:
         """Makes this rank's durable file visible at its name; returns that name."""
         if is_remote(ckpt_id):
-            _upload(file_path, ckpt_id, result, self.remote)
+            url_files.upload(file_path, ckpt_id, result, self.remote)
             return ckpt_id
         if self.per_rank:
             return file_path
@@ -262,43 +202,12 @@ class PathStore(Store, ByPath):
             self._staging = None
 
 
-def _upload(local: str, url: str, result, remote: Remote) -> None:
-    """Data first, the commit record last (object stores have no atomic rename); the old record is
-    deleted first, so that it never vouches for the new bytes mid-upload."""
-    found = object_of(url, remote)
-    fs = None if found is not None else filesystem(url)
-    marker = url + MARKER_SUFFIX
-    try:
-        if found is not None:
-            bucket, key = found
-            bucket.delete([key + MARKER_SUFFIX])
-            try:
-                bucket.put_file(key, local, remote.part_bytes, UPLOAD_CONCURRENCY)
-            except OSError as e:
-                raise CheckpointWriteError(str(e)) from e
-        else:
-            if fs.exists(marker):
-                fs.rm(marker)
-            fs.put_file(local, url)
-        parent, name = url.rsplit("/", 1)
-        entry = FileEntry(name, 0, result.bytes, result.file_crc, [list(s) for s in result.spans], result.names or [])
-        info = CommitInfo(step=-1, path=parent, bytes=result.bytes, counter=1, time=time.time(), world_size=1,
-                          format=sniff(local), files=(entry,))
-        if found is not None:
-            commit.write_with(info, lambda raw: found[0].put_bytes(found[1] + MARKER_SUFFIX, raw))
-            forget_listing(url)
-        else:
-            commit.write(info, name + MARKER_SUFFIX, fs=fs)
-    finally:
-        _unlink_quietly(local)
-
-
 def read_path(path: str, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
               mmap: Optional[bool] = None, remote: Remote = AS_AWS_TOOLS):
     """What a path holds, read back: a URL (checked against its commit record when it has one), a
     per-rank folder (this rank's file, as its COMMIT names it), or a plain file."""
     if is_remote(path):
-        return _load_url(path, map_location, verify, weights_only, remote)
+        return url_files.load_url(path, map_location, verify, weights_only, remote)
     local = local_path(path)
     if os.path.isdir(local):  # per-rank checkpoint directory
         info = commit.read(local)
@@ -307,70 +216,6 @@ def read_path(path: str, rank: int, map_location=None, verify: bool = True, weig
     if not os.path.exists(local):
         raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's own words
     return load_file(local, map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
-
-
-def _load_url(url: str, map_location, verify: bool, weights_only: bool, remote: Remote):
-    tmp = tempfile.mkdtemp(prefix="fastckpt-download-")
-    try:
-        local, crc = download(url, tmp, remote)
-        if crc is None:
-            warnings.warn(f"fastckpt: {url} has no fastckpt commit record ({url}{MARKER_SUFFIX}): "
-                          "it was not uploaded by fastckpt (or its upload was cut short after the data); "
-                          "loaded as Lightning would, checked only by its own CRCs", stacklevel=6)
-        return load_file(local, map_location, verify, weights_only, expect_crc=crc, mmap=False)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def read_marker(url: str, remote: Remote = AS_AWS_TOOLS) -> dict:
-    """The commit record of an uploaded checkpoint: {"size", "crc32"}; CorruptCheckpointError
-    if missing or bad. A record fastckpt 0.1 wrote (plain JSON: size, hex crc32) still reads."""
-    path = url + MARKER_SUFFIX
-    found = object_of(url, remote)
-    try:
-        if found is not None:
-            raw = found[0].get_bytes(found[1] + MARKER_SUFFIX, commit.MAX_RECORD + 1)
-        else:
-            with filesystem(url).open(path, "rb") as f:
-                raw = f.read(commit.MAX_RECORD + 1)
-    except FileNotFoundError as e:
-        raise CorruptCheckpointError(f"{url} has no commit record ({path}): its upload never finished") from e
-    try:
-        body = json.loads(raw)
-        if isinstance(body, dict) and "body" not in body:  # 0.1
-            return {"size": int(body["size"]), "crc32": int(body["crc32"], 16)}
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise CorruptCheckpointError(f"the commit record of {url} is unreadable: {e}") from e
-    info = commit.decode(raw, path)
-    if len(info.files) != 1 or info.files[0].name != url.rsplit("/", 1)[1]:
-        raise CorruptCheckpointError(f"the commit record of {url} names other files: {[f.name for f in info.files]}")
-    return {"size": info.files[0].bytes, "crc32": info.files[0].crc32}
-
-
-def download(url: str, into_dir: str, remote: Remote = AS_AWS_TOOLS) -> tuple[str, int | None]:
-    """Copies a checkpoint at a URL to a local file; returns (path, the whole-file CRC its
-    commit record expects). A URL without a commit record (a file fastckpt did not upload)
-    comes back with None: its loader checks it by the file's own CRCs only."""
-    local = os.path.join(into_dir, "download.tmp")
-    found = object_of(url, remote)
-    if found is not None:  # parallel ranged GETs
-        bucket, key = found
-        rec = read_marker(url, remote) if bucket.size_of(key + MARKER_SUFFIX) is not None else None
-        size = bucket.size_of(key)
-        if size is None:
-            raise FileNotFoundError(f"checkpoint {url!r} does not exist")
-        bucket.download(key, local, size, GET_BYTES, read_threads())
-    else:
-        fs = filesystem(url)
-        rec = read_marker(url) if fs.exists(url + MARKER_SUFFIX) else None
-        try:
-            fs.get_file(url, local)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"checkpoint {url!r} does not exist") from None
-    size = os.path.getsize(local)
-    if rec is not None and size != rec["size"]:
-        raise CorruptCheckpointError(f"{url} is {size} bytes but its commit record says {rec['size']}")
-    return local, rec["crc32"] if rec is not None else None
 
 
 def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None, remote: Remote = AS_AWS_TOOLS) -> None:
@@ -382,19 +227,8 @@ def remove(path, later: Optional[Callable[[Callable[[], None]], Any]] = None, re
     leaves a dead writer's temporary file, which the next save into that directory sweeps.
     """
     p = os.fspath(path)
-    found = object_of(p, remote)
-    if found is not None:
-        found[0].delete([found[1] + MARKER_SUFFIX])  # the record first: never one without its object
-        found[0].delete([found[1]])
-        forget_listing(p)
-        return
     if is_remote(p):
-        fs = filesystem(p)
-        for name in (p + MARKER_SUFFIX, p):
-            try:
-                fs.rm(name, recursive=True)
-            except FileNotFoundError:
-                pass
+        url_files.remove_url(p, remote)
         return
     p = local_path(p)
     if not os.path.lexists(p):

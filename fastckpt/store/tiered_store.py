@@ -106,11 +106,6 @@ class TieredStore(Tiers):
         """The tiers a committed save is persisted to, after the one it committed on."""
         return self.tiers[self.first + 1:]
 
-    def hurry(self) -> None:
-        """From now on saves go straight to the last tier (durable there soonest: a preemption's);
-        those begun on the memory tier still commit there, and are not copied behind."""
-        super().hurry()
-
     def kept_per_part(self) -> int:
         return 1 + (len(self._replicas.wards) if self._replicas is not None else 0)  # its part and its wards'
 

@@ -21,6 +21,7 @@ behind, and how a checkpoint is read back, is one of two kinds:
 """
 from __future__ import annotations
 
+import abc
 import os
 import threading
 from dataclasses import dataclass, field
@@ -174,9 +175,9 @@ class Tiers(Store):
     # -- persisting behind ---------------------------------------------------------
     part_rank = property(lambda self: self.rank)  # the rank a part of this store's checkpoints is
 
+    @abc.abstractmethod
     def plan_copy(self, info: CommitInfo) -> Optional[CopyPlan]:
         """How a checkpoint committed in front is persisted behind (None: nothing to copy)."""
-        raise NotImplementedError
 
     def persist_unit(self, info: CommitInfo, landed, retain, agree_all):
         """The unit that persists a checkpoint just committed in front to what lies behind it

@@ -1,7 +1,7 @@
 """A caller's s3:// path (Lightning's `.ckpt` in a bucket) as the tier behind a memory copy of a
 named checkpoint (fastckpt.store.named_tiers), through the S3 store's client.
 
-The copy: the path's old commit record (`NAME.fastckpt-commit`, fastckpt.store.path_store's) is
+The copy: the path's old commit record (`NAME.fastckpt-commit`, fastckpt.store.url_files') is
 deleted first, so that it never vouches for new bytes; the memory copy is then uploaded straight
 to the path's object (one multipart upload, checked against its record on the mapping it is sent
 from: fastckpt.store.tier_copy.upload_part) — an object store shows an object whole or not at all,
@@ -19,7 +19,7 @@ from typing import Callable
 
 from ...commit import record as commit
 from ...commit_info import CommitInfo
-from ..path_store import MARKER_SUFFIX, Remote, forget_listing, object_of
+from ..url_files import MARKER_SUFFIX, Remote, forget_listing, object_of
 from ..path_tier import PathTier
 from ..tier_copy import upload_part
 from .client import UPLOAD_CONCURRENCY
