@@ -10,6 +10,9 @@ optimizer update writes are copied in the background and each group's update wai
 copies (group_gate); every other tensor is copied before save returns. Errors of a background
 write are raised by the next `create`, by `wait()` and `close()` (or warned about with
 `"on_error": "warn"`). A save_dir removed while in flight: fastckpt.commit.file_sets.withdraw_anywhere.
+With a "bucket" in the entry, each tag once committed is uploaded there in the background
+(fastckpt.store.s3.folder_mirror), and a load on a node whose save_dir lacks the newest tag the
+bucket holds fetches it first (load_tag).
 """
 from __future__ import annotations
 
@@ -23,13 +26,15 @@ from fastckpt.errors import CheckpointWriteError, ConfigError
 from fastckpt.named import NamedCheckpoints
 from fastckpt.preempt import PreemptSignal
 from fastckpt.settings import URL
+from fastckpt.store.s3.folder_mirror import FolderMirror
+from fastckpt.store.url_files import Remote
 from fastckpt.training_saves import TrainingSaves
 
 from . import open_engines
 from .group_gate import GroupGate
 from .safe_types import deepspeed_safe_globals
 from .tag_records import mark_open
-from .settings import checkpointer_config, entry_of, preempt_of
+from .settings import bucket_of, checkpointer_config, entry_of, preempt_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
@@ -53,7 +58,11 @@ class FastckptEngine(CheckpointEngine):
         self.preempt = PreemptSignal(*preempt) if preempt is not None else None
         self.verify = config.verify
         self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True)
-        self.committer = TagCommitter(self.named, report=lambda e: self.named.checkpointer.report_failure(e))
+        report = self.named.checkpointer.report_failure
+        bucket = bucket_of(entry)
+        self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None
+        self.committer = TagCommitter(self.named, report=report,
+                                      committed=self.mirror.drain if self.mirror is not None else None)
         self._files: list = []
         self._global_steps = -1  # DeepSpeed's global_steps of the tag being saved (-1: not seen)
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
@@ -83,9 +92,11 @@ class FastckptEngine(CheckpointEngine):
         failed on any rank is raised here on every rank alike (fastckpt.commit.agreed_errors)."""
         if isinstance(info.save_dir, str) and URL.match(info.save_dir):  # every rank alike: no barrier left waiting
             raise ConfigError(f"DeepSpeed's save_dir {info.save_dir!r} is a URL: DeepSpeed writes its tag folders and "
-                              "`latest` with local file calls, so it saves only to a local or mounted path (a bucket "
-                              "is the root of a Checkpointer or a DCP checkpoint: docs/s3.md)")
+                              "`latest` with local file calls, so it saves only to a local or mounted path; to keep "
+                              'its tags in a bucket too, give the "fastckpt" entry "bucket": "s3://..." (docs/s3.md)')
         self.committer.raise_agreed()
+        if self.mirror is not None:
+            self.mirror.raise_agreed()
         if self.committer.is_withdrawn(info.save_dir):  # saved again after its removal: removed first
             self.committer.wait_for(info.save_dir)
         self._files = []
@@ -142,6 +153,8 @@ class FastckptEngine(CheckpointEngine):
         """Until every tag saved so far is committed on every rank; raises the first error."""
         self.named.wait()
         self.committer.wait()
+        if self.mirror is not None:
+            self.mirror.wait()
 
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): every tag in flight commits first."""
@@ -166,7 +179,7 @@ class FastckptEngine(CheckpointEngine):
         The ranks agree on it (load_tag.agreed_choice)."""
         self.wait()
         open_engines.wait_for_saves_into(load_dir)
-        return agreed_choice(self.committer.agreement, load_dir, tag, self.size_of, latest_file)
+        return agreed_choice(self.committer.agreement, load_dir, tag, self.size_of, latest_file, self.mirror)
 
     # -- closing ---------------------------------------------------------
     def cleanup(self) -> None:
@@ -183,4 +196,8 @@ class FastckptEngine(CheckpointEngine):
         try:
             self.named.close()
         finally:
-            self.committer.close()
+            try:
+                self.committer.close()
+            finally:
+                if self.mirror is not None:
+                    self.mirror.close()

@@ -10,7 +10,10 @@ to its path from that copy; loaded from it: fastckpt.store.named_tiers). `offloa
 (OffloadConfig's settings) turns on activation offload for the engine; it is checked here
 and is not a Checkpointer setting. `interval` ("auto" or steps) with `tune` (AutoInterval's
 settings) is what deepspeed_fastckpt.checkpoint_due answers by. `preempt_signal` (with
-`preempt_grace_s`) is what deepspeed_fastckpt.at_step_end acts on.
+`preempt_grace_s`) is what deepspeed_fastckpt.at_step_end acts on. `bucket` (an s3:// URL, with
+`bucket_keep`) mirrors every committed tag there, uploaded in the background from its committed local
+copy, and a load on a node whose save_dir lacks the newest tag fetches it from there
+(fastckpt.store.s3.folder_mirror; the server as `endpoint` says, else as AWS tools find it).
 """
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ from fastckpt.settings import WRITING, CheckpointerConfig
 from fastckpt.errors import ConfigError
 from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs
 from fastckpt.offload.settings import OffloadConfig
+from fastckpt.store.s3.place import S3Place
 
 CONFIG_KEY = "fastckpt"
 PREEMPT = ("preempt_signal", "preempt_grace_s")  # deepspeed_fastckpt.at_step_end's, not a save's
-VALID = WRITING + ("pool", "tiers", "tier_keep", "offload", "interval", "tune") + PREEMPT
+BUCKET = ("bucket", "bucket_keep")  # the tags mirrored in a bucket (fastckpt.store.s3.folder_mirror)
+VALID = WRITING + ("pool", "tiers", "tier_keep", "offload", "interval", "tune") + PREEMPT + BUCKET
 TUNE_KEYS = ("overhead", "drift", "warmup_steps", "window", "ns", "ps", "repeats", "host_bytes", "storage_bytes",
              "feedback_intervals")
 
@@ -51,9 +56,29 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
     OffloadConfig.from_node(entry.get("offload"))  # its errors now, before anything is built
     interval_of(entry)
     preempt_of(entry)
-    values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT}
+    bucket_of(entry)
+    values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT + BUCKET}
     pool = entry.get("pool")
     return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)), pool
+
+
+def bucket_of(entry: Any) -> Optional[tuple[str, int]]:
+    """The entry's "bucket" (an s3:// URL the tags are mirrored under) and "bucket_keep" (tags kept
+    there; 0: all), checked; None without a bucket."""
+    if not isinstance(entry, dict) or not any(k in entry for k in BUCKET):
+        return None
+    url, keep = entry.get("bucket"), entry.get("bucket_keep", 0)
+    if url is None:
+        raise ConfigError(f'"bucket_keep" in the "{CONFIG_KEY}" entry needs "bucket"')
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ConfigError(f'"bucket" in the "{CONFIG_KEY}" entry must be an s3:// URL (s3://bucket/prefix), got {url!r}')
+    S3Place.parse(url, '"bucket"')
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f'"bucket_keep" must be a whole number of tags (0: all), got {keep!r}')
+    if entry.get("pool") is not None:
+        raise ConfigError('"bucket" and "pool" cannot be combined: the tags of a pool are models in it, '
+                          "not files to upload")
+    return url, keep
 
 
 def preempt_of(entry: Any) -> Optional[tuple[int, float]]:

@@ -27,16 +27,18 @@ class TagCommitter:
     """Commits the tags one engine saves through `named`, in the order they were saved, on every rank.
 
     report(error): what a failed tag does to the training thread (default: raise it).
+    committed(info): each tag once committed, on every rank (its upload to the entry's bucket).
     """
 
-    def __init__(self, named: NamedCheckpoints, report: Optional[Callable[[BaseException], None]] = None):
+    def __init__(self, named: NamedCheckpoints, report: Optional[Callable[[BaseException], None]] = None,
+                 committed: Optional[Callable] = None):
         config = named.config  # the engine's one settings object: its deadline, its format
         slack_s = config.commit_timeout_s
         deadline = Deadline(config.stall_timeout_s, named.progress)
         self.format = "safetensors" if named.pool else config.format
         self.sets = FileSets(make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
                              after_record=self._name_latest, on_durable=named.leave_pointer if named.pool else None,
-                             report=report, name="fastckpt-tag")
+                             report=report, name="fastckpt-tag", committed=committed)
         self.agreement = self.sets.agreement
         self._save_latest: dict[str, bool] = {}  # tag folder -> whether its save asked for `latest`
 

@@ -13,7 +13,8 @@ every rank:
      the set's directory (`COMMIT`), with a counter one above any record under the same parent
      directory;
   3. `after_record(info)`: what the convention writes once the set is real (DeepSpeed's
-     `fastckpt-latest`).
+     `fastckpt-latest`); `committed(info)` on every rank: what is done with it next (its upload
+     to a bucket: fastckpt.store.s3.folder_mirror).
 
 The parent directory owns its sets: a framework removing it while sets of it are in flight
 (Lightning's ModelCheckpoint dropping a checkpoint it no longer keeps) withdraws it — those
@@ -28,6 +29,7 @@ its counter one above any under the parent.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -45,6 +47,8 @@ from .ordered import OrderedCommits
 from .protocol import CommitUnit
 from ..commit_info import CommitInfo, FileEntry
 
+
+log = logging.getLogger("fastckpt")
 
 _live: "weakref.WeakSet[FileSets]" = weakref.WeakSet()
 
@@ -92,6 +96,8 @@ class FileSets:
             by default read from the records of parent's folders.
         after_record(info): run on rank 0 once a set's record is durable.
         on_durable(path): run for each file once it is durable.
+        committed(info): run on every rank once a set is committed (its commit thread, in commit
+            order; rank 0's info holds the counter): what is done with it next (a bucket's upload).
         report(error): what a failed set does at the next `raise_errors` (default: raise it).
     """
 
@@ -99,8 +105,10 @@ class FileSets:
                  newest_counter: Optional[Callable[[str], int]] = None,
                  after_record: Optional[Callable[[CommitInfo], None]] = None,
                  on_durable: Optional[Callable[[str], None]] = None,
-                 report: Optional[Callable[[BaseException], None]] = None, name: str = "fastckpt-set"):
+                 report: Optional[Callable[[BaseException], None]] = None, name: str = "fastckpt-set",
+                 committed: Optional[Callable[[CommitInfo], None]] = None):
         self.agreement, self.deadline, self.slack_s = agreement, deadline, slack_s
+        self.committed = committed
         self._newest_counter = newest_counter or self._newest_record
         self.after_record, self.on_durable, self._report = after_record, on_durable, report
         self._commits = OrderedCommits(agreement, deadline, slack_s, name=name)
@@ -264,6 +272,11 @@ class FileSetCommit(CommitUnit):
         return info
 
     def landed(self, info, error) -> None:
+        if error is None and info is not None and self.sets.committed is not None:
+            try:
+                self.sets.committed(info)
+            except Exception as e:  # noqa: BLE001 - the set is committed: what follows it is not its failure
+                log.warning("fastckpt: %s is committed, but handing it on failed: %s", self.label, e)
         self.sets.landed(self.directory, error, self.seq)
 
 

@@ -7,7 +7,8 @@ chain, whether every rank still has its source and has no newer checkpoint waiti
 copied (`go`); if not, it is Superseded — the newer one will be copied instead — and nothing
 of it is written (saves faster than the disk: the disk gets the newest at each turn, and the
 memory tier holds at most its keep, the saves in flight and the one being copied). Otherwise
-each rank copies its own part from its first-tier folder (checked against the record before a
+each rank copies its own part (the files its record names for it: a Checkpointer's one, a set's
+any number) from its first-tier folder (checked against the record before a
 byte is written: fastckpt.store.tier_copy); once every rank's copy is durable, rank 0 writes the
 tier's record (the same record: step, counter, every file's size and CRC) and moves its
 `latest`. A unit that fails leaves nothing of itself on the later tiers; the first tier's copy
@@ -50,12 +51,14 @@ class PersistCommit(CommitUnit):
     the durable copy of one part into the tier's folder (returns its entry there, or None: the
     same); go(unit): whether every rank copies it now (a collective of the
     chain; True marks its source busy until it lands); landed(unit, infos, error): its owner's
-    bookkeeping; retain(): retention once it landed (on every tier)."""
+    bookkeeping; retain(): retention once it landed (on every tier). one_each: every rank has one
+    file in the record (a Checkpointer's checkpoint); False: any number, none included (a file set's)."""
 
     def __init__(self, info: CommitInfo, rank: int, tiers: list, copy: Callable, go: Callable[["PersistCommit"], bool],
                  landed: Callable[["PersistCommit", Optional[list], Optional[BaseException]], None],
-                 retain: Callable[[], None]):
+                 retain: Callable[[], None], one_each: bool = True):
         self.info, self.rank, self.tiers, self._copy, self._go = info, rank, tiers, copy, go
+        self.one_each = one_each
         self._landed, self._retain = landed, retain
         self.label = f"the copy of step {info.step} to {', '.join(t.root for t in tiers)}"
         self.folders: list[str] = []  # where this rank copied its part, one per later tier
@@ -70,20 +73,20 @@ class PersistCommit(CommitUnit):
         if not self._go(self):
             raise Superseded(f"{self.label}: a newer checkpoint is copied instead")
         background()
-        entry = self.info.entry_for(self.rank)
-        source = os.path.join(self.info.path, entry.name)
+        mine = ([self.info.entry_for(self.rank)] if self.one_each  # a Checkpointer's: one (none is damage)
+                else [f for f in self.info.files if f.rank == self.rank])
         entries = []
         for tier in self.tiers:
             folder = tier.new_dir(self.info.step, self.info.counter)
             self.folders.append(folder)
-            entries.append(self._copy(tier, source, folder, entry) or entry)
+            entries.append(tuple(self._copy(tier, os.path.join(self.info.path, f.name), folder, f) or f for f in mine))
         return tuple(entries)
 
     def record(self, parts: list, rank: int) -> list[CommitInfo]:
-        """parts: each rank's entries, one per tier (an object store's names its object and ETag)."""
+        """parts: each rank's entries, per tier (an object store's name its object and ETag)."""
         infos = []
         for i, (tier, folder) in enumerate(zip(self.tiers, self.folders)):
-            info = dataclasses.replace(self.info, path=folder, files=tuple(p[i] for p in parts))
+            info = dataclasses.replace(self.info, path=folder, files=tuple(f for p in parts for f in p[i]))
             tier.commit_rank(folder, info)
             if rank == 0:
                 tier.commit(info)
