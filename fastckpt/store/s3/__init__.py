@@ -9,4 +9,7 @@
                the S3 store's and DCP's on S3
   s3_store.py  "s3": the Checkpointer's layout in a bucket, committed by a record object written
                once (a conditional PUT) and then `latest`: S3 has no rename
+  object_path.py  an s3:// path as the tier behind a memory copy (Lightning's `.ckpt` in a bucket)
+  folder_mirror.py  a local parent's committed folders (DeepSpeed's tags) mirrored in a bucket:
+               uploaded from the committed copy, fetched back into the parent on a node without them
 """

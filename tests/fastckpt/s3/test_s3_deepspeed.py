@@ -7,6 +7,7 @@ a failed upload is raised at the next save and the tag stays committed locally; 
 leftovers of a killed writer."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -73,31 +74,58 @@ def tags_into(save_dir, mirror, steps) -> None:
                  for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt")]
         tags.submit(str(save_dir), f"global_step{step}", files, step=step)
         tags.wait()
+        mirror.wait()  # each uploaded before the next is saved (else the newer goes instead)
     tags.close()
     named.close()
     mirror.wait()
 
 
-def test_an_object_missing_in_the_bucket_passes_its_tag_over_for_the_next_newest(s3_env, tmp_path):
+def test_a_tag_with_an_object_missing_or_damaged_is_passed_over_for_the_next_newest(s3_env, tmp_path):
+    """Tag 3 lost an object; tag 2's object had a byte flipped where the server cannot see it (its record
+    names the damaged object's ETag, so only the CRCs can tell): a node without them fetches tag 1,
+    with a warning naming both."""
+    from fastckpt.commit import record as commit
     from deepspeed_fastckpt.load_tag import agreed_choice
     from deepspeed_fastckpt.tag_records import file_size
     url = f"s3://{s3_env.bucket}/ds-{uuid.uuid4().hex[:8]}"
     mirror = mirror_of(url)
-    tags_into(tmp_path / "a", mirror, (1, 2))
-    assert [os.path.basename(i.path) for i in mirror.committed()] == ["global_step2", "global_step1"]
-    place = S3Place.parse(url)
-    Bucket(place).delete([place.key("global_step2", "zero_pp_rank_0_mp_rank_00_optim_states.pt")])
+    tags_into(tmp_path / "a", mirror, (1, 2, 3))
+    assert [os.path.basename(i.path) for i in mirror.committed()] == ["global_step3", "global_step2", "global_step1"]
+    place, optim = S3Place.parse(url), "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    bucket = Bucket(place)
+    bucket.delete([place.key("global_step3", optim)])
+    raw = bytearray(bucket.get_bytes(place.key("global_step2", optim), 1 << 30))
+    raw[len(raw) // 2] ^= 0x01
+    etag = bucket.put_bytes(place.key("global_step2", optim), bytes(raw))
+    info = commit.parse(bucket.get_bytes(place.key("global_step2", "COMMIT"), 1 << 20), f"{url}/global_step2/COMMIT")
+    info = dataclasses.replace(info, files=tuple(dataclasses.replace(f, etag=etag) if f.name == optim else f
+                                                 for f in info.files))
+    bucket.delete([place.key("global_step2", "COMMIT")])
+    commit.write_with(info, lambda data: bucket.put_bytes(place.key("global_step2", "COMMIT"), data))
 
     fresh = str(tmp_path / "b")  # another node: nothing local
     choice = agreed_choice(Agreement(), fresh, None, file_size, mirror=mirror)
     assert choice.tag == "global_step1", choice
-    assert f"{url}/global_step2" in choice.warning and "zero_pp_rank_0_mp_rank_00_optim_states.pt" in choice.warning
-    loaded = torch.load(os.path.join(fresh, "global_step1", "mp_rank_00_model_states.pt"), weights_only=True)
+    assert f"{url}/global_step3" in choice.warning and f"{url}/global_step2/{optim}" in choice.warning, choice.warning
+    loaded = torch.load(os.path.join(fresh, "global_step1", optim), weights_only=True)
     assert torch.equal(loaded["w"], torch.full((50_000,), 1.0))
+    assert not os.path.exists(os.path.join(fresh, "global_step2", optim))  # a damaged file never lands
+    mirror.close()
 
-    # the tag committed in save_dir is newer than any the bucket can give: loaded from there
+
+def test_a_save_dir_holding_an_older_tag_fetches_the_buckets_newer_one(s3_env, tmp_path):
+    from deepspeed_fastckpt.load_tag import agreed_choice
+    from deepspeed_fastckpt.tag_records import file_size
+    mirror = mirror_of(f"s3://{s3_env.bucket}/ds-{uuid.uuid4().hex[:8]}")
+    tags_into(tmp_path / "a", mirror, (1, 2))
+    shutil.copytree(tmp_path / "a" / "global_step1", tmp_path / "c" / "global_step1")  # a node that missed tag 2
+    choice = agreed_choice(Agreement(), str(tmp_path / "c"), None, file_size, mirror=mirror)
+    assert choice.tag == "global_step2" and not choice.warning, choice
+    loaded = torch.load(tmp_path / "c" / "global_step2" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert torch.equal(loaded["w"], torch.full((50_000,), 2.0))
+    # the tag committed in save_dir is as new as any the bucket can give: loaded from there
     choice = agreed_choice(Agreement(), str(tmp_path / "a"), None, file_size, mirror=mirror)
-    assert choice.tag == "global_step2", choice
+    assert choice.tag == "global_step2" and not choice.warning, choice
     mirror.close()
 
 
@@ -124,3 +152,17 @@ def test_retention_keeps_the_newest_and_a_killed_writers_leftovers_are_swept(s3_
     assert not [u for u in bucket.uploads(place.key("")) if u.upload_id == begun["UploadId"]]
     assert mirror.stats["uploaded"] == 2 and mirror.stats["swept"] >= 2
     mirror.close()
+
+
+@pytest.mark.parametrize("entry,said", [
+    ({"bucket": "gs://ckpt/ds7"}, "must be an s3:// URL"),
+    ({"bucket": "s3://"}, "bucket"),
+    ({"bucket_keep": 2}, 'needs "bucket"'),
+    ({"bucket": "s3://ckpt/ds7", "bucket_keep": -1}, "whole number"),
+    ({"bucket": "s3://ckpt/ds7", "pool": "/dev/shm/pool"}, "cannot be combined"),
+])
+def test_a_bad_bucket_entry_is_refused_in_one_line(entry, said):
+    from deepspeed_fastckpt.settings import checkpointer_config
+    with pytest.raises(fastckpt.ConfigError, match=said) as e:
+        checkpointer_config(entry)
+    assert "\n" not in str(e.value)
