@@ -62,7 +62,8 @@ class FastckptEngine(CheckpointEngine):
         bucket = bucket_of(entry)
         self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None
         self.committer = TagCommitter(self.named, report=report,
-                                      committed=self.mirror.drain if self.mirror is not None else None)
+                                      committed=self.mirror.drain if self.mirror is not None else None,
+                                      newest_in_bucket=self.mirror.newest_counter if self.mirror is not None else None)
         self._files: list = []
         self._global_steps = -1  # DeepSpeed's global_steps of the tag being saved (-1: not seen)
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
@@ -150,15 +151,21 @@ class FastckptEngine(CheckpointEngine):
         return len(self.named.in_flight())
 
     def wait(self) -> None:
-        """Until every tag saved so far is committed on every rank; raises the first error."""
-        self.named.wait()
-        self.committer.wait()
+        """Until every tag saved so far is committed on every rank (and in the entry's bucket);
+        raises the first error."""
+        self._committed()
         if self.mirror is not None:
             self.mirror.wait()
 
+    def _committed(self) -> None:
+        """Until every tag saved so far is committed in save_dir on every rank (its upload to the
+        bucket may still be under way)."""
+        self.named.wait()
+        self.committer.wait()
+
     def reconfigure(self, concurrency: Optional[int] = None, writers: Optional[int] = None) -> None:
         """New concurrency / writers (the tuner's N*, p*): every tag in flight commits first."""
-        self.wait()
+        self._committed()
         self.named.reconfigure(concurrency=concurrency, writers=writers)
         self.group_gate.retarget(self.named.checkpointer)
 
@@ -177,7 +184,7 @@ class FastckptEngine(CheckpointEngine):
         """The tag every rank loads from load_dir (load_tag.choose), once every save of this
         process into load_dir has landed — this engine's and any other engine's still open.
         The ranks agree on it (load_tag.agreed_choice)."""
-        self.wait()
+        self._committed()
         open_engines.wait_for_saves_into(load_dir)
         return agreed_choice(self.committer.agreement, load_dir, tag, self.size_of, latest_file, self.mirror)
 

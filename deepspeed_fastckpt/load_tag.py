@@ -120,7 +120,7 @@ def _fetch_first(agree: Agreement, save_dir: str, infos: list, mirror, notes: li
     when none fetches (each failure noted)."""
     for info in infos:
         try:
-            mirror.fetch(info, save_dir, agree)
+            mirror.fetch(info, save_dir)
         except CorruptCheckpointError as e:
             notes.append(f"tag {_name(info)!r} in {mirror.url} was passed over: {e}")
             continue

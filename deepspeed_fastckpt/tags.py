@@ -27,16 +27,20 @@ class TagCommitter:
     """Commits the tags one engine saves through `named`, in the order they were saved, on every rank.
 
     report(error): what a failed tag does to the training thread (default: raise it).
-    committed(info): each tag once committed, on every rank (its upload to the entry's bucket).
+    committed(info, folder): each tag once landed, on every rank, info None when it was not committed
+    (its upload to the entry's bucket: fastckpt.store.s3.folder_mirror.FolderMirror.drain);
+    newest_in_bucket(): the highest counter the bucket holds: a save_dir's tags are numbered above it.
     """
 
     def __init__(self, named: NamedCheckpoints, report: Optional[Callable[[BaseException], None]] = None,
-                 committed: Optional[Callable] = None):
+                 committed: Optional[Callable] = None, newest_in_bucket: Optional[Callable[[], int]] = None):
         config = named.config  # the engine's one settings object: its deadline, its format
         slack_s = config.commit_timeout_s
         deadline = Deadline(config.stall_timeout_s, named.progress)
         self.format = "safetensors" if named.pool else config.format
-        self.sets = FileSets(make_agreement(slack_s), deadline, slack_s, newest_counter=newest_counter,
+        counted = newest_counter if newest_in_bucket is None else \
+            (lambda save_dir: max(newest_counter(save_dir), newest_in_bucket()))
+        self.sets = FileSets(make_agreement(slack_s), deadline, slack_s, newest_counter=counted,
                              after_record=self._name_latest, on_durable=named.leave_pointer if named.pool else None,
                              report=report, name="fastckpt-tag", committed=committed)
         self.agreement = self.sets.agreement

@@ -96,8 +96,10 @@ class FileSets:
             by default read from the records of parent's folders.
         after_record(info): run on rank 0 once a set's record is durable.
         on_durable(path): run for each file once it is durable.
-        committed(info): run on every rank once a set is committed (its commit thread, in commit
-            order; rank 0's info holds the counter): what is done with it next (a bucket's upload).
+        committed(info, directory): run on every rank for every set that landed (its commit thread,
+            in commit order: the same calls on every rank), info its CommitInfo once committed
+            (rank 0's holds the counter), None when it was not (failed, withdrawn, empty): what is
+            done with it next (a bucket's upload).
         report(error): what a failed set does at the next `raise_errors` (default: raise it).
     """
 
@@ -106,7 +108,7 @@ class FileSets:
                  after_record: Optional[Callable[[CommitInfo], None]] = None,
                  on_durable: Optional[Callable[[str], None]] = None,
                  report: Optional[Callable[[BaseException], None]] = None, name: str = "fastckpt-set",
-                 committed: Optional[Callable[[CommitInfo], None]] = None):
+                 committed: Optional[Callable[[Optional[CommitInfo], str], None]] = None):
         self.agreement, self.deadline, self.slack_s = agreement, deadline, slack_s
         self.committed = committed
         self._newest_counter = newest_counter or self._newest_record
@@ -272,11 +274,11 @@ class FileSetCommit(CommitUnit):
         return info
 
     def landed(self, info, error) -> None:
-        if error is None and info is not None and self.sets.committed is not None:
+        if self.sets.committed is not None:  # every set, on every rank: the same turns for what follows
             try:
-                self.sets.committed(info)
-            except Exception as e:  # noqa: BLE001 - the set is committed: what follows it is not its failure
-                log.warning("fastckpt: %s is committed, but handing it on failed: %s", self.label, e)
+                self.sets.committed(info if error is None else None, self.directory)
+            except Exception as e:  # noqa: BLE001 - the set landed: what follows it is not its failure
+                log.warning("fastckpt: %s landed, but handing it on failed: %s", self.label, e)
         self.sets.landed(self.directory, error, self.seq)
 
 

@@ -486,7 +486,7 @@ BUGS = (
         ("tests/fastckpt/s3/test_s3_deepspeed.py", "-k", "retention")),
     Bug("bucket-upload-failure-silent",
         "a tag whose upload to the bucket failed is counted, never raised",
-        (("fastckpt/store/s3/folder_mirror.py", "            self._errors.landed(unit.seq, CheckpointWriteError(",
-          "            (lambda *a: None)(unit.seq, CheckpointWriteError(  # planted"),),
+        (("fastckpt/store/s3/folder_mirror.py", "                self._errors.landed(unit.seq, CheckpointWriteError(",
+          "                (lambda *a: None)(unit.seq, CheckpointWriteError(  # planted"),),
         ("tests/fastckpt/s3/test_s3_deepspeed.py", "-k", "failed_upload")),
 )

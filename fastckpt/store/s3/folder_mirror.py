@@ -30,11 +30,14 @@ place, then its record written there: a local folder as the framework wrote it, 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import threading
+import time
+import uuid
 from typing import Callable, Optional
 
 from ...commit import record as commit
@@ -75,7 +78,8 @@ class FolderObjects:
         m = self.mirror
         key = m.where.key(self.name, entry.name)
         self.uploaded.append(key)
-        etag = upload_part(m.bucket, key, src, entry, m.part_bytes, UPLOAD_CONCURRENCY)
+        with m.uploading():
+            etag = upload_part(m.bucket, key, src, entry, m.part_bytes, UPLOAD_CONCURRENCY)
         return dataclasses.replace(entry, etag=etag or "")
 
     def commit_rank(self, url: str, info: CommitInfo) -> None:
@@ -90,6 +94,12 @@ class FolderObjects:
         except FileExistsError as e:
             raise CheckpointWriteError(f"{m.where.url_of(key)} exists already: another writer committed "
                                        f"{self.name!r} there") from e
+        except OSError:
+            try:  # the PUT may have landed though its answer did not: no record may outlive the objects
+                m.bucket.delete([key])
+            except OSError:
+                pass  # the server out of reach: the next turn's sweep checks the records it finds
+            raise
         try:
             m.move_latest(self.name, info.counter)
         except OSError as e:  # committed by its record: `latest` names it for other tools
@@ -101,6 +111,12 @@ class FolderObjects:
         aborted by the client already)."""
         keys, self.uploaded = self.uploaded, []
         self.mirror.bucket.delete(keys)
+
+
+# A wait of the bucket's chain on other ranks (their uploads, their downloads) is bounded by each
+# request's own time and retries (the client's), never by the size of a tag: the collectives of the
+# mirror may wait that long.
+COLLECTIVE_S = 24 * 3600.0
 
 
 class FolderMirror:
@@ -115,26 +131,49 @@ class FolderMirror:
         self.url = self.where.url
         self.bucket = bucket_for(self.where, remote.endpoint, remote.timeout_s)
         self.part_bytes, self.keep, self._report = remote.part_bytes, keep, report
-        self._agree: Agreement = make_agreement(config.commit_timeout_s) if config.distributed is not False \
-            else Agreement()
+        self._agree: Agreement = make_agreement(max(config.commit_timeout_s, COLLECTIVE_S)) \
+            if config.distributed is not False else Agreement()
         self._errors = AgreedErrors(self._agree)
-        self._units = OrderedCommits(self._agree, Deadline(config.stall_timeout_s), config.commit_timeout_s,
-                                     name="fastckpt-bucket")
+        self._moving = 0  # uploads in flight here: the chain's progress while they last
+        self._units = OrderedCommits(self._agree, Deadline(config.stall_timeout_s, self._progress),
+                                     config.commit_timeout_s, name="fastckpt-bucket")
         self._lock = threading.Condition()
+        self._bucket_lock = threading.Lock()  # rank 0's removals (retention) and clearing (a turn) apart
         self._queued: list[PersistCommit] = []  # issued and not landed, in order
         self._busy: set[str] = set()  # names being uploaded: retention spares them
         self._issued = 0
+        self._whole: set[str] = set()  # recorded folders whose objects were checked whole (bucket lock)
         self.stats = {"uploaded": 0, "superseded": 0, "failed": 0, "swept": 0}
 
+    def _progress(self) -> int:
+        """Grows while an upload is in flight (each of its requests is bounded by the client)."""
+        return int(time.monotonic()) if self._moving else 0
+
+    @contextlib.contextmanager
+    def uploading(self):
+        with self._lock:
+            self._moving += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._moving -= 1
+
     # -- draining ----------------------------------------------------------------
-    def drain(self, info: CommitInfo) -> None:
-        """A folder just committed locally (every rank, its commit thread, in commit order): its
-        upload issued (info.path: the local folder; rank 0's info holds the counter)."""
+    def drain(self, info: Optional[CommitInfo], folder: str = "") -> None:
+        """A folder of the parent landed (every rank, its commit thread, in commit order — the same
+        turns on every rank): info, committed (info.path: the local folder; rank 0's info holds the
+        counter), is uploaded; None (withdrawn here, or nothing in it) takes its turn and uploads nothing."""
+        skip = info is None
+        if skip:
+            info = CommitInfo(step=-1, path=os.path.abspath(folder or "."), bytes=0, counter=0, time=0.0,
+                              world_size=self._agree.world_size, format="", files=())
         name = os.path.basename(info.path)
         unit = PersistCommit(info, self._agree.rank, [FolderObjects(self, name)],
                              lambda tier, src, folder, entry: tier.put_copy(src, folder, entry),
                              self._go, self._landed, self._retain, one_each=False)
         unit.label = f"the upload of {name!r} to {self.url}"
+        unit.skip = skip
         with self._lock:
             self._issued += 1
             unit.seq = self._issued  # its place in the order every rank issues them: how errors are agreed
@@ -142,72 +181,104 @@ class FolderMirror:
         self._units.issue(unit)
 
     def _go(self, unit: PersistCommit) -> bool:
-        """The unit's turn (its commit thread, every rank): whether every rank uploads it now."""
+        """The unit's turn (its commit thread, every rank): whether every rank uploads it now — each
+        still has its files and none has a newer folder waiting —; then, on rank 0, what is left of
+        killed writers swept and an earlier upload's record of the same name deleted, before any
+        rank uploads a byte (a failure there fails the turn on every rank)."""
         name = os.path.basename(unit.info.path)
         with self._lock:
             newer = self._queued[-1] is not unit
-            if not newer:
+            if not newer and not unit.skip:
                 self._busy.add(name)
-        here = [f for f in unit.info.files if f.rank == self._agree.rank]
-        ok = not newer and all(os.path.getsize(os.path.join(unit.info.path, f.name)) == f.bytes
-                               if os.path.isfile(os.path.join(unit.info.path, f.name)) else False for f in here)
-        failed = None
-        if ok and self._agree.rank == 0:
-            try:  # no rank uploads before this turn's collective: nothing in the bucket is in flight
-                self._sweep(spare=name)
-                self.bucket.delete([self.where.key(name, commit.COMMIT_NAME)])  # an earlier upload of the name
+        ok = not newer and not unit.skip and all(_has(unit.info.path, f) for f in unit.info.files
+                                                 if f.rank == self._agree.rank)
+        if not self._agree.all_ok(ok, background=True):
+            with self._lock:
+                self._busy.discard(name)
+            return False
+        failed = ""
+        if self._agree.rank == 0:
+            try:  # no rank uploads before the collective below: nothing in the bucket is in flight
+                with self._bucket_lock:
+                    self._whole.discard(name)
+                    self._sweep(spare=name)
+                    self.bucket.delete([self.where.key(name, commit.COMMIT_NAME)])  # an earlier upload's
             except OSError as e:
-                failed, ok = e, False
-        if self._agree.all_ok(ok, background=True):
+                failed = str(e)
+        if self._agree.all_ok(not failed, background=True):
             return True
         with self._lock:
             self._busy.discard(name)
-        if failed is not None:  # the bucket is out of reach: a failure (every rank hears of it), not a newer tag
-            raise CheckpointWriteError(f"clearing {self.url} before the upload failed: {failed}")
-        return False
+        raise CheckpointWriteError(f"clearing {self.url} before the upload failed: "
+                                   f"{failed or 'on rank 0, see its error there'}")
 
     def _landed(self, unit: PersistCommit, infos, error: Optional[BaseException]) -> None:
         name = os.path.basename(unit.info.path)
-        with self._lock:
+        with self._lock:  # counted and its error noted before anyone waiting is woken
+            if error is None:
+                self.stats["uploaded"] += 1
+            elif isinstance(error, Superseded):
+                self.stats["superseded"] += 0 if unit.skip else 1
+            else:
+                self.stats["failed"] += 1
+                self._errors.landed(unit.seq, CheckpointWriteError(
+                    f"{unit.label} failed: {error}; {name!r} stays committed in {os.path.dirname(unit.info.path)}, "
+                    f"and the newest in the bucket stays its latest"))
             self._queued.remove(unit)
             self._busy.discard(name)
             self._lock.notify_all()
-        if error is None:
-            self.stats["uploaded"] += 1
-        elif isinstance(error, Superseded):
-            self.stats["superseded"] += 1
-        else:
-            self.stats["failed"] += 1
-            self._errors.landed(unit.seq, CheckpointWriteError(
-                f"{unit.label} failed: {error}; {name!r} stays committed in {os.path.dirname(unit.info.path)}, "
-                f"and the newest in the bucket stays its latest"))
 
     def _retain(self) -> None:
+        """Rank 0, once an upload landed: recorded folders beyond the newest `keep` removed, never
+        one being uploaded (its turn waits for the removals under way)."""
         if self.keep <= 0 or self._agree.rank != 0:
             return
         try:
-            with self._lock:
+            with self._bucket_lock:
                 for info in self.committed()[self.keep:]:
                     name = os.path.basename(info.path)
-                    if name not in self._busy:
+                    with self._lock:
+                        busy = name in self._busy
+                    if not busy:
                         self.remove(name)
         except OSError as e:
             log.warning("fastckpt: retention in %s failed: %s", self.url, e)
 
     def _sweep(self, spare: str) -> None:
-        """Rank 0, at a turn: objects of folders without a record and unfinished uploads (a killed
-        process's) removed, but those of `spare`, the folder about to be uploaded."""
+        """Rank 0, at a turn (under the bucket lock): objects of folders without a record, folders
+        whose record names objects that are not there (each record checked once), and unfinished
+        uploads (a killed process's) removed, but those of `spare`, the folder about to be uploaded."""
         base = self.where.key("")
-        keys = [o.key for o in self.bucket.listing(base)]
-        recorded = {k[len(base):].split("/", 1)[0] for k in keys if k.endswith("/" + commit.COMMIT_NAME)}
-        dead = [k for k in keys if "/" in k[len(base):] and k[len(base):].split("/", 1)[0] not in recorded | {spare}]
-        if dead:
-            self.bucket.delete(dead)
+        objects = {o.key: o for o in self.bucket.listing(base)}
+
+        def name_of(key: str) -> str:
+            return key[len(base):].split("/", 1)[0]
+        recorded = {name_of(k) for k in objects
+                    if k[len(base):].count("/") == 1 and k.endswith("/" + commit.COMMIT_NAME)}
+        for name in sorted(recorded - self._whole - {spare}):
+            try:
+                read_checked(self.bucket, S3Place(self.where.bucket, self.where.key(name)), objects, every_rank=False)
+                self._whole.add(name)
+            except CorruptCheckpointError:
+                pass  # a record naming objects that are not there (its PUT's answer lost): swept below
+        keep = (recorded & self._whole) | {spare}
+        dead = [k for k in objects if "/" in k[len(base):] and name_of(k) not in keep]
+        if dead:  # records first: a crash part-way never leaves a record naming objects that are gone
+            self.bucket.delete(sorted(dead, key=lambda k: not k.endswith("/" + commit.COMMIT_NAME)))
         for upload in self.bucket.uploads(base):
-            if upload.key[len(base):].split("/", 1)[0] != spare:
+            if name_of(upload.key) != spare:
                 self.bucket.abort_upload(upload)
                 dead.append(upload.key)
         self.stats["swept"] += len(dead)
+
+    def newest_counter(self) -> int:
+        """The highest counter a record in the bucket holds (0: none): the parent's next folder is
+        numbered above it, so that a new run's folders are never taken for older ones."""
+        try:
+            return max((info.counter for info in self.committed()), default=0)
+        except OSError as e:  # the local commit goes on: its counter is the parent's own
+            log.warning("fastckpt: the bucket %s could not be listed for its newest counter: %s", self.url, e)
+            return 0
 
     def raise_agreed(self) -> None:
         """Every rank, at one call (the next save): each upload that failed on any rank, raised
@@ -272,13 +343,16 @@ class FolderMirror:
         """A folder's objects deleted, its record first (a crash part-way leaves objects no reader
         takes for a folder, never a record naming objects that are gone)."""
         record_key = self.where.key(name, commit.COMMIT_NAME)
+        self._whole.discard(name)
         self.bucket.delete([record_key])
         self.bucket.delete([o.key for o in self.bucket.listing(self.where.key(name) + "/") if o.key != record_key])
 
-    def fetch(self, info: CommitInfo, parent: str, agree: Agreement) -> str:
+    def fetch(self, info: CommitInfo, parent: str) -> str:
         """The bucket's folder `info` (from committed()) made a committed local folder of parent, on
-        every rank at one call (agree: the caller's, on its thread); its local path. Every rank or
-        none: CorruptCheckpointError naming what failed (an object missing or damaged: its URL)."""
+        every rank at one call (the caller's thread); its local path. Every rank or none:
+        CorruptCheckpointError naming what failed (an object missing or damaged: its URL; a newer
+        folder of that name committed here, which is never replaced)."""
+        agree = self._agree  # its collectives may wait as long as the slowest rank's downloads
         name = os.path.basename(info.path)
         folder = os.path.join(parent, name)
         local = dataclasses.replace(info, path=folder)
@@ -294,9 +368,13 @@ class FolderMirror:
                                                     "see its error there")
 
         def clear() -> None:  # an older folder of the same name, on this node's disk: moved away whole
-            if _holds(folder, info):
+            here = _counter_of(folder)
+            if here is not None and here > info.counter:
+                raise CorruptCheckpointError(f"{folder} holds a newer committed {name!r} than {info.path}: "
+                                             "not replaced by the bucket's")
+            if here == info.counter and all(_has(folder, f) for f in info.files):
                 return
-            aside = os.path.join(parent, f".{name}.fastckpt-stale-{os.getpid()}")
+            aside = os.path.join(parent, f".{name}.fastckpt-stale-{uuid.uuid4().hex}")
             try:
                 os.rename(folder, aside)
             except FileNotFoundError:
@@ -347,15 +425,17 @@ class FolderMirror:
 
 
 def _has(folder: str, entry: FileEntry) -> bool:
-    path = os.path.join(folder, entry.name)
-    return os.path.isfile(path) and os.path.getsize(path) == entry.bytes
-
-
-def _holds(folder: str, info: CommitInfo) -> bool:
-    """folder is already info's folder, committed (its record's counter and every file's size)."""
+    """folder holds entry's file with its size."""
     try:
-        here = commit.read(folder, None, every_rank=False)
-    except (OSError, CorruptCheckpointError):
+        return os.path.getsize(os.path.join(folder, entry.name)) == entry.bytes
+    except OSError:
         return False
-    return here.counter == info.counter and all(_has(folder, f) for f in info.files)
+
+
+def _counter_of(folder: str) -> Optional[int]:
+    """The counter of folder's commit record (None: no readable record)."""
+    try:
+        return commit.read(folder, None, size_of=None, every_rank=False).counter
+    except (OSError, CorruptCheckpointError):
+        return None
 

@@ -25,8 +25,6 @@ from fastckpt.store.s3.place import S3Place
 from fastckpt.store.url_files import Remote
 from support.deepspeed_runs import assert_resumed_exactly, run
 
-pytest.importorskip("deepspeed")
-
 
 def objects(url: str) -> dict[str, bytes]:
     place = S3Place.parse(url)
@@ -36,6 +34,7 @@ def objects(url: str) -> dict[str, bytes]:
 
 
 def test_a_node_that_lost_its_save_dir_resumes_from_the_bucket_bit_exact(s3_env, tmp_path):
+    pytest.importorskip("deepspeed")
     url = f"s3://{s3_env.bucket}/ds-{uuid.uuid4().hex[:8]}"
     entry = json.dumps({"concurrency": 2, "chunk_mb": 1, "bucket": url})
     save_dir = tmp_path / "ck"
@@ -56,8 +55,8 @@ def test_a_node_that_lost_its_save_dir_resumes_from_the_bucket_bit_exact(s3_env,
 
 
 # -- the mirror itself, one process: a tag committed by the DeepSpeed engine's own committer ---------------
-def mirror_of(url: str, **kw) -> FolderMirror:
-    config = CheckpointerConfig(chunk_mb=1)
+def mirror_of(url: str, endpoint=None, **kw) -> FolderMirror:
+    config = CheckpointerConfig(chunk_mb=1, endpoint=endpoint)
     return FolderMirror(url, Remote.of(config), config, **kw)
 
 
@@ -65,7 +64,7 @@ def tags_into(save_dir, mirror, steps) -> None:
     from fastckpt.named import NamedCheckpoints
     from deepspeed_fastckpt.tags import TagCommitter
     named = NamedCheckpoints({"chunk_mb": 1})
-    tags = TagCommitter(named, committed=mirror.drain)
+    tags = TagCommitter(named, committed=mirror.drain, newest_in_bucket=mirror.newest_counter)  # as the engine
     for step in steps:
         folder = os.path.join(save_dir, f"global_step{step}")
         os.makedirs(folder, exist_ok=True)
@@ -129,14 +128,43 @@ def test_a_save_dir_holding_an_older_tag_fetches_the_buckets_newer_one(s3_env, t
     mirror.close()
 
 
-def test_a_failed_upload_is_raised_and_the_tag_stays_committed_locally(s3_env, tmp_path):
-    from deepspeed_fastckpt.tag_records import file_size, tag_status
-    mirror = mirror_of(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/run")
-    with pytest.raises(fastckpt.CheckpointWriteError, match="upload of 'global_step1'"):
-        tags_into(tmp_path, mirror, (1,))
-    assert tag_status(str(tmp_path), "global_step1", file_size)[0] == "committed"
-    assert mirror.stats["failed"] == 1
+def test_a_new_run_into_the_prefix_numbers_its_tags_above_the_buckets(s3_env, tmp_path):
+    """A run with a fresh save_dir saving into a prefix an earlier run filled: its tags are counted
+    above the bucket's, so its tag of a name the bucket holds replaces that one and is the newest."""
+    from fastckpt.commit import record as commit
+    url = f"s3://{s3_env.bucket}/ds-{uuid.uuid4().hex[:8]}"
+    mirror = mirror_of(url)
+    tags_into(tmp_path / "first", mirror, (1, 2))
+    tags_into(tmp_path / "second", mirror, (1,))
+    assert commit.read(str(tmp_path / "second" / "global_step1"), every_rank=False).counter == 3
+    newest = mirror.committed()
+    assert [(os.path.basename(i.path), i.counter) for i in newest] == [("global_step1", 3), ("global_step2", 2)]
+    place = S3Place.parse(url)
+    assert Bucket(place).get_bytes(place.key("latest"), 100) == b"global_step1"
     mirror.close()
+
+
+def test_a_failed_upload_is_raised_and_the_tag_stays_committed_locally(s3_env, tmp_path):
+    """The server answers every PUT with 503 SlowDown (tests/support/s3_faults.py, the real server
+    behind): the upload retries a bounded number of times, fails, is aborted and its objects deleted;
+    the failure is raised, and the tag stays committed in save_dir."""
+    from support.s3_faults import S3Faults
+    from deepspeed_fastckpt.tag_records import file_size, tag_status
+    url = f"s3://{s3_env.bucket}/ds-{uuid.uuid4().hex[:8]}"
+    faults = S3Faults(s3_env.endpoint).start()
+    try:
+        faults.storm = True
+        mirror = mirror_of(url, endpoint=faults.endpoint)
+        with pytest.raises(fastckpt.CheckpointWriteError, match="upload of 'global_step1'"):
+            tags_into(tmp_path, mirror, (1,))
+        mirror.close()
+        assert faults.refused > 1  # retried, then gave up
+    finally:
+        faults.stop()
+    assert tag_status(str(tmp_path), "global_step1", file_size)[0] == "committed"
+    assert mirror.stats["failed"] == 1 and objects(url) == {}
+    place = S3Place.parse(url)
+    assert Bucket(place).uploads(place.key("")) == []
 
 
 def test_retention_keeps_the_newest_and_a_killed_writers_leftovers_are_swept(s3_env, tmp_path):
@@ -147,11 +175,11 @@ def test_retention_keeps_the_newest_and_a_killed_writers_leftovers_are_swept(s3_
     begun = bucket.control.create_multipart_upload(Bucket=place.bucket, Key=place.key("global_step9", "x.pt"))
     mirror = mirror_of(url, keep=1)
     tags_into(tmp_path, mirror, (1, 2))
+    mirror.close()  # every upload and its retention done
     assert sorted(objects(url)) == ["global_step2/COMMIT", "global_step2/mp_rank_00_model_states.pt",
                                     "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt", "latest"]
     assert not [u for u in bucket.uploads(place.key("")) if u.upload_id == begun["UploadId"]]
     assert mirror.stats["uploaded"] == 2 and mirror.stats["swept"] >= 2
-    mirror.close()
 
 
 @pytest.mark.parametrize("entry,said", [
