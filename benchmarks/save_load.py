@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers import bounds  # noqa: E402
+from helpers import bounds, figure  # noqa: E402
 from helpers import peers  # noqa: E402
 from helpers.results import keep  # noqa: E402
 
@@ -280,35 +280,23 @@ def record(stamp: str, results: list, args) -> None:
          header + "\n\n" + "\n\n".join(table(r) for r in results), plot, publish=not args.no_results)
 
 
-PLOTTED = [("memcpy", "memcpy (bound)"), ("fastckpt_c_blocking", "fastckpt c, blocked"),
-           ("tc_blocking", "torch_checkpointing, blocked"), ("odirect_write", "O_DIRECT write (bound)"),
-           ("fastckpt_c_durable", "fastckpt save c, durable"), ("tc_durable", "torch_checkpointing +fsync, durable"),
-           ("torch_save", "torch.save+fsync"), ("dcp_save", "DCP save"), ("dcp_async_durable", "DCP async_save, durable"),
-           ("odirect_read", "O_DIRECT read cold (bound)"), ("fastckpt_load_cold", "fastckpt load cold"),
-           ("fastckpt_load_into_cold", "fastckpt load into, cold"), ("tc_load_into_cold", "torch_checkpointing load, cold"),
-           ("torch_load_cold", "torch.load cold")]
-
-
 def plot(res: dict, path: str) -> None:
-    """GB/s of each contender and bound, per state size (log scale: memcpy is 10x the disk)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.8 / len(res["results"])
-    for j, r in enumerate(res["results"]):
-        gb = r["bytes"] / 1e9
-        ax.bar([i + j * width for i in range(len(PLOTTED))], [gb / r["median_s"].get(k, float("inf")) for k, _ in PLOTTED],
-               width, label=f"{r['gib']} GiB")
-    ax.set_xticks([i + width * (len(res["results"]) - 1) / 2 for i in range(len(PLOTTED))])
-    ax.set_xticklabels([n for _, n in PLOTTED], rotation=30, ha="right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("GB/s (median)")
-    ax.set_title("save / load throughput vs the physical bounds of the same run")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """The largest state's run: training blocked, until durable, and load, for every contender and
+    bound (helpers/figure.py)."""
+    r = max(res["results"], key=lambda r: r["bytes"])
+    m = r["median_s"]
+    blocked = [("memcpy (bound)", m.get("memcpy")), ("fastckpt c: save + gate", m.get("fastckpt_c_blocking")),
+               ("torch_checkpointing: save + lock", m.get("tc_blocking")),
+               ("DCP async_save", m.get("dcp_async_blocking")), ("clone + thread (Lightning)", m.get("clone_thread_blocking"))]
+    durable = [("O_DIRECT write (bound)", m.get("odirect_write")), ("fastckpt c", m.get("fastckpt_c_durable")),
+               ("fastckpt d", m.get("fastckpt_d_durable")), ("torch_checkpointing + fsync", m.get("tc_durable")),
+               ("torch.save + fsync", m.get("torch_save")), ("DCP save", m.get("dcp_save")),
+               ("DCP async_save", m.get("dcp_async_durable"))]
+    load = [("O_DIRECT read, cold (bound)", m.get("odirect_read")), ("fastckpt, verified", m.get("fastckpt_load_cold")),
+            ("fastckpt into tensors, verified", m.get("fastckpt_load_into_cold")),
+            ("torch_checkpointing into tensors", m.get("tc_load_into_cold")), ("torch.load", m.get("torch_load_cold"))]
+    figure.panels(path, f"{r['gib']} GiB of float32 on the CPU, {r['runs']} runs (save_load.py)",
+                  [("training blocked", blocked), ("until durable", durable), ("load, cold", load)])
 
 
 if __name__ == "__main__":

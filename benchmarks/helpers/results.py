@@ -1,6 +1,6 @@
 """Keeps one benchmark's results: its JSON and plot under the run's output folder (generated,
 not kept in git: benchmarks/out/ by default), and its section of benchmarks/RESULTS.md, the one
-report, whose index at the top is rebuilt from the sections each time one is written.
+report, showing its plot (kept in git as benchmarks/figures/NAME.png), whose index at the top is rebuilt from the sections each time one is written.
 
 Nothing is measured or typed here: a benchmark that has not recorded a section yet is listed
 in the index as missing.
@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from typing import Callable
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 RESULTS = os.path.join(HERE, "RESULTS.md")
+FIGURES = os.path.join(HERE, "figures")  # each section's picture, committed beside RESULTS.md
 DATE = r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?"
 INDEX_BEGIN, INDEX_END = "<!-- index:begin -->", "<!-- index:end -->"
 # (section name = the script's name, what it answers), in the order the index reads
@@ -97,12 +99,15 @@ def _without_anchor(text: str) -> str:
 
 
 def keep(name: str, out_dir: str, res: dict, text: str, plot: Callable[[dict, str], None], publish: bool) -> None:
-    """Writes NAME.json and NAME.png into out_dir; with `publish`, puts `text` into RESULTS.md."""
+    """Writes NAME.json and NAME.png into out_dir; with `publish`, puts `text` into RESULTS.md with
+    the plot shown, the plot kept as benchmarks/figures/NAME.png (committed with the section)."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(out_dir, f"{name}.png"))
     if publish:
+        os.makedirs(FIGURES, exist_ok=True)
+        shutil.copyfile(os.path.join(out_dir, f"{name}.png"), os.path.join(FIGURES, f"{name}.png"))
         where = os.path.relpath(out_dir, os.path.dirname(HERE))
-        write_section(name, text + f"\n\nThis run's plot and data: `{where}/{name}.png`, `{where}/{name}.json` "
+        write_section(name, text + f"\n\n![{name}](figures/{name}.png)\n\nThis run's data: `{where}/{name}.json` "
                                    "(generated, not kept in git).")

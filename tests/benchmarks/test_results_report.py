@@ -46,15 +46,19 @@ def test_sections_replace_their_own_and_the_index_follows(tmp_path):
     assert text.count('<a id="save_load"></a>') == 1  # the link target, once
 
 
-def test_keep_writes_json_and_plot_out_of_the_tree_and_names_them(tmp_path, monkeypatch):
+def test_keep_writes_json_out_of_the_tree_and_the_plot_beside_the_section_which_shows_it(tmp_path, monkeypatch):
     results = _results_module()
     path = tmp_path / "RESULTS.md"
     monkeypatch.setattr(results, "RESULTS", str(path))
+    monkeypatch.setattr(results, "FIGURES", str(tmp_path / "figures"))
     monkeypatch.setattr(results.write_section, "__defaults__", (str(path),))
     out = tmp_path / "out"
     results.keep("goodput", str(out), {"x": 1}, "## goodput.py — 2026-11-24 15:42, vm\n\ntable",
                  lambda res, png: open(png, "wb").write(b"\x89PNG"), publish=True)
     assert (out / "goodput.json").read_text().strip().startswith("{") and (out / "goodput.png").exists()
+    assert (tmp_path / "figures" / "goodput.png").read_bytes() == b"\x89PNG"  # committed beside RESULTS.md
     text = path.read_text()
-    assert "goodput.png`" in text and "(generated, not kept in git)" in text
-    assert not os.path.exists(os.path.join(BENCHMARKS, "figures"))
+    assert "![goodput](figures/goodput.png)" in text and "goodput.json` (generated, not kept in git)" in text
+    results.keep("offload", str(out), {"x": 1}, "## offload.py — 2026-11-24 15:42, vm\n\ntable",
+                 lambda res, png: open(png, "wb").write(b"\x89PNG"), publish=False)
+    assert not (tmp_path / "figures" / "offload.png").exists()  # a run not recorded keeps no picture
