@@ -228,11 +228,16 @@ std::string WriteJob::status() const {
 }
 
 void WriteJob::count_copied(size_t unit) {
-  std::lock_guard<std::mutex> lk(mu_);
-  unit_state_[unit] = 2;
-  if (--copies_left_ == 0) stamp(timings_.copied_at);
-  bump();
-  cv_.notify_all();  // per-record waiters watch single units
+  bool last;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    unit_state_[unit] = 2;
+    last = --copies_left_ == 0;
+    if (last) stamp(timings_.copied_at);
+    bump();
+    cv_.notify_all();  // per-record waiters watch single units
+  }
+  if (last) flush_sums();
 }
 
 void WriteJob::count_written() {
@@ -253,9 +258,10 @@ void WriteJob::count_summed() {
 // (a writer error, or abort() after a stall) lets its copy threads go.
 int WriteJob::acquire_chunk() {
   PhaseTimer t(timings_.chunk_wait);
-  for (;;) {
-    int slot = w_.pool->acquire(0.05);
+  for (double wait = 0.0;; wait = 0.05) {
+    int slot = w_.pool->acquire(wait);
     if (slot >= 0) return slot;
+    flush_every_job();  // a chunk is freed once its CRC is done too: none may wait behind a copy now
     std::lock_guard<std::mutex> lk(mu_);
     if (failed_) return -1;
   }
@@ -344,9 +350,49 @@ void WriteJob::submit_put(size_t c, int slot, uint64_t lo, uint64_t len) {
   });
 }
 
+namespace {
+// The jobs holding deferred CRCs, each one's chunks held until its CRCs run: a copy that would wait
+// for a free chunk hands every job's to the CRC threads (another job's copy may be queued behind it).
+std::mutex deferring_mu;
+std::vector<std::weak_ptr<WriteJob>> deferring;
+}  // namespace
+
 void WriteJob::submit_sum(size_t c, int slot) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // the copy goes first: this CRC runs once every chunk is copied (a held, layer-wise job's chunks
+    // are released as training goes on: its CRCs are not kept waiting for that)
+    if (copies_left_ > 0 && !held_) {
+      if (deferred_sums_.empty()) {
+        std::lock_guard<std::mutex> g(deferring_mu);
+        deferring.push_back(weak_from_this());
+      }
+      deferred_sums_.emplace_back(c, slot);
+      return;
+    }
+  }
   auto self = shared_from_this();
   w_.summers->submit([self, c, slot] { self->sum_chunk(c, slot); });
+}
+
+void WriteJob::flush_sums() {
+  std::vector<std::pair<size_t, int>> due;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    due.swap(deferred_sums_);
+  }
+  auto self = shared_from_this();
+  for (auto [c, slot] : due) w_.summers->submit([self, c = c, slot = slot] { self->sum_chunk(c, slot); });
+}
+
+void WriteJob::flush_every_job() {
+  std::vector<std::weak_ptr<WriteJob>> jobs;
+  {
+    std::lock_guard<std::mutex> g(deferring_mu);
+    jobs.swap(deferring);
+  }
+  for (auto& weak : jobs)
+    if (auto job = weak.lock()) job->flush_sums();
 }
 
 void WriteJob::chunk_half_done(size_t c, int slot) {

@@ -98,6 +98,28 @@ TEST_CASE("a staging pool of one chunk is reused for a file of many chunks") {
   CHECK(job->record_crcs()[0] == crc32_update(0, big.data(), big.size()));
 }
 
+TEST_CASE("two jobs sharing a pool of two chunks, each copying many, both land with their CRCs") {
+  // A chunk is freed once its CRC is done, and a job's CRCs wait until it has copied every chunk: a
+  // copy about to wait for a free chunk hands the CRCs held back on (every job's), so a pool smaller
+  // than the jobs is reused rather than exhausted.
+  Scratch tmp;
+  auto one = pattern(12 * 4096 + 7, 4), two = pattern(12 * 4096 + 9, 5);
+  Engine engine(4096, 2, 2);
+  engine.pool().grow(2);
+  const uint64_t end1 = kBegin + one.size(), end2 = kBegin + two.size();
+  auto a = engine.submit(tmp.path("a"), {{reinterpret_cast<uintptr_t>(one.data()), one.size(), kBegin, 0}}, kBegin,
+                         end1, end1, Source::Staged, false, 1);
+  auto b = engine.submit(tmp.path("b"), {{reinterpret_cast<uintptr_t>(two.data()), two.size(), kBegin, 0}}, kBegin,
+                         end2, end2, Source::Staged, false, 1);
+  REQUIRE(a->wait_written(10.0));
+  REQUIRE(b->wait_written(10.0));
+  a->finalize({}, end1);
+  b->finalize({}, end2);
+  CHECK(a->record_crcs()[0] == crc32_update(0, one.data(), one.size()));
+  CHECK(b->record_crcs()[0] == crc32_update(0, two.data(), two.size()));
+  CHECK(engine.pool().free_count() == 2);
+}
+
 TEST_CASE("a held job copies a record only once it is released") {
   Scratch tmp;
   Layout l;

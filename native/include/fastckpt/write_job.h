@@ -176,6 +176,8 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void count_summed();  // a unit's CRCs are all in span_crc_
   void bump() { w_.progress->fetch_add(1, std::memory_order_relaxed); }
   int acquire_chunk();  // a staging chunk, or -1 once the job has failed
+  void flush_sums();    // the deferred CRCs handed to the CRC threads
+  static void flush_every_job();  // every job's (a copy about to wait for a free chunk)
   // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
   bool wait_until(const std::function<bool()>& done, double timeout_s);
   bool wait_latch(const size_t& left, double timeout_s);
@@ -200,6 +202,9 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   size_t copies_left_ = 0, writes_left_ = 0, sums_left_ = 0;
+  // Chunks copied whose CRC waits until every chunk is copied (the copy the gate waits for gets the
+  // cores first): handed to the CRC threads then, or as soon as the copy would wait for a free chunk.
+  std::vector<std::pair<size_t, int>> deferred_sums_;
   size_t running_ = 0;  // tasks submitted to the thread pools and not finished (abort waits for 0)
   // Copy units: chunks (Staged, External) or spans (Direct). 0 held, 1 issued, 2 copied.
   std::vector<uint8_t> unit_state_;
