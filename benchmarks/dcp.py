@@ -30,6 +30,7 @@ warm-up run first, discarded). Rewrites its section of benchmarks/RESULTS.md (--
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -79,6 +80,8 @@ def rank_main(a) -> None:
     out = os.path.join(a.dir, a.contender)
     if a.contender in TITAN:
         return titan_rank(a, model, x, out, rank)
+    if a.contender == "torch_checkpointing":
+        return torch_checkpointing_rank(a, model, optim, step, out, rank)
     group = dist.new_group(backend="gloo")
     step()
     times = {"blocked": [], "durable": []}
@@ -143,6 +146,54 @@ def rank_main(a) -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # never through interpreter shutdown with gloo threads about (tests/workers/fsdp2_worker.py)
+
+
+def torch_checkpointing_rank(a, model, optim, step, out: str, rank: int) -> None:
+    """torch_checkpointing's CheckpointManager on every rank (its DTensor path: each rank's shards, one
+    checkpoint), as helpers/peers.TorchCheckpointing configures it; blocked = save() + its lock(),
+    written = its write as it is (no fsync), durable = + an fsync of every file of the checkpoint;
+    its load into the model's and optimizer's state (nothing checked)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    sys.path.insert(0, HERE)
+    from helpers import peers
+    probe = os.path.join(out, "probe")
+    tc = peers.TorchCheckpointing.opened(probe)  # every rank alike: one distributed probe save
+    dist.barrier()
+    step()
+    times = {"blocked": [], "written": [], "durable": []}
+    last = None
+    for i in range(a.saves):
+        step()
+        msd, osd = get_state_dict(model, optim)
+        path = os.path.join(out, f"step-{i}")
+        dist.barrier()
+        blocked, written, durable = tc.save({"model": msd, "optim": osd}, path, clear=False)
+        for k, v in (("blocked", blocked), ("written", written), ("durable", durable)):
+            times[k].append(v)
+        dist.barrier()
+        last = path
+    loads: dict[str, list[float]] = {}
+    for _ in range(2):
+        msd, osd = get_state_dict(model, optim)
+        if rank == 0:
+            for folder, _, files in os.walk(last):
+                for name in files:
+                    drop_folder(os.path.join(folder, name))
+        dist.barrier()
+        t0 = time.perf_counter()
+        tc.load(last, {"model": msd, "optim": osd})
+        dist.barrier()
+        loads.setdefault("load_tc", []).append(time.perf_counter() - t0)
+    tc.close()
+    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())
+    if rank == 0:
+        print("RESULT " + json.dumps({"times": times, "loads": loads, "rank_bytes": nbytes, "last": last,
+                                      "note": tc.note}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def titan_rank(a, model, x, out: str, rank: int) -> None:
@@ -275,11 +326,13 @@ def main() -> None:
     from helpers import bounds
     from helpers.results import keep
     rows: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
     for run in range(a.runs + 1):  # run 0 warms everything up and is discarded
         # torchtitan's async_with_pinned_mem builds DCP's DefaultStager with non-blocking copies,
         # which needs an accelerator: on CPU it raises, so it runs only with --device cuda
         titan = () if a.no_titan else TITAN if a.device == "cuda" else tuple(c for c in TITAN if c != "titan_pinned")
-        for contender in CONTENDERS + titan:
+        rival = ("torch_checkpointing",) if importlib.util.find_spec("torch_checkpointing") else ()
+        for contender in CONTENDERS + rival + titan:
             shutil.rmtree(a.dir, ignore_errors=True)
             os.makedirs(a.dir)
             res = ranks(a, contender, a.dir)
@@ -287,6 +340,10 @@ def main() -> None:
             if run:
                 rows.setdefault(f"{contender}_blocked", []).append(statistics.median(res["times"]["blocked"]))
                 rows.setdefault(f"{contender}_durable", []).append(statistics.median(res["times"]["durable"]))
+                if "written" in res["times"]:
+                    rows.setdefault(f"{contender}_written", []).append(statistics.median(res["times"]["written"]))
+                if res.get("note"):
+                    notes[contender] = res["note"]
                 for k, v in res["loads"].items():
                     rows.setdefault(f"{contender}_{k}", []).append(statistics.mean(v))
                 if contender == "fastckpt":
@@ -298,7 +355,7 @@ def main() -> None:
         print(f"  run {run}/{a.runs} done{' (warm-up)' if run == 0 else ''}", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     res = {"gib": a.gib, "bytes": total, "titan": not a.no_titan, "ranks": a.ranks, "device": a.device, "runs": a.runs, "saves": a.saves,
-           "median_s": med, "all_s": rows}
+           "median_s": med, "all_s": rows, "notes": notes}
     text = table(res)
     print(text)
     keep("dcp", a.out, res, text, plot, publish=not a.no_results)
@@ -314,7 +371,7 @@ def table(res: dict) -> str:
                  f"{gb / m['odirect_write']:.2f} | |")
     for c, name in (("dcp_save", "DCP `dcp.save`, FileSystemWriter"),
                     ("dcp_async", "DCP `async_save`, FileSystemWriter + DefaultStager"),
-                    ("fastckpt", "fastckpt: FastStorageWriter + FastStager")):
+                    ("fastckpt", "fastckpt (FastStorageWriter)")):
         ratio = ""
         if c == "fastckpt":
             ratio = (f"durable {m['dcp_async_durable'] / m['fastckpt_durable']:.2f}x faster than DCP async_save, "
@@ -322,6 +379,15 @@ def table(res: dict) -> str:
                      f"{m['fastckpt_blocked'] / m['dcp_async_blocked']:.2f}x DCP+DefaultStager's")
         lines.append(f"| {name} | {m[f'{c}_blocked']:.3f} | {m[f'{c}_durable']:.3f} | {gb / m[f'{c}_durable']:.2f} | "
                      f"{ratio} |")
+    if "torch_checkpointing_blocked" in m:
+        lines.append(f"| torch_checkpointing {_version('torch_checkpointing')}: CheckpointManager async save (save + "
+                     f"lock()); durable = + an fsync of its files | {m['torch_checkpointing_blocked']:.3f} | "
+                     f"{m['torch_checkpointing_durable']:.3f} | {gb / m['torch_checkpointing_durable']:.2f} | "
+                     f"written as it is (it never fsyncs) {m['torch_checkpointing_written']:.3f} s; fastckpt durable "
+                     f"{m['torch_checkpointing_durable'] / m['fastckpt_durable']:.2f}x sooner, blocked "
+                     f"{m['fastckpt_blocked'] / m['torch_checkpointing_blocked']:.2f}x its |")
+    else:
+        lines.append("| torch_checkpointing | | | | not installed here (`make setup` installs it) |")
     if res.get("titan"):
         lines += ["", "Through torchtitan's checkpoint manager (torchtitan 0.3.0), a save per step as its Trainer "
                   "saves; blocked = save() + maybe_wait_for_staging():", "",
@@ -346,27 +412,38 @@ def table(res: dict) -> str:
               f"| FastStorageReader (every CRC checked), {res['ranks']} ranks | {m['fastckpt_load_fastckpt']:.3f} |",
               *([f"| FastStorageReader, {res['ranks']} ranks (of DCP's save: the zip records' CRCs checked) | "
                  f"{m['dcp_save_load_fastckpt']:.3f} |"] if "dcp_save_load_fastckpt" in m else []),
-              f"| FastStorageReader resharded to 1 process (full tensors) | {m['fastckpt_load_resharded_1']:.3f} |"]
+              f"| FastStorageReader resharded to 1 process (full tensors) | {m['fastckpt_load_resharded_1']:.3f} |",
+              *([f"| torch_checkpointing load into the state, {res['ranks']} ranks (nothing checked) | "
+                 f"{m['torch_checkpointing_load_tc']:.3f} |"] if "torch_checkpointing_load_tc" in m else [])]
+    for who, note in res.get("notes", {}).items():
+        lines += ["", f"{who} ran with {note}."]
     return "\n".join(lines)
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
 def plot(res: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Training blocked, until durable and load for every contender and the bound (helpers/figure.py)."""
+    sys.path.insert(0, HERE)
+    from helpers import figure
     m = res["median_s"]
-    names = ["dcp_save", "dcp_async", "fastckpt"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [m[f"{n}_blocked"] for n in names], 0.4, label="blocked")
-    ax.bar([x + 0.2 for x in xs], [m[f"{n}_durable"] for n in names], 0.4, label="until durable")
-    ax.axhline(m["odirect_write"], color="k", linestyle="--", label="O_DIRECT write (bound)")
-    ax.set_xticks(list(xs), ["dcp.save", "DCP async_save", "fastckpt"])
-    ax.set_ylabel("seconds")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    names = [("fastckpt", "fastckpt (FastStorageWriter)"), ("torch_checkpointing", "torch_checkpointing"),
+             ("dcp_async", "DCP async_save"), ("dcp_save", "DCP save"), ("titan_fastckpt", "torchtitan + fastckpt"),
+             ("titan_async", "torchtitan async")]
+    blocked = [(n, m.get(f"{c}_blocked")) for c, n in names]
+    durable = [("O_DIRECT write (bound)", m.get("odirect_write"))] + [
+        (n + (" + fsync" if c == "torch_checkpointing" else ""), m.get(f"{c}_durable")) for c, n in names]
+    load = [("fastckpt, verified", m.get("fastckpt_load_fastckpt")),
+            ("DCP FileSystemReader", m.get("dcp_save_load_stock")),
+            ("torch_checkpointing", m.get("torch_checkpointing_load_tc"))]
+    figure.panels(path, f"DCP under FSDP2, {res['ranks']} ranks, {res['bytes'] / 2**30:.2f} GiB (dcp.py)",
+                  [("training blocked", blocked), ("until durable", durable), ("load, cold", load)])
 
 
 if __name__ == "__main__":

@@ -114,9 +114,11 @@ class TorchCheckpointing:
                    "torch's zip writer's unaligned writes through O_DIRECT)")
         return tc
 
-    def save(self, state, path: str) -> tuple[float, float, float]:
-        """(blocked, until written as it is, until durable with an fsync of its files) seconds."""
-        shutil.rmtree(path, ignore_errors=True)
+    def save(self, state, path: str, clear: bool = True) -> tuple[float, float, float]:
+        """(blocked, until written as it is, until durable with an fsync of its files) seconds.
+        clear: path removed first (not on several ranks saving one checkpoint: each a fresh path)."""
+        if clear:
+            shutil.rmtree(path, ignore_errors=True)
         t0 = time.perf_counter()
         written = self.manager.save(path, {"model": state})
         with self.manager.lock():
