@@ -83,3 +83,12 @@ class AgreedErrors:
                 out.append(CheckpointWriteError(f"{said} (said by rank {rank}; every rank raises it here, at the "
                                                 "same call)"))
         return out + unequal
+
+
+def report_each(errors: list, report: Optional[Callable[[BaseException], None]]) -> None:
+    """Each error through report (its owner's: raise or warn, as on_error says); without one, the
+    first is raised."""
+    for e in errors:
+        if report is None:
+            raise e
+        report(e)

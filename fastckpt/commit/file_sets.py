@@ -40,7 +40,7 @@ from typing import Callable, Optional
 from ..errors import CheckpointWriteError
 from ..write.deadline import Deadline
 from . import record as commit
-from .agreed_errors import AgreedErrors
+from .agreed_errors import AgreedErrors, report_each
 from .agreement import Agreement
 from .committed_under import CommittedUnder
 from .ordered import OrderedCommits
@@ -164,10 +164,7 @@ class FileSets:
         self._raise(self._errors.agreed())
 
     def _raise(self, errors: list) -> None:
-        for e in errors:
-            if self._report is None:
-                raise e
-            self._report(e)
+        report_each(errors, self._report)
 
     def close(self) -> None:
         """Every set committed (or failed: raises the first failure) and its commit thread done."""

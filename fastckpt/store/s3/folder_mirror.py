@@ -41,7 +41,7 @@ import uuid
 from typing import Callable, Optional
 
 from ...commit import record as commit
-from ...commit.agreed_errors import AgreedErrors
+from ...commit.agreed_errors import AgreedErrors, report_each
 from ...commit.agreement import Agreement, make_agreement
 from ...commit.ordered import OrderedCommits
 from ...commit.persist_unit import PersistCommit, Superseded
@@ -283,19 +283,13 @@ class FolderMirror:
     def raise_agreed(self) -> None:
         """Every rank, at one call (the next save): each upload that failed on any rank, raised
         through report on every rank alike."""
-        for e in self._errors.agreed():
-            if self._report is None:
-                raise e
-            self._report(e)
+        report_each(self._errors.agreed(), self._report)
 
     def wait(self) -> None:
         """Until every upload issued so far has landed; raises (reports) this rank's failures."""
         with self._lock:
             self._lock.wait_for(lambda: not self._queued)
-        for e in self._errors.take_local():
-            if self._report is None:
-                raise e
-            self._report(e)
+        report_each(self._errors.take_local(), self._report)
 
     def close(self) -> None:
         try:
