@@ -365,6 +365,10 @@ void WriteJob::submit_sum(size_t c, int slot) {
     if (copies_left_ > 0 && !held_) {
       if (deferred_sums_.empty()) {
         std::lock_guard<std::mutex> g(deferring_mu);
+        if (deferring.size() >= 64)  // jobs gone since the last flush of every job: forgotten
+          deferring.erase(std::remove_if(deferring.begin(), deferring.end(),
+                                         [](const std::weak_ptr<WriteJob>& w) { return w.expired(); }),
+                          deferring.end());
         deferring.push_back(weak_from_this());
       }
       deferred_sums_.emplace_back(c, slot);

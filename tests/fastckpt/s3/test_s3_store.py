@@ -295,10 +295,10 @@ def test_retention_aborts_unfinished_uploads_older_than_the_newest_and_never_a_n
             control.create_multipart_upload(Bucket=s3_env.bucket, Key=f"{prefix}step-0000000{counter}.c00000{counter}/rank-1.pt")
         ck.save(state_for(0, 2, 1), step=2).wait()
         ck.save(state_for(0, 3, 1), step=3).wait()  # retention runs after each commit
-        left = [u.key[len(prefix):] for u in ck.store.bucket.uploads(prefix)]
-        assert left == ["step-00000009.c000009/rank-1.pt"], left
     finally:
-        ck.close()
+        ck.close()  # every commit's retention has run (it follows the commit: wait() returns before it)
+    left = [u.key[len(prefix):] for u in ck.store.bucket.uploads(prefix)]
+    assert left == ["step-00000009.c000009/rank-1.pt"], left
 
 
 def test_the_spool_keeps_at_most_its_spares_and_every_recycled_part_loads_exact(s3_env, shm):
