@@ -42,7 +42,7 @@ std::shared_ptr<WriteJob> Engine::submit_mapped(std::shared_ptr<const MappedRegi
 std::shared_ptr<WriteJob> Engine::start(std::unique_ptr<Sink> sink, std::vector<Piece> pieces,
                                         uint64_t data_begin, uint64_t data_end, uint64_t file_size,
                                         Source source, uint32_t n_records, bool held) {
-  auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &summers_, &progress_}, std::move(sink),
+  auto job = std::make_shared<WriteJob>(Workers{&pool_, &copiers_, &writers_, &summers_, &progress_, &held_sums_}, std::move(sink),
                                         std::move(pieces), data_begin, data_end, file_size, source,
                                         pool_.chunk_bytes(), n_records, held);
   job->start();

@@ -350,26 +350,20 @@ void WriteJob::submit_put(size_t c, int slot, uint64_t lo, uint64_t len) {
   });
 }
 
-namespace {
-// The jobs holding deferred CRCs, each one's chunks held until its CRCs run: a copy that would wait
-// for a free chunk hands every job's to the CRC threads (another job's copy may be queued behind it).
-std::mutex deferring_mu;
-std::vector<std::weak_ptr<WriteJob>> deferring;
-}  // namespace
-
 void WriteJob::submit_sum(size_t c, int slot) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     // the copy goes first: this CRC runs once every chunk is copied (a held, layer-wise job's chunks
     // are released as training goes on: its CRCs are not kept waiting for that)
-    if (copies_left_ > 0 && !held_) {
+    if (copies_left_ > 0 && !held_ && w_.held_sums != nullptr) {
       if (deferred_sums_.empty()) {
-        std::lock_guard<std::mutex> g(deferring_mu);
-        if (deferring.size() >= 64)  // jobs gone since the last flush of every job: forgotten
-          deferring.erase(std::remove_if(deferring.begin(), deferring.end(),
+        HeldSums& held = *w_.held_sums;
+        std::lock_guard<std::mutex> g(held.mu);
+        if (held.jobs.size() >= 64)  // jobs gone since the last flush of every job: forgotten
+          held.jobs.erase(std::remove_if(held.jobs.begin(), held.jobs.end(),
                                          [](const std::weak_ptr<WriteJob>& w) { return w.expired(); }),
-                          deferring.end());
-        deferring.push_back(weak_from_this());
+                          held.jobs.end());
+        held.jobs.push_back(weak_from_this());
       }
       deferred_sums_.emplace_back(c, slot);
       return;
@@ -390,10 +384,11 @@ void WriteJob::flush_sums() {
 }
 
 void WriteJob::flush_every_job() {
+  if (w_.held_sums == nullptr) return;
   std::vector<std::weak_ptr<WriteJob>> jobs;
   {
-    std::lock_guard<std::mutex> g(deferring_mu);
-    jobs.swap(deferring);
+    std::lock_guard<std::mutex> g(w_.held_sums->mu);
+    jobs.swap(w_.held_sums->jobs);
   }
   for (auto& weak : jobs)
     if (auto job = weak.lock()) job->flush_sums();

@@ -56,6 +56,7 @@ class Engine {
   // Destruction runs bottom-up: copiers drain first (they feed writers and CRC threads),
   // then those two (they release chunks), then the pool frees memory.
   std::atomic<uint64_t> progress_{0};
+  HeldSums held_sums_;  // the jobs' CRCs held back while they copy (write_job.h)
   StagingPool pool_;
   ThreadPool writers_;
   ThreadPool summers_;  // as many as copiers: summing is memory work like copying

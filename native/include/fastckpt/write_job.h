@@ -61,12 +61,23 @@ enum class Source : int {
 // it (a CRC thread too where the put is a CPU copy: Sink::put_is_cpu_copy): the disk never
 // waits for a CRC. CRC tasks wait for nothing, so a chunk's slot is always
 // freed (a copy thread waiting for a slot cannot starve them).
+class WriteJob;
+
+// The jobs of one engine holding CRCs back until their copy is done (their chunks held until the CRCs
+// run): a copy that would wait for a free chunk of the engine's pool hands every one's on (another
+// job's copy may be queued behind it on the same copy threads).
+struct HeldSums {
+  std::mutex mu;
+  std::vector<std::weak_ptr<WriteJob>> jobs;
+};
+
 struct Workers {
   StagingPool* pool;
   ThreadPool* copiers;
   ThreadPool* writers;
   ThreadPool* summers;
   std::atomic<uint64_t>* progress;
+  HeldSums* held_sums = nullptr;  // none: a job's CRCs run as its chunks are copied
 };
 
 // Nanoseconds per phase, added to by every thread of a job (see timings()).
@@ -177,7 +188,7 @@ class WriteJob : public std::enable_shared_from_this<WriteJob> {
   void bump() { w_.progress->fetch_add(1, std::memory_order_relaxed); }
   int acquire_chunk();  // a staging chunk, or -1 once the job has failed
   void flush_sums();    // the deferred CRCs handed to the CRC threads
-  static void flush_every_job();  // every job's (a copy about to wait for a free chunk)
+  void flush_every_job();  // every job's of the engine (a copy about to wait for a free chunk)
   // Waits (under mu_) until done() or the job failed; throws the job's error; false on timeout.
   bool wait_until(const std::function<bool()>& done, double timeout_s);
   bool wait_latch(const size_t& left, double timeout_s);
