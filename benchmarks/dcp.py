@@ -45,6 +45,19 @@ TITAN = ("titan_async", "titan_pinned", "titan_fastckpt")
 
 
 # -- one rank (a child process) ----------------------------------------------
+def report_and_exit(rank: int, model, result: dict) -> None:
+    """Rank 0 prints the contender's RESULT line (with this rank's share of the bytes: parameters and
+    AdamW's two states); every rank leaves the process group and exits."""
+    import torch.distributed as dist
+    if rank == 0:
+        result["rank_bytes"] = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # never through interpreter shutdown with gloo threads about (tests/workers/fsdp2_worker.py)
+
+
 def rank_main(a) -> None:
     import torch
     import torch.distributed as dist
@@ -139,13 +152,7 @@ def rank_main(a) -> None:
         dcp.load(target, storage_reader=readers[name](last), process_group=group)
         dist.barrier()
         loads.setdefault(name, []).append(time.perf_counter() - t0)
-    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())  # this rank's share
-    if rank == 0:
-        print("RESULT " + json.dumps({"times": times, "loads": loads, "rank_bytes": nbytes, "last": last}), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # never through interpreter shutdown with gloo threads about (tests/workers/fsdp2_worker.py)
+    report_and_exit(rank, model, {"times": times, "loads": loads, "last": last})
 
 
 def torch_checkpointing_rank(a, model, optim, step, out: str, rank: int) -> None:
@@ -186,14 +193,7 @@ def torch_checkpointing_rank(a, model, optim, step, out: str, rank: int) -> None
         dist.barrier()
         loads.setdefault("load_tc", []).append(time.perf_counter() - t0)
     tc.close()
-    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())
-    if rank == 0:
-        print("RESULT " + json.dumps({"times": times, "loads": loads, "rank_bytes": nbytes, "last": last,
-                                      "note": tc.note}), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    report_and_exit(rank, model, {"times": times, "loads": loads, "last": last, "note": tc.note})
 
 
 def titan_rank(a, model, x, out: str, rank: int) -> None:
@@ -247,13 +247,7 @@ def titan_rank(a, model, x, out: str, rank: int) -> None:
         checkpointer.maybe_wait_for_saving()
         times["durable"].append(time.perf_counter() - t0)
     checkpointer.close()
-    nbytes = sum(p.to_local().numel() * 4 * 3 for p in model.parameters())
-    if rank == 0:
-        print("RESULT " + json.dumps({"times": times, "loads": {}, "rank_bytes": nbytes, "last": None}), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    report_and_exit(rank, model, {"times": times, "loads": {}, "last": None})
 
 
 def drop_folder(path: str) -> None:

@@ -11,5 +11,7 @@
                once (a conditional PUT) and then `latest`: S3 has no rename
   object_path.py  an s3:// path as the tier behind a memory copy (Lightning's `.ckpt` in a bucket)
   folder_mirror.py  a local parent's committed folders (DeepSpeed's tags) mirrored in a bucket:
-               uploaded from the committed copy, fetched back into the parent on a node without them
+               uploaded from the committed copy
+  folder_fetch.py  one of those folders fetched back into the parent on every rank, each object
+               checked before it lands
 """

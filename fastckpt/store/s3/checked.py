@@ -1,5 +1,6 @@
 """A checkpoint's record in an object store, read and checked against what is listed there: the
-one check of the S3 store's checkpoints (s3_store.py) and of DCP's on S3 (fastckpt.dcp.on_s3).
+one check of the S3 store's checkpoints (s3_store.py), of DCP's on S3 (fastckpt.dcp.on_s3) and of
+the mirrored folders (folder_mirror.py); and a checkpoint's removal, its record first.
 
 The record is trusted only when every object it names is listed under the checkpoint's prefix, of
 the size it says and with the ETag it says (an object written over after the commit has another);
@@ -30,3 +31,11 @@ def read_checked(bucket: Bucket, folder: S3Place, objects: dict[str, ListedObjec
             raise CorruptCheckpointError(f"{folder.url}: object {f.name} is not the one its commit record names "
                                          f"(ETag {listed.etag}, the record says {f.etag}): it was written over")
     return info
+
+
+def remove_folder(bucket: Bucket, folder: S3Place) -> None:
+    """A checkpoint's objects deleted, its record first (a crash part-way leaves objects no reader
+    takes for a checkpoint, never a record naming objects that are gone)."""
+    record_key = folder.key(commit.COMMIT_NAME)
+    bucket.delete([record_key])
+    bucket.delete([o.key for o in bucket.listing(folder.key("")) if o.key != record_key])

@@ -24,9 +24,9 @@ and no rank starts the next before the turn's collective), rank 0 deletes the ob
 without a record and aborts unfinished multipart uploads under the prefix: a killed process's.
 Retention keeps the newest `keep` recorded folders (0: all), the record deleted first.
 
-Loading (`fetch`): a folder the bucket has and the parent lacks is downloaded into the parent on
-every rank that needs it, each object checked against the record's CRCs before it is renamed into
-place, then its record written there: a local folder as the framework wrote it, committed.
+Loading (`fetch`, folder_fetch.py): a folder the bucket has and the parent lacks is downloaded into
+the parent on every rank that needs it, each object checked against the record's CRCs before it is
+renamed into place, then its record written there: a local folder as the framework wrote it, committed.
 """
 from __future__ import annotations
 
@@ -34,10 +34,8 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from typing import Callable, Optional
 
 from ...commit import record as commit
@@ -47,13 +45,11 @@ from ...commit.ordered import OrderedCommits
 from ...commit.persist_unit import PersistCommit, Superseded
 from ...commit_info import CommitInfo, FileEntry
 from ...errors import CheckpointWriteError, CorruptCheckpointError
-from ...fsutil import fsync_dir
-from ...machine import read_threads
-from ...verify import verify_file
 from ...write.deadline import Deadline
 from ..tier_copy import upload_part
-from .checked import read_checked
-from .client import GET_BYTES, UPLOAD_CONCURRENCY, bucket_for
+from .checked import read_checked, remove_folder
+from .folder_fetch import fetch_folder, holds_file
+from .client import UPLOAD_CONCURRENCY, bucket_for
 from .place import S3Place
 
 log = logging.getLogger("fastckpt")
@@ -190,7 +186,7 @@ class FolderMirror:
             newer = self._queued[-1] is not unit
             if not newer and not unit.skip:
                 self._busy.add(name)
-        ok = not newer and not unit.skip and all(_has(unit.info.path, f) for f in unit.info.files
+        ok = not newer and not unit.skip and all(holds_file(unit.info.path, f) for f in unit.info.files
                                                  if f.rank == self._agree.rank)
         if not self._agree.all_ok(ok, background=True):
             with self._lock:
@@ -336,100 +332,11 @@ class FolderMirror:
     def remove(self, name: str) -> None:
         """A folder's objects deleted, its record first (a crash part-way leaves objects no reader
         takes for a folder, never a record naming objects that are gone)."""
-        record_key = self.where.key(name, commit.COMMIT_NAME)
         self._whole.discard(name)
-        self.bucket.delete([record_key])
-        self.bucket.delete([o.key for o in self.bucket.listing(self.where.key(name) + "/") if o.key != record_key])
+        remove_folder(self.bucket, S3Place(self.where.bucket, self.where.key(name)))
 
     def fetch(self, info: CommitInfo, parent: str) -> str:
         """The bucket's folder `info` (from committed()) made a committed local folder of parent, on
-        every rank at one call (the caller's thread); its local path. Every rank or none:
-        CorruptCheckpointError naming what failed (an object missing or damaged: its URL; a newer
-        folder of that name committed here, which is never replaced)."""
-        agree = self._agree  # its collectives may wait as long as the slowest rank's downloads
-        name = os.path.basename(info.path)
-        folder = os.path.join(parent, name)
-        local = dataclasses.replace(info, path=folder)
-
-        def step(work: Callable[[], None]) -> None:
-            why = ""
-            try:
-                work()
-            except (OSError, CorruptCheckpointError) as e:
-                why = str(e)
-            if not agree.all_ok(not why):
-                raise CorruptCheckpointError(why or f"{info.path} could not be fetched on another rank; "
-                                                    "see its error there")
-
-        def clear() -> None:  # an older folder of the same name, on this node's disk: moved away whole
-            here = _counter_of(folder)
-            if here is not None and here > info.counter:
-                raise CorruptCheckpointError(f"{folder} holds a newer committed {name!r} than {info.path}: "
-                                             "not replaced by the bucket's")
-            if here == info.counter and all(_has(folder, f) for f in info.files):
-                return
-            aside = os.path.join(parent, f".{name}.fastckpt-stale-{uuid.uuid4().hex}")
-            try:
-                os.rename(folder, aside)
-            except FileNotFoundError:
-                return
-            shutil.rmtree(aside, ignore_errors=True)
-
-        def share() -> None:  # on a shared disk each rank fetches its share
-            os.makedirs(folder, exist_ok=True)
-            for i, entry in enumerate(info.files):
-                if i % agree.world_size == agree.rank and not _has(folder, entry):
-                    self._download(info, entry, folder)
-
-        def rest() -> None:  # on a disk of its own a rank fetches what the others put elsewhere
-            for entry in info.files:
-                if not _has(folder, entry):
-                    self._download(info, entry, folder)
-            fsync_dir(folder)
-            commit.write(local)
-
-        os.makedirs(parent, exist_ok=True)
-        step(clear)
-        step(share)
-        step(rest)
-        return folder
-
-    def _download(self, info: CommitInfo, entry: FileEntry, folder: str) -> None:
-        """One object into folder: downloaded beside its name, every CRC checked, made durable,
-        renamed into place; CorruptCheckpointError names the object."""
-        url = f"{info.path}/{entry.name}"
-        tmp = os.path.join(folder, f".{entry.name}.fastckpt-fetch-{os.getpid()}.tmp")
-        try:
-            self.bucket.download(self.where.key_of(url), tmp, entry.bytes, GET_BYTES, read_threads())
-            try:
-                verify_file(tmp, entry)
-            except CorruptCheckpointError as e:
-                raise CorruptCheckpointError(str(e).replace(tmp, url)) from None
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, os.path.join(folder, entry.name))
-        except FileNotFoundError as e:
-            raise CorruptCheckpointError(f"{url}: missing from the bucket ({e})") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-def _has(folder: str, entry: FileEntry) -> bool:
-    """folder holds entry's file with its size."""
-    try:
-        return os.path.getsize(os.path.join(folder, entry.name)) == entry.bytes
-    except OSError:
-        return False
-
-
-def _counter_of(folder: str) -> Optional[int]:
-    """The counter of folder's commit record (None: no readable record)."""
-    try:
-        return commit.read(folder, None, size_of=None, every_rank=False).counter
-    except (OSError, CorruptCheckpointError):
-        return None
-
+        every rank at one call (the caller's thread; folder_fetch.py); its local path. Its collectives
+        may wait as long as the slowest rank's downloads: the mirror's own agreement."""
+        return fetch_folder(self.bucket, self.where, self._agree, info, parent)

@@ -43,7 +43,7 @@ from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
 from ..root_store import DIR_RE, EXT, LATEST, dir_name
 from ..tier_copy import upload_part
-from .checked import read_checked
+from .checked import read_checked, remove_folder
 from .client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
@@ -311,10 +311,7 @@ class S3Store(Store):
     def remove(self, url: str) -> None:
         """A checkpoint's objects deleted, its record first (a crash part-way leaves objects no
         reader takes for a checkpoint, never a record naming objects that are gone)."""
-        base = self._dir_key(url)
-        record_key = base + "/" + commit.COMMIT_NAME
-        self.bucket.delete([record_key])
-        self.bucket.delete([k for k in self._objects(os.path.basename(url)) if k != record_key])
+        remove_folder(self.bucket, S3Place(self.where.bucket, self._dir_key(url)))
 
     def retain(self, keep: int, in_flight: set) -> None:
         """Committed checkpoints beyond the newest `keep`, dead partial ones older than the newest,
