@@ -94,8 +94,7 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
     if "data.pkl" not in idx.entries:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
     order = idx.ordered()
-    use_mmap = True if mmap is None else mmap
-    data, crcs = read_records(path, [(e.data_off, e.size) for e in order], verify, use_mmap, threads)
+    data, crcs = read_records(path, [(e.data_off, e.size) for e in order], verify, mmap, threads)
     bufs = {e.name[len(idx.prefix):]: b for e, b in zip(order, data)}
     if verify:
         check_crcs(path, idx, order, crcs)

@@ -9,6 +9,7 @@
 #include "fastckpt/crc.h"
 #include "fastckpt/engine.h"
 #include "fastckpt/file_io.h"
+#include "fastckpt/io_memory.h"
 #include "fastckpt/memory_file_sink.h"
 #include "fastckpt/memory_maps.h"
 #include "fastckpt/pmem_pool.h"
@@ -109,6 +110,7 @@ PYBIND11_MODULE(_native, m) {
     py::gil_scoped_release nogil;
     return read_ranges(path, rr, threads, split_bytes, with_crc);
   });
+  m.def("file_mostly_cached", &file_mostly_cached, py::arg("path"), py::call_guard<py::gil_scoped_release>());
   m.def("crc_ranges", [](const std::vector<std::pair<uintptr_t, uint64_t>>& ranges, size_t threads,
                          uint64_t split_bytes) {
     py::gil_scoped_release nogil;
@@ -123,6 +125,14 @@ PYBIND11_MODULE(_native, m) {
       .value("Direct", Source::Direct)
       .value("External", Source::External);
 
+  // memory O_DIRECT moves fastest (io_memory.h), as a writable buffer: torch.frombuffer keeps it alive
+  py::class_<IoMemory>(m, "IoMemory", py::buffer_protocol())
+      .def(py::init<size_t>(), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>())
+      .def_buffer([](IoMemory& mem) {
+        return py::buffer_info(mem.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(mem.size())}, {1});
+      })
+      .def_property_readonly("address", [](const IoMemory& mem) { return reinterpret_cast<uintptr_t>(mem.data()); });
   py::class_<PmemPool, std::shared_ptr<PmemPool>>(m, "PmemPool", py::buffer_protocol())
       .def(py::init<const std::string&, uint64_t, bool, int>(), py::arg("path"), py::arg("size"),
            py::arg("create"), py::arg("force") = -1, py::call_guard<py::gil_scoped_release>())

@@ -21,6 +21,7 @@
 #endif
 
 #include "fastckpt/file_io.h"
+#include "fastckpt/stream_copy.h"
 
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03
@@ -84,16 +85,7 @@ void copy_nontemporal(uint8_t* dst, const uint8_t* src, uint64_t n) {
   flusher().fn(dst, head);
   dst += head, src += head, n -= head;
   uint64_t body = n & ~uint64_t(63);
-  for (uint64_t i = 0; i < body; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
+  stream_blocks(dst, src, body);
   std::memcpy(dst + body, src + body, n - body);
   flusher().fn(dst + body, n - body);
 }

@@ -1,20 +1,90 @@
-// reader.cc — the definitions of reader.h: ranges cut into parts that a few threads take in turn.
+// reader.cc — the definitions of reader.h: ranges cut into parts that a few threads take in turn,
+// a cold part read around the page cache.
 #include "fastckpt/reader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "fastckpt/crc.h"
 #include "fastckpt/file_io.h"
+#include "fastckpt/io_memory.h"
+#include "fastckpt/stream_copy.h"
 
 namespace fastckpt {
+
+namespace {
+
+// A cold read goes around the page cache: O_DIRECT into a bounce buffer of this size (one read
+// puts many requests in flight at once), each block of it CRC'd and then copied out while it is
+// in this core's cache. Through the page cache the same bytes cost a page allocated and a kernel
+// copy per 4 KiB on top: on this project's VM (2 cores) a cold 1 GiB read into a caller's
+// tensors took 0.73-0.81 s that way, against an O_DIRECT read's 0.33 s.
+constexpr uint64_t kBounce = uint64_t{32} << 20;
+constexpr uint64_t kBlock = uint64_t{256} << 10;
+// Parts smaller than this are read through the page cache (a bounce buffer's cost is not repaid).
+constexpr uint64_t kDirectFrom = uint64_t{4} << 20;
+// Threads that read directly, each with its own bounce buffer: while one waits for the disk the
+// others CRC and copy.
+constexpr size_t kDirectThreads = 4;
+
+// Whether at least half of the file's bytes [off, off + len) are in the page cache (a direct
+// read would fetch them from the disk again; a read through the cache copies them from memory).
+bool mostly_cached(int fd, uint64_t off, uint64_t len) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t lo = off / page * page, n = off + len - lo;
+  void* map = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(lo));
+  if (map == MAP_FAILED) return true;
+  std::vector<unsigned char> resident((n + page - 1) / page);
+  size_t in = resident.size();
+  if (::mincore(map, n, resident.data()) == 0) {
+    in = 0;
+    for (unsigned char r : resident) in += r & 1;
+  }
+  ::munmap(map, n);
+  return in * 2 >= resident.size();
+}
+
+// Bytes [off, off + len) of a file opened with O_DIRECT (off aligned to kAlign) into dst through
+// the bounce buffer; returns their CRC-32 (0 without with_crc).
+uint32_t read_direct(int dfd, uint8_t* bounce, uint8_t* dst, uint64_t off, uint64_t len, bool with_crc,
+                     const std::string& path) {
+  uint32_t crc = 0;
+  for (uint64_t o = 0; o < len; o += kBounce) {
+    const uint64_t n = std::min(kBounce, len - o), want = round_up(n, kAlign);
+    uint64_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(dfd, bounce + got, want - got, static_cast<off_t>(off + o + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw_io("read (O_DIRECT)", path, off + o + got, errno);
+      if (r == 0 || (static_cast<uint64_t>(r) % kAlign != 0 && got + r < n))
+        throw IoError("read failed on '" + path + "' at offset " + std::to_string(off + o + got) +
+                          ": the file ends before the range does",
+                      EIO);
+      got += static_cast<uint64_t>(r);
+    }
+    for (uint64_t b = 0; b < n; b += kBlock) {
+      const uint64_t k = std::min(kBlock, n - b);
+      if (with_crc) crc = crc32_update(crc, bounce + b, k);
+      if (k >= kStreamFrom)
+        copy_streaming(dst + o + b, bounce + b, k);
+      else
+        std::memcpy(dst + o + b, bounce + b, k);
+    }
+  }
+  return crc;
+}
+
+}  // namespace
 
 std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<ReadRange>& ranges,
                                   size_t threads, uint64_t split_bytes, bool with_crc) {
@@ -26,25 +96,46 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
   struct Part {
     size_t range;
     uint64_t off, len;
+    bool direct;
   };
   std::vector<Part> parts;
   for (size_t r = 0; r < ranges.size(); ++r)
     for (uint64_t o = 0; o < ranges[r].len || (o == 0 && ranges[r].len == 0); o += split_bytes) {
-      parts.push_back({r, o, std::min(split_bytes, ranges[r].len - o)});
+      parts.push_back({r, o, std::min(split_bytes, ranges[r].len - o), false});
       if (ranges[r].len == 0) break;
     }
+  // the parts read around the page cache: large, aligned, and not already cached
+  int dfd = -1;
+#ifdef O_DIRECT
+  for (Part& p : parts) {
+    const uint64_t at = ranges[p.range].file_off + p.off;
+    p.direct = p.len >= kDirectFrom && at % kAlign == 0 && !mostly_cached(fd, at, p.len);
+    if (p.direct && dfd < 0) dfd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (dfd < 0) p.direct = false;  // refused here (EINVAL on tmpfs and many FUSE filesystems)
+  }
+#endif
+  const bool any_direct = dfd >= 0;
+  uint64_t bounce_bytes = 0;  // one per reading thread, as large as the largest direct part needs
+  for (const Part& p : parts)
+    if (p.direct) bounce_bytes = std::max(bounce_bytes, std::min(kBounce, round_up(p.len, kAlign)));
   std::vector<uint32_t> part_crc(parts.size(), 0);
   std::string error;
   std::mutex mu;
   std::atomic<size_t> next{0};
   auto work = [&](int own) {
+    std::unique_ptr<IoMemory> bounce;
     for (size_t i = next++; i < parts.size(); i = next++) {
       const Part& p = parts[i];
       const ReadRange& rr = ranges[p.range];
-      void* dst = reinterpret_cast<void*>(rr.dst + p.off);
+      uint8_t* dst = reinterpret_cast<uint8_t*>(rr.dst + p.off);
       try {
-        pread_full(own, dst, p.len, rr.file_off + p.off, path);
-        if (with_crc) part_crc[i] = crc32_update(0, dst, p.len);
+        if (p.direct) {
+          if (!bounce) bounce = std::make_unique<IoMemory>(bounce_bytes);
+          part_crc[i] = read_direct(dfd, bounce->data(), dst, rr.file_off + p.off, p.len, with_crc, path);
+        } else {
+          pread_full(own, dst, p.len, rr.file_off + p.off, path);
+          if (with_crc) part_crc[i] = crc32_update(0, dst, p.len);
+        }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(mu);
         if (error.empty()) error = e.what();
@@ -60,18 +151,26 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
   };
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   {
-    size_t n = std::max<size_t>(1, std::min(threads, parts.size()));
+    const size_t want = any_direct ? std::min(threads, kDirectThreads) : threads;
+    size_t n = std::max<size_t>(1, std::min(want, parts.size()));
     std::vector<std::thread> pool;
     for (size_t t = 1; t < n; ++t) pool.emplace_back(work_own);
     work(fd);
     for (auto& t : pool) t.join();
   }
+  if (dfd >= 0) ::close(dfd);
   ::close(fd);
   if (!error.empty()) throw IoError(error, EIO);
   std::vector<uint32_t> out(ranges.size(), 0);
   for (size_t i = 0; i < parts.size(); ++i)
     out[parts[i].range] = crc32_concat(out[parts[i].range], part_crc[i], parts[i].len);
   return out;
+}
+
+bool file_mostly_cached(const std::string& path) {
+  UniqueFd fd(open_or_throw(path, O_RDONLY));
+  const off_t size = ::lseek(fd.get(), 0, SEEK_END);
+  return size > 0 && mostly_cached(fd.get(), 0, static_cast<uint64_t>(size));
 }
 
 std::vector<uint32_t> crc_ranges(const std::vector<std::pair<uintptr_t, uint64_t>>& ranges,
@@ -102,11 +201,22 @@ std::vector<uint32_t> crc_ranges(const std::vector<std::pair<uintptr_t, uint64_t
   return out;
 }
 
+namespace {
+// A host copy's destination is read next by a writer's DMA or much later (a snapshot, a loaded
+// state): large pieces are streamed past the cache (stream_copy.h).
+void copy_piece(void* dst, const void* src, size_t n) {
+  if (n >= kStreamFrom)
+    copy_streaming(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+  else
+    std::memcpy(dst, src, n);
+}
+}  // namespace
+
 void copy_parallel(void* dst, const void* src, size_t n, size_t threads) {
   const size_t min_part = size_t(4) << 20;
   size_t k = std::max<size_t>(1, std::min(threads, n / min_part));
   if (k <= 1) {
-    std::memcpy(dst, src, n);
+    copy_piece(dst, src, n);
     return;
   }
   std::vector<std::thread> pool;
@@ -115,7 +225,7 @@ void copy_parallel(void* dst, const void* src, size_t n, size_t threads) {
     size_t off = t * step;
     if (off >= n) break;
     size_t len = std::min(step, n - off);
-    pool.emplace_back([=] { std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, len); });
+    pool.emplace_back([=] { copy_piece(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, len); });
   }
   for (auto& t : pool) t.join();
 }

@@ -7,7 +7,8 @@ from safetensors import safe_open
 
 import fastckpt
 from fastckpt.tools.cli import main as cli_main
-from support.states import assert_same, assert_sharing, state_matrix
+from support.page_cache import drop_cache, memory_filesystem, resident_fraction
+from support.states import assert_same, assert_sharing, flip_byte, state_matrix
 
 
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
@@ -139,3 +140,28 @@ def test_load_modes_and_copy_on_write(tmp_path, fmt, mmap):
     out["big"].add_(1.0)  # a private mapping: the file must not change
     assert_same(state, fastckpt.load(path))
     assert cli_main(["verify", str(path)]) == 0
+
+
+def test_a_verified_load_of_a_cold_file_reads_around_the_page_cache_and_still_checks_every_byte(tmp_path):
+    """A file not in the page cache is read (large records with O_DIRECT into a bounce buffer,
+    CRC'd and copied out) rather than mapped and faulted in: the same state comes back, the
+    file's pages stay out of the cache, and a flipped byte is still caught. A cached file is
+    mapped as before (its records are views of the file's pages)."""
+    g = torch.Generator().manual_seed(5)
+    state = {"big": torch.randn(3 << 20, generator=g), "odd": torch.randn(1001, generator=g), "n": 4}
+    path = tmp_path / "cold.pt"
+    fastckpt.save(state, path)
+    drop_cache(str(path))
+    assert resident_fraction(str(path)) < 0.1
+    out = fastckpt.load(path)
+    assert_same(state, out)
+    if not memory_filesystem(tmp_path):
+        assert resident_fraction(str(path)) < 0.5  # the 12 MiB record went around the cache
+    fastckpt.load(path, verify=False)["big"].sum()  # mapped, faulted in: now cached
+    assert resident_fraction(str(path)) > 0.9
+    warm = fastckpt.load(path)
+    assert_same(state, warm)
+    flip_byte(path)
+    drop_cache(str(path))
+    with pytest.raises(fastckpt.CorruptCheckpointError):
+        fastckpt.load(path)

@@ -496,4 +496,15 @@ BUGS = (
           "    flush_every_job();  // a chunk is freed once its CRC is done too: none may wait behind a copy now\n",
           "    // planted: the held-back CRCs are not handed on\n"),),
         ("tests/native/test_native_core.py",)),
+    Bug("cold-load-faults-a-mapping",
+        "a verified load of a cold file maps it and faults it in through the page cache, as a warm one: the direct "
+        "read around the cache is never used",
+        (("fastckpt/format/reading.py", "        mmap = not verify or _native.file_mostly_cached(path)\n",
+          "        mmap = True  # planted\n"),),
+        ("tests/fastckpt/test_roundtrip.py", "-k", "cold_file")),
+    Bug("direct-read-unchecked",
+        "a range read around the page cache is copied out without its CRC summed: a cold load's check sees zeros",
+        (("native/src/reader.cc", "      if (with_crc) crc = crc32_update(crc, bounce + b, k);\n",
+          "      // planted: no CRC of the bounce buffer\n"),),
+        ("tests/native/test_native_core.py",)),
 )

@@ -1,10 +1,12 @@
 """How much of a file is in the page cache, read with mincore(2): a file written through
-O_DIRECT leaves (almost) none of its data there, a buffered write leaves all of it."""
+O_DIRECT leaves (almost) none of its data there, a buffered write leaves all of it; a file's pages
+dropped from it; and whether a folder is on a filesystem that holds every page in memory."""
 from __future__ import annotations
 
 import ctypes
 import mmap
 import os
+import subprocess
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -33,3 +35,20 @@ def resident_fraction(path: str) -> float:
             _libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+def drop_cache(path: str) -> None:
+    """Evicts a file's pages from the page cache (clean ones go without root: fdatasync first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def memory_filesystem(path) -> str | None:
+    """The kind of filesystem `path` is on where that keeps every page in memory whatever the
+    write (tmpfs, ramfs: before Linux 6.6 it also refuses O_DIRECT), else None."""
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+    return kind if kind in ("tmpfs", "ramfs") else None

@@ -15,7 +15,7 @@ import torch
 
 import fastckpt
 from fastckpt.store import ahead
-from support.page_cache import resident_fraction
+from support.page_cache import memory_filesystem, resident_fraction
 from support.paths import ROOT, python_path
 
 
@@ -23,8 +23,8 @@ from support.paths import ROOT, python_path
 def disk_dir(tmp_path):
     """tmp_path, where it is on a disk filesystem: on tmpfs every page is resident whatever the
     write (and before Linux 6.6 O_DIRECT is refused there), so these checks mean nothing."""
-    kind = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
-    if kind in ("tmpfs", "ramfs"):
+    kind = memory_filesystem(tmp_path)
+    if kind:
         pytest.skip(f"{tmp_path} is on {kind}: its pages stay in memory whatever the write")
     return tmp_path
 
