@@ -49,7 +49,9 @@ class Slot:
         self.taken_here = False  # the thread that staged it took the snapshot (a plain dcp.save)
         self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
         self.refs: list = []  # weak references to them, whose callbacks count them down
-        self.live: list[int] = []  # strategy 'd': the caller's storages the snapshot is
+        self.live: list[int] = []  # strategy 'd' (or copied by the writer): the caller's storages the snapshot is
+        self.writer_copies = False  # 'c' with its writer: the live tensors are copied by the writer's save
+        self.copied_by_writer = False  # ... and that copy is done: the gate lets the optimizer step go
         self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
         self.unwinding = False  # the stager's thread has not yet returned from this snapshot's work
 

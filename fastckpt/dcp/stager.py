@@ -16,10 +16,15 @@ it and writes what it holds. What happens between:
   step (write.watch.Trust), stage() copies everything before it returns. Then, tensors no
   optimizer owns (buffers that the next forward pass changes) are copied at once and the
   optimizers' own are copied on the stager's thread, while training goes on. Strategy 'c':
-  into host buffers (page-locked for CUDA tensors; O_DIRECT-ready); 'g': a CUDA tensor into
-  spare memory of its device; 'd': not copied, the snapshot is the live tensors.
+  into host buffers (page-locked for CUDA tensors; O_DIRECT-ready) — but with its
+  FastStorageWriter and a host state, the optimizers' own are not copied here at all: they are
+  handed on live, and the writer's save copies them as a Checkpointer's 'c' save does (chunk
+  by chunk, its first chunks written while it copies the rest: one copy, and the disk busy
+  from the start); 'g': a CUDA tensor into spare memory of its device; 'd': not copied, the
+  snapshot is the live tensors.
 - The gate. The optimizer step waits for the copies still running (write.gate.StepGate, as
-  every fastckpt front end); with 'd', until the snapshot is written. A tensor written in place
+  every fastckpt front end): the writer's copy of tensors handed on live, and with 'd', until
+  the snapshot is written. A tensor written in place
   by anything else before its copy is a torn snapshot: that save fails (TornSnapshotError).
 - Agreement. Whether a snapshot came out whole is agreed on every rank (commit.agreement,
   on the stager's own groups) before its future resolves, so a failure fails every rank's
@@ -112,6 +117,9 @@ class FastStager(AsyncStager):
         self._gate = StepGate(self._before_update)
         self._gate.install()
         self._closed = False
+        # 'c' with a FastStorageWriter on a host state: the optimizers' tensors are handed on live
+        # and copied by the writer's save (see stage)
+        self._copied_by_writer = writer is not None and config.strategy == "c"
         if writer is not None:
             writer.meet(self)
 
@@ -140,6 +148,7 @@ class FastStager(AsyncStager):
         with self._count_lock:
             slot.seq, slot.alive, slot.refs = seq, 0, []
         slot.error, slot.tensors, slot.taken_here = None, 0, False
+        slot.writer_copies = slot.copied_by_writer = False
         slot.staged_by, slot.taken_by = threading.current_thread(), None
         self.stats["staged"] += 1
         later: list[int] = []
@@ -156,11 +165,16 @@ class FastStager(AsyncStager):
                 if not isinstance(leaf, torch.Tensor) and not isinstance(leaf, IMMUTABLE):
                     staged[i] = copy.deepcopy(leaf)
             self.stats["copied_now"] += len(now)
-            if self.strategy == "d":
+            self.stats["copied_later"] += len(later) if self.strategy != "d" else 0
+            if self.strategy == "d" or (later and self._copied_by_writer and device is None):
+                # 'd': the snapshot is the live tensors until written. 'c' on the host with its
+                # FastStorageWriter: the writer's own save copies them (chunk by chunk, while its
+                # first chunks are already being written), and the gate holds the optimizer step
+                # until that copy is done (writer_copied): one copy, and the disk busy sooner
                 for i in later:
                     staged[i] = self._live_leaf(slot, leaves[i])
+                slot.writer_copies = self.strategy == "c"
                 later = []
-            self.stats["copied_later"] += len(later)
             event = self._after_current_stream(leaves, later)
             now_done = _event_after(now, leaves)  # a CUDA copy made now ('g': device to device) is queued
         except Exception as e:  # noqa: BLE001 - agreed below, raised by every rank's save
@@ -182,6 +196,18 @@ class FastStager(AsyncStager):
             return None
         address = st.local_tensor(t).untyped_storage().data_ptr()
         return next((s for s in self._slots.every() if s.holds(address)), None)
+
+    def writer_copied(self, slot: Slot, seq: int) -> None:
+        """The writer's save has copied the live tensors of snapshot `seq` (staged in `slot`): whether
+        one was written in place before is decided now, while the gate still holds the optimizer
+        step (else the gate's own settle decides it, before the step), and the gate lets it go."""
+        if not any(s is slot for s in self._slots.every()):
+            return  # another stager's
+        slot.torn()
+        with self._cond:
+            if slot.busy and slot.seq == seq:
+                slot.copied_by_writer = True
+            self._cond.notify_all()
 
     def synchronize_staging(self) -> None:
         """Waits until no copy reads the caller's tensors (what the gate waits for)."""
@@ -361,13 +387,14 @@ class FastStager(AsyncStager):
         if s.alive > 0:  # still referenced (a failed save's traceback): left to the garbage collector
             s.buffers.forget()
             s.buffers = SnapshotBuffers(device_copy=self.strategy == "g")
-        if s.live:  # 'd': the snapshot was the caller's tensors until now
-            torn = s.torn()
+        if s.live:  # 'd' (or copied by the writer): the snapshot was the caller's tensors until now
+            torn = s.torn()  # decided once: for a snapshot the writer copied, when its copy was done
             if torn and s.error is None:  # FastStorageWriter refused it already; another writer cannot
-                log.error("fastckpt: %s was written in place while async_save() was writing it (strategy 'd'); "
+                log.error("fastckpt: %s was written in place while async_save() was saving it; "
                           "unless FastStorageWriter refused that save, it may mix two states", torn)
         s.to(SlotState.FREE)
         s.taken_by, s.staged_by, s.watch, s.live, s.refs = None, None, None, [], []
+        s.writer_copies = s.copied_by_writer = False
         self._slots.give_back(s)
 
     def _take_slot(self, nbytes: int) -> Slot:
@@ -423,11 +450,12 @@ class FastStager(AsyncStager):
 
     # -- the gate -------------------------------------------------------------
     def _before_update(self) -> None:
-        """Before every optimizer step: the copies are done (with 'd': the snapshots are written)."""
+        """Before every optimizer step: the copies are done (with 'd': the snapshots are written; a
+        snapshot the writer copies: its copy is done)."""
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             for s in self._slots.every():
-                while s.busy and not (s.copied and (not s.live or s.finished())):
+                while s.busy and not (s.copied and (not s.live or s.copied_by_writer or s.finished())):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise CheckpointWriteError(f"a snapshot was not copied in {self.timeout_s:.0f} s")

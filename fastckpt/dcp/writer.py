@@ -240,6 +240,7 @@ class FastStorageWriter(StorageWriter):
         file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
         pending = self._named_for(slots).save(file_plan, path, self._this[0])
+        self._tell_when_copied(pending, [s for s in slots if s is not None and s.writer_copies])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
@@ -253,9 +254,9 @@ class FastStorageWriter(StorageWriter):
             deadline.wait(f"{path} of the DCP checkpoint {directory}, persisted", pending.wait_placed)
             pending.raise_placed()
             torn = next((t for t in (s.torn() for s in slots if s is not None and s.live) if t), "")
-            if torn:  # FastStager's 'd': the snapshot was the live tensors until written
-                raise TornSnapshotError(f"{torn} was written in place while it was being written "
-                                        f"(FastStager strategy 'd'); {directory} is not committed")
+            if torn:  # FastStager's 'd', or 'c' copied here: the snapshot was the live tensors until then
+                raise TornSnapshotError(f"{torn} was written in place before this save had copied or written it "
+                                        f"(a FastStager snapshot of the live tensors); {directory} is not committed")
             f = info.files[0]
             etag = ""
             if remote is not None:  # durable here: uploaded, then the spooled file is not needed
@@ -327,12 +328,36 @@ class FastStorageWriter(StorageWriter):
 
     def _named_for(self, slots: set) -> NamedCheckpoints:
         """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
-        'd': its buffers are private and page-aligned, a second copy would only cost time."""
-        if self.config.strategy == "d" or not slots or None in slots:
+        'd': its buffers are private and page-aligned, a second copy would only cost time. One
+        that holds live tensors for this writer to copy (FastStager 'c' on the host) is written
+        with the writer's own strategy."""
+        if (self.config.strategy == "d" or not slots or None in slots
+                or any(s.writer_copies for s in slots)):
             return self.named
         if self._direct is None:
             self._direct = NamedCheckpoints(dataclasses.replace(self.config, strategy="d"))
         return self._direct
+
+    def _tell_when_copied(self, pending, slots: list) -> None:
+        """Once this save has copied the live tensors of those FastStager snapshots, their stagers'
+        gates let the optimizer step go. A save that fails first tells nobody: the gate then
+        waits until the save is over, as for a snapshot written in place."""
+        if not slots:
+            return
+        owed = [(slot, slot.seq) for slot in slots]
+        stagers = [ref() for ref in self._stagers]
+
+        def tell() -> None:
+            try:
+                pending.wait_copied()
+            except BaseException:  # noqa: BLE001 - the save's own error reaches DCP through write_data
+                return
+            for slot, seq in owed:
+                for stager in stagers:
+                    if stager is not None:
+                        stager.writer_copied(slot, seq)  # the one that owns the slot takes it
+
+        threading.Thread(target=tell, name="fastckpt-dcp-copied", daemon=True).start()
 
     def _sweep(self) -> None:
         """Saves cut short (killed) pile up beside the committed ones: each save removes those of

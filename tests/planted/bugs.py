@@ -507,4 +507,10 @@ BUGS = (
         (("native/src/reader.cc", "      if (with_crc) crc = crc32_update(crc, bounce + b, k);\n",
           "      // planted: no CRC of the bounce buffer\n"),),
         ("tests/native/test_native_core.py",)),
+    Bug("dcp-gate-before-writer-copy",
+        "FastStager 'c' hands the optimizer's tensors to its writer live, and the gate lets the optimizer step go "
+        "as soon as they are handed on, before the writer has copied them: the checkpoint holds the step after",
+        (("fastckpt/dcp/stager.py", "(not s.live or s.copied_by_writer or s.finished())",
+          "(not s.live or s.writer_copies or s.finished())  # planted"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "returns_before_the_copy")),
 )

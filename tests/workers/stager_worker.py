@@ -9,7 +9,8 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          as skip, with policy 'wait' and commit_timeout_s 3: rank 1 waits 3 s for a slot in vain;
          the save is refused on *both* ranks ("refused"), then the next one commits ("saved 3").
        stager_worker.py fail CKPT
-         rank 1's background copy of the third save fails (an injected error); that save fails on
+         rank 1's background copy of the third save fails (an injected error: the stager's own
+         thread copies, it is not given the writer); that save fails on
          both ranks, before DCP's collectives ("failed <error type>"), nothing of it is committed,
          and the next save commits ("saved N").
 """
@@ -35,8 +36,10 @@ def main() -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     group = dist.new_group(backend="gloo")
     writer = FastStorageWriter(ckpt, chunk_mb=1)
-    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait", writer=writer,
-                        commit_timeout_s=3 if mode == "wait" else 600)
+    # 'fail': a stager not given the writer, so that its own thread copies the optimizer's tensors
+    # (one given its writer on the host hands them to the writer's save, which copies them)
+    stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
+                        writer=writer if mode != "fail" else None, commit_timeout_s=3 if mode == "wait" else 600)
 
     def step(n: int) -> None:
         model(torch.full((4, 32), float(n))).sum().backward()
