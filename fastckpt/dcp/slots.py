@@ -37,9 +37,9 @@ class SlotState(enum.IntEnum):
 class Slot:
     """One snapshot's place: its buffers, its state, and what its snapshot needs to know."""
 
-    def __init__(self, stager, index: int):
+    def __init__(self, buffers: SnapshotBuffers, index: int):
         self.index = index
-        self.buffers = SnapshotBuffers(device_copy=stager.strategy == "g")
+        self.buffers = buffers
         self.state = SlotState.FREE
         self.seq = -1
         self.error: Optional[BaseException] = None

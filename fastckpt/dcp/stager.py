@@ -100,13 +100,18 @@ class FastStager(AsyncStager):
         self.config = config
         self.strategy, self.concurrency, self.policy = config.strategy, config.concurrency, config.policy
         self.timeout_s = config.commit_timeout_s
+        # 'c' with a FastStorageWriter on a host state: the optimizers' tensors are handed on live
+        # and copied by the writer's save (see stage)
+        self._copied_by_writer = writer is not None and config.strategy == "c"
+        self._written_from_buffers = writer is not None and not self._copied_by_writer
         self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
         # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
         self._agree: Agreement = make_agreement(2 * self.timeout_s)
         # at most `concurrency` snapshots at once, as the Checkpointer's checkpoints (write.concurrency);
         # a slot is given back once its save is done with it, which is polled: a save thread's end
         # and the last reference to a snapshot going notify nobody
-        self._slots: ConcurrencySlots[Slot] = ConcurrencySlots(config.concurrency, lambda i: Slot(self, i),
+        self._slots: ConcurrencySlots[Slot] = ConcurrencySlots(config.concurrency,
+                                                                lambda i: Slot(self._new_buffers(), i),
                                                                 reclaim=self._reclaim)
         self._cond = self._slots.changed  # also guards the slots' states
         self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
@@ -117,9 +122,6 @@ class FastStager(AsyncStager):
         self._gate = StepGate(self._before_update)
         self._gate.install()
         self._closed = False
-        # 'c' with a FastStorageWriter on a host state: the optimizers' tensors are handed on live
-        # and copied by the writer's save (see stage)
-        self._copied_by_writer = writer is not None and config.strategy == "c"
         if writer is not None:
             writer.meet(self)
 
@@ -196,6 +198,18 @@ class FastStager(AsyncStager):
             return None
         address = st.local_tensor(t).untyped_storage().data_ptr()
         return next((s for s in self._slots.every() if s.holds(address)), None)
+
+    def _new_buffers(self) -> SnapshotBuffers:
+        """A slot's buffers: in memory O_DIRECT moves fastest where the writer writes every staged
+        snapshot from them ('g' given its writer); else plain memory, faulted in sooner (with 'c'
+        given its writer they are written from only until the run has earned trust)."""
+        return SnapshotBuffers(device_copy=self.strategy == "g", direct_io=self._written_from_buffers)
+
+    @property
+    def hands_on_live(self) -> bool:
+        """Whether, once trusted, this stager hands the optimizer's host tensors to its writer live
+        (strategy 'c' with its FastStorageWriter): that writer's own staging will copy them."""
+        return self._copied_by_writer
 
     def writer_copied(self, slot: Slot, seq: int) -> None:
         """The writer's save has copied the live tensors of snapshot `seq` (staged in `slot`): whether
@@ -386,7 +400,7 @@ class FastStager(AsyncStager):
             return
         if s.alive > 0:  # still referenced (a failed save's traceback): left to the garbage collector
             s.buffers.forget()
-            s.buffers = SnapshotBuffers(device_copy=self.strategy == "g")
+            s.buffers = self._new_buffers()
         if s.live:  # 'd' (or copied by the writer): the snapshot was the caller's tensors until now
             torn = s.torn()  # decided once: for a snapshot the writer copied, when its copy was done
             if torn and s.error is None:  # FastStorageWriter refused it already; another writer cannot

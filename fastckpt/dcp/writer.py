@@ -239,7 +239,13 @@ class FastStorageWriter(StorageWriter):
             items.append(item)
         file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
-        pending = self._named_for(slots).save(file_plan, path, self._this[0])
+        named = self._named_for(slots)
+        if named is not self.named and any(ref() is not None and ref().hands_on_live for ref in self._stagers):
+            # the stager copied everything itself this time (its run has not yet earned trust); its
+            # next saves hand the optimizer's tensors on live, to be copied into this writer's own
+            # staging: grown in the background now, not on the training thread's gate then
+            self.named.checkpointer.reserve(file_plan.file_size)
+        pending = named.save(file_plan, path, self._this[0])
         self._tell_when_copied(pending, [s for s in slots if s is not None and s.writer_copies])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))

@@ -369,10 +369,9 @@ def test_an_agreement_that_fails_fails_that_save_and_hangs_nothing(tmp_path, mon
 
 
 def test_a_slot_moves_one_way_and_back_to_free():
-    from types import SimpleNamespace
-
     from fastckpt.dcp.slots import Slot, SlotState as S
-    slot = Slot(SimpleNamespace(strategy="c"), 0)
+    from fastckpt.write.snapshot_buffers import SnapshotBuffers
+    slot = Slot(SnapshotBuffers(device_copy=False), 0)
     with pytest.raises(RuntimeError, match="from FREE to COPIED"):
         slot.to(S.COPIED)
     for state in (S.STAGING, S.COPIED, S.COPIED, S.DELIVERED):
