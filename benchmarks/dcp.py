@@ -4,8 +4,10 @@
     python benchmarks/dcp.py --device cuda --ranks 1     # on a lent GPU (contenders marked gpu)
 
 A model under fully_shard on RANKS processes, its parameters and AdamW state about GIB in all,
-trains one step, then each contender saves it after each of SAVES further steps (a fresh
-directory per save, the previous save finished first), on a gloo group of its own:
+trains one step, then each contender saves it after each of WARMUP_SAVES + SAVES further steps
+(a fresh directory per save, the previous save finished first; the first WARMUP_SAVES of each
+process are not counted: every contender allocates its staging and starts its threads there), on
+a gloo group of its own:
   dcp.save            DCP's FileSystemWriter, synchronous (it fsyncs every file)
   dcp.async_save      DCP's FileSystemWriter with DCP's DefaultStager (asynchronous staging)
   fastckpt            FastStorageWriter with FastStager
@@ -272,14 +274,17 @@ def ranks(a, contender: str, dirname: str) -> dict:
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-of", contender, "--dir", dirname,
-                                       "--gib", str(a.gib), "--saves", str(a.saves), "--device", a.device,
+                                       "--gib", str(a.gib), "--saves", str(a.warmup_saves + a.saves),
+                                       "--device", a.device,
                                        "--width", str(a.width)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     for p, out in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"{contender}: a rank exited with {p.returncode}:\n{out[-3000:]}")
-    return json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
+    res = json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
+    res["times"] = {k: v[a.warmup_saves:] for k, v in res["times"].items()}  # each process's first saves warm up
+    return res
 
 
 def resharded_load(path: str) -> float:
@@ -303,7 +308,10 @@ def main() -> None:
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--saves", type=int, default=4,
-                   help="saves per run and contender, their median counts (FastStager copies its first at once)")
+                   help="saves per run and contender after the warm-up ones, their median counts")
+    p.add_argument("--warmup-saves", type=int, default=2,
+                   help="each contender's first saves in each run's processes, not counted: staging allocated, "
+                        "threads started (and FastStager's run earning trust: it copies its first save at once)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--width", type=int, default=4096, help="the model's square layers (GIB decides how many)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -349,6 +357,7 @@ def main() -> None:
         print(f"  run {run}/{a.runs} done{' (warm-up)' if run == 0 else ''}", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     res = {"gib": a.gib, "bytes": total, "titan": not a.no_titan, "ranks": a.ranks, "device": a.device, "runs": a.runs, "saves": a.saves,
+           "warmup_saves": a.warmup_saves,
            "median_s": med, "all_s": rows, "notes": notes}
     text = table(res)
     print(text)
@@ -359,7 +368,8 @@ def table(res: dict) -> str:
     m, gb = res["median_s"], res["bytes"] / 1e9
     gpu = " (gpu)" if res["device"] == "cuda" else ""
     lines = [f"### DCP under FSDP2{gpu}: {res['ranks']} ranks, {res['bytes'] / 2**30:.2f} GiB of parameters and AdamW "
-             f"state; medians of {res['runs']} runs (each the median of {res['saves']} saves)", "",
+             f"state; medians of {res['runs']} runs (each the median of {res['saves']} saves, after "
+             f"{res.get('warmup_saves', 0)} warm-up saves of each process)", "",
              "| contender | blocked (s) | until durable (s) | GB/s durable | ratios |", "|---|---:|---:|---:|---|"]
     lines.append(f"| O_DIRECT write + fdatasync of the same bytes (bound) | | {m['odirect_write']:.3f} | "
                  f"{gb / m['odirect_write']:.2f} | |")
