@@ -152,8 +152,9 @@ def load(path: str | os.PathLike, map_location=None, verify: bool = True, weight
     """Reads a checkpoint file (fastckpt's or torch.save's or a safetensors file).
 
     By default CPU tensors are views of a private, copy-on-write mapping of the file (as with
-    torch.load(mmap=True)); with verify=True every byte has been read and checked on return.
-    mmap=False copies into anonymous memory instead.
+    torch.load(mmap=True)); with verify=True every byte has been read and checked on return, and
+    a torch-format file mostly not in the page cache is read instead of mapped (O_DIRECT, around
+    the cache; mmap=True maps it anyway). mmap=False copies into anonymous memory instead.
     """
     return load_file(os.fspath(path), map_location=map_location, verify=verify,
                      weights_only=weights_only, mmap=mmap)

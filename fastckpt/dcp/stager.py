@@ -75,9 +75,10 @@ IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device
 class FastStager(AsyncStager):
     """Args:
         writer: the FastStorageWriter that writes this stager's snapshots. Given, it writes a
-            staged snapshot straight from its buffers (no second copy) and refuses a 'd'
-            snapshot written in place (required with 'd'); without it, any StorageWriter
-            writes the snapshot as a plain state dict.
+            staged snapshot straight from its buffers (no second copy), copies the optimizer's
+            tensors itself with 'c' on a host state (handed on live, once the run earned trust),
+            and refuses a snapshot written in place before it copied or wrote it (required with
+            'd'); without it, any StorageWriter writes the snapshot as a plain state dict.
         settings: the Checkpointer's settings (or keywords): strategy ('c', 'g', 'd'),
             concurrency (snapshots staged or being written at once), policy ('wait', 'skip'),
             staging_mb (the slots' memory, None: concurrency snapshots' worth) and
@@ -104,7 +105,10 @@ class FastStager(AsyncStager):
         # and copied by the writer's save (see stage)
         self._copied_by_writer = writer is not None and config.strategy == "c"
         self._written_from_buffers = writer is not None and not self._copied_by_writer
-        self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0}
+        # handed_on: snapshots whose optimizer tensors went to the writer live; copied_by_writer: of
+        # those, the ones whose copy the writer reported done (the gate let the step go then)
+        self.stats = {"staged": 0, "copied_now": 0, "copied_later": 0, "skipped": 0, "failed": 0,
+                      "handed_on": 0, "copied_by_writer": 0}
         # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
         self._agree: Agreement = make_agreement(2 * self.timeout_s)
         # at most `concurrency` snapshots at once, as the Checkpointer's checkpoints (write.concurrency);
@@ -175,7 +179,8 @@ class FastStager(AsyncStager):
                 # until that copy is done (writer_copied): one copy, and the disk busy sooner
                 for i in later:
                     staged[i] = self._live_leaf(slot, leaves[i])
-                slot.writer_copies = self.strategy == "c"
+                slot.writer_copies = self.strategy == "c" and bool(later)
+                self.stats["handed_on"] += slot.writer_copies
                 later = []
             event = self._after_current_stream(leaves, later)
             now_done = _event_after(now, leaves)  # a CUDA copy made now ('g': device to device) is queued
@@ -197,7 +202,13 @@ class FastStager(AsyncStager):
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return None
         address = st.local_tensor(t).untyped_storage().data_ptr()
-        return next((s for s in self._slots.every() if s.holds(address)), None)
+        holders = [s for s in self._slots.every() if s.holds(address)]
+        # snapshots handed on live hold the same tensors: the one this save's thread took (DCP writes
+        # on the thread that took the snapshot), else one still in use (a finished one stays busy
+        # until its slot is taken again)
+        me = threading.current_thread()
+        return next((s for s in holders if s.taken_by is me), None) or \
+            next((s for s in holders if not s.finished()), None) or (holders[0] if holders else None)
 
     def _new_buffers(self) -> SnapshotBuffers:
         """A slot's buffers: in memory O_DIRECT moves fastest where the writer writes every staged
@@ -217,10 +228,12 @@ class FastStager(AsyncStager):
         step (else the gate's own settle decides it, before the step), and the gate lets it go."""
         if not any(s is slot for s in self._slots.every()):
             return  # another stager's
-        slot.torn()
         with self._cond:
-            if slot.busy and slot.seq == seq:
-                slot.copied_by_writer = True
+            if not (slot.busy and slot.seq == seq and slot.writer_copies) or slot.copied_by_writer:
+                return  # that snapshot is gone (its slot taken again), or was credited already
+            slot.torn()
+            slot.copied_by_writer = True
+            self.stats["copied_by_writer"] += 1
             self._cond.notify_all()
 
     def synchronize_staging(self) -> None:

@@ -128,7 +128,8 @@ class FastStorageWriter(StorageWriter):
         self._stagers: list = []  # the FastStagers given this writer (FastStager(writer=...)), weakly
 
     def meet(self, stager) -> None:
-        """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers."""
+        """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers,
+        or (its tensors handed on live) copied here, the stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
 
     def _snapshot_of(self, t: torch.Tensor):
@@ -240,7 +241,8 @@ class FastStorageWriter(StorageWriter):
         file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
         named = self._named_for(slots)
-        if named is not self.named and any(ref() is not None and ref().hands_on_live for ref in self._stagers):
+        if (named is not self.named and file_plan.devices() <= {"cpu"}
+                and any(ref() is not None and ref().hands_on_live for ref in self._stagers)):
             # the stager copied everything itself this time (its run has not yet earned trust); its
             # next saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then

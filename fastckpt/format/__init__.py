@@ -53,7 +53,9 @@ def sniff(path: str, at: int | None = None) -> str:
 
 def load_file(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
               expect_crc: int | None = None, mmap: bool | None = None):
-    """mmap=None/True: tensors are views of a private (copy-on-write) mapping of the file.
+    """mmap=True: tensors are views of a private (copy-on-write) mapping of the file; mmap=None
+    too, but a verified load of a torch-format file mostly not in the page cache reads it instead
+    (fastckpt.format.reading.read_records); mmap=False: copies into anonymous memory.
     A file of a GiB or more shows a progress bar on a terminal (fastckpt.progress)."""
     fmt = sniff(path)
     with progress.shown(os.path.getsize(path), f"load {os.path.basename(path)}"):

@@ -60,16 +60,27 @@ def file_bytes(path: str, at: int | None = None):
         os.close(fd)
 
 
+def _fits_in_memory(path: str) -> bool:
+    """Whether a file's bytes fit in half the memory available now: a cold file that does not is
+    mapped (its pages the kernel may evict and read again), not read into anonymous memory."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return True
+    return os.path.getsize(path) <= available // 2
+
+
 def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bool | None = True,
                  threads: int | None = None) -> tuple[list[torch.Tensor], list[int]]:
     """spans: (file offset, length) per record -> (uint8 tensors, CRC-32s or zeros). threads:
     reads in flight (default: fastckpt.machine.read_threads()). mmap=None: the file is mapped
     unless every byte is to be checked (verify) and most of it is not in the page cache: a cold
     file is read instead, around the cache, which on this project's VM took 0.40-0.48 s for
-    1 GiB against 0.44-0.77 s for faulting a mapping of it in."""
+    1 GiB against 0.44-0.77 s for faulting a mapping of it in (one larger than half the memory
+    available stays mapped)."""
     threads = threads or read_threads()
     if mmap is None:
-        mmap = not verify or _native.file_mostly_cached(path)
+        mmap = not verify or _native.file_mostly_cached(path) or not _fits_in_memory(path)
     if mmap and any(n for _, n in spans):
         size = os.path.getsize(path)
         whole = torch.UntypedStorage.from_file(path, False, size)

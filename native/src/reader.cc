@@ -54,8 +54,12 @@ bool mostly_cached(int fd, uint64_t off, uint64_t len) {
   return in * 2 >= resident.size();
 }
 
+// A direct read the kernel refused (EINVAL: a block size above 4 KiB, a filesystem that opens with
+// O_DIRECT but reads without it): the part is read through the page cache instead.
+struct DirectRefused {};
+
 // Bytes [off, off + len) of a file opened with O_DIRECT (off aligned to kAlign) into dst through
-// the bounce buffer; returns their CRC-32 (0 without with_crc).
+// the bounce buffer; returns their CRC-32 (0 without with_crc). Throws DirectRefused.
 uint32_t read_direct(int dfd, uint8_t* bounce, uint8_t* dst, uint64_t off, uint64_t len, bool with_crc,
                      const std::string& path) {
   uint32_t crc = 0;
@@ -65,6 +69,7 @@ uint32_t read_direct(int dfd, uint8_t* bounce, uint8_t* dst, uint64_t off, uint6
     while (got < n) {
       const ssize_t r = ::pread(dfd, bounce + got, want - got, static_cast<off_t>(off + o + got));
       if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && errno == EINVAL) throw DirectRefused{};
       if (r < 0) throw_io("read (O_DIRECT)", path, off + o + got, errno);
       if (r == 0 || (static_cast<uint64_t>(r) % kAlign != 0 && got + r < n))
         throw IoError("read failed on '" + path + "' at offset " + std::to_string(off + o + got) +
@@ -107,11 +112,15 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
   // the parts read around the page cache: large, aligned, and not already cached
   int dfd = -1;
 #ifdef O_DIRECT
+  bool opened = false;  // tried once: refused here (EINVAL on tmpfs and many FUSE filesystems), no part is direct
   for (Part& p : parts) {
     const uint64_t at = ranges[p.range].file_off + p.off;
     p.direct = p.len >= kDirectFrom && at % kAlign == 0 && !mostly_cached(fd, at, p.len);
-    if (p.direct && dfd < 0) dfd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (dfd < 0) p.direct = false;  // refused here (EINVAL on tmpfs and many FUSE filesystems)
+    if (p.direct && !opened) {
+      opened = true;
+      dfd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    }
+    if (dfd < 0) p.direct = false;
   }
 #endif
   const bool any_direct = dfd >= 0;
@@ -129,10 +138,16 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
       const ReadRange& rr = ranges[p.range];
       uint8_t* dst = reinterpret_cast<uint8_t*>(rr.dst + p.off);
       try {
+        bool done = false;
         if (p.direct) {
           if (!bounce) bounce = std::make_unique<IoMemory>(bounce_bytes);
-          part_crc[i] = read_direct(dfd, bounce->data(), dst, rr.file_off + p.off, p.len, with_crc, path);
-        } else {
+          try {
+            part_crc[i] = read_direct(dfd, bounce->data(), dst, rr.file_off + p.off, p.len, with_crc, path);
+            done = true;
+          } catch (const DirectRefused&) {  // read again below, through the page cache
+          }
+        }
+        if (!done) {
           pread_full(own, dst, p.len, rr.file_off + p.off, path);
           if (with_crc) part_crc[i] = crc32_update(0, dst, p.len);
         }

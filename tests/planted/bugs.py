@@ -499,7 +499,8 @@ BUGS = (
     Bug("cold-load-faults-a-mapping",
         "a verified load of a cold file maps it and faults it in through the page cache, as a warm one: the direct "
         "read around the cache is never used",
-        (("fastckpt/format/reading.py", "        mmap = not verify or _native.file_mostly_cached(path)\n",
+        (("fastckpt/format/reading.py",
+          "        mmap = not verify or _native.file_mostly_cached(path) or not _fits_in_memory(path)\n",
           "        mmap = True  # planted\n"),),
         ("tests/fastckpt/test_roundtrip.py", "-k", "cold_file")),
     Bug("direct-read-unchecked",
@@ -513,4 +514,11 @@ BUGS = (
         (("fastckpt/dcp/stager.py", "(not s.live or s.copied_by_writer or s.finished())",
           "(not s.live or s.writer_copies or s.finished())  # planted"),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "returns_before_the_copy")),
+    Bug("dcp-live-snapshot-credited-to-the-first-holder",
+        "asked from a save's thread which snapshot holds a live tensor, the stager names the first slot holding it "
+        "(an earlier, finished snapshot): the writer credits its copy there, and the gate of this save holds the step "
+        "until written",
+        (("fastckpt/dcp/stager.py", "        return next((s for s in holders if s.taken_by is me), None) or \\\n",
+          "        return (holders[0] if holders else None) or \\\n"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "own_snapshot")),
 )

@@ -118,14 +118,17 @@ def equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_async_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(tmp_path, monkeypatch):
-    run = Run(tmp_path)
+@pytest.mark.parametrize("linked", [True, False], ids=["the-writer-copies", "the-stager-copies"])
+def test_async_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(tmp_path, monkeypatch, linked):
+    run = Run(tmp_path, linked=linked)
     try:
         run.trained_and_trusted()
         held = Held(monkeypatch)
         before = model_state(run)
         saving = run.save("held")
-        assert held.waiting.wait(30)  # async_save returned; the writer waits to copy
+        assert held.waiting.wait(30)  # async_save returned; the writer (or the stager's thread) waits to copy
+        if not linked:
+            assert not saving.staging_completion.done()
         run.backward()
         stepped = threading.Event()
         stepper = threading.Thread(target=lambda: (run.optim.step(), stepped.set()))
@@ -141,8 +144,9 @@ def test_async_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(
         run.close()
 
 
-def test_a_tensor_written_in_place_before_its_copy_fails_that_save_and_commits_nothing(tmp_path, monkeypatch):
-    run = Run(tmp_path)
+@pytest.mark.parametrize("linked", [True, False], ids=["the-writer-copies", "the-stager-copies"])
+def test_a_tensor_written_in_place_before_its_copy_fails_that_save_and_commits_nothing(tmp_path, monkeypatch, linked):
+    run = Run(tmp_path, linked=linked)
     try:
         run.trained_and_trusted()
         good = model_state(run)
@@ -153,9 +157,10 @@ def test_a_tensor_written_in_place_before_its_copy_fails_that_save_and_commits_n
         with torch.no_grad():
             run.model[0].weight.add_(1.0)  # not the optimizer: the gate does not order this
         held.release()
-        # found by the writer that copies the live tensors: raised in DCP's write step, which wraps it
-        with pytest.raises((TornSnapshotError, CheckpointException),
-                           match=r"TornSnapshotError: \['model'\]\['0.weight'\] was written in place"):
+        # found by the stager's thread: raised before DCP's collectives; by the writer that copies
+        # the live tensors: in DCP's write step, which wraps it
+        with pytest.raises(CheckpointException if linked else TornSnapshotError,
+                           match=r"\['model'\]\['0.weight'\] was written in place"):
             saving.upload_completion.result()
         with pytest.raises(CheckpointException):  # never committed, never half-loaded
             loaded(tmp_path / "torn", good)
@@ -184,10 +189,41 @@ def test_buffers_are_reused_at_most_concurrency_snapshots_exist_and_each_checkpo
             assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
         leaves = [x for x in torch.utils._pytree.tree_leaves(run.state()) if isinstance(x, torch.Tensor)]
         assert sum(s.buffers.made for s in run.stager._slots.every()) <= 2 * len(leaves)  # 6 saves, at most 2 sets
-        if strategy == "c":  # the optimizer's tensors copied once, by the writer's own save, from the live ones
-            assert run.writer.named.opened and run.stager.stats["copied_later"] > 0
+        if strategy == "c":  # the optimizer's tensors copied once, by the writer's own save, from the live ones,
+            # and each such save's copy credited to its own snapshot (two in flight hold the same live tensors)
+            assert run.writer.named.opened and run.stager.stats["handed_on"] > 0
+            assert run.stager.stats["copied_by_writer"] == run.stager.stats["handed_on"]
         if strategy == "g":  # staged snapshots written as they lie: no second copy
             assert run.writer._direct is not None and not run.writer.named.opened
+    finally:
+        run.close()
+
+
+def test_asked_from_a_saves_thread_snapshot_of_names_that_saves_own_snapshot(tmp_path):
+    """Snapshots handed on live ('c' given its writer) hold the same tensors, and a finished one
+    keeps its slot until the next stage() takes it again: asked from a save's thread (DCP writes on
+    the thread that took the snapshot), snapshot_of names that save's own, never the earlier one
+    (the writer would credit its copy to it, and the gate hold this save's step until written)."""
+    run = Run(tmp_path, concurrency=2)
+    try:
+        run.trained_and_trusted()
+        run.step()
+        weight, found = run.model[0].weight, {}
+
+        def take(name: str, future) -> None:
+            snapshot = future.result()  # this thread takes the snapshot over, as DCP's save thread does
+            found[name] = run.stager.snapshot_of(weight)
+            del snapshot
+
+        first = run.stager.stage(run.state())
+        second = run.stager.stage(run.state())
+        for name, future in (("first", first), ("second", second)):  # in order: the second waits for the first
+            t = threading.Thread(target=take, args=(name, future))
+            t.start()
+            t.join(30)
+        assert found["first"] is not None and found["second"] is not None
+        assert found["first"].writer_copies and found["second"].writer_copies
+        assert found["second"] is not found["first"] and found["second"].seq == found["first"].seq + 1
     finally:
         run.close()
 
