@@ -26,3 +26,8 @@ def read_threads() -> int:
 def physical_memory() -> int:
     """Bytes of physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> int:
+    """Bytes of physical memory free now."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

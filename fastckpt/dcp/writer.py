@@ -242,7 +242,7 @@ class FastStorageWriter(StorageWriter):
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
         named = self._named_for(slots)
         if (named is not self.named and file_plan.devices() <= {"cpu"}
-                and any(ref() is not None and ref().hands_on_live for ref in self._stagers)):
+                and any(getattr(ref(), "hands_on_live", False) for ref in self._stagers)):
             # the stager copied everything itself this time (its run has not yet earned trust); its
             # next saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 
 from .. import _native, progress
-from ..machine import hardware_threads, read_threads
+from ..machine import available_memory, hardware_threads, read_threads
 
 SPLIT = 64 << 20  # per-thread piece: large enough to read sequentially on a virtual disk
 GROUP = 256 << 20  # with a progress bar open, the records are read in groups of about this many bytes
@@ -63,11 +63,7 @@ def file_bytes(path: str, at: int | None = None):
 def _fits_in_memory(path: str) -> bool:
     """Whether a file's bytes fit in half the memory available now: a cold file that does not is
     mapped (its pages the kernel may evict and read again), not read into anonymous memory."""
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return True
-    return os.path.getsize(path) <= available // 2
+    return os.path.getsize(path) <= available_memory() // 2
 
 
 def read_records(path: str, spans: list[tuple[int, int]], verify: bool, mmap: bool | None = True,

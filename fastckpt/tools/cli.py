@@ -202,6 +202,7 @@ def _tune(args) -> int:
 
     import torch
 
+    from ..machine import available_memory
     from ..tune.profile import choose, profile, state_bytes
     if args.like:
         from ..save_load import load
@@ -214,7 +215,7 @@ def _tune(args) -> int:
     m = state_bytes(state)
     where = args.dir if os.path.isdir(args.dir) else os.path.dirname(os.path.abspath(args.dir))
     storage = int(args.storage_gb * (1 << 30)) if args.storage_gb else shutil.disk_usage(where).free
-    host = int(args.host_gb * (1 << 30)) if args.host_gb else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    host = int(args.host_gb * (1 << 30)) if args.host_gb else available_memory() // 2
     from tqdm import tqdm
     with tqdm(total=len(args.ns) * len(args.ps) * args.repeats, desc=f"tune: trial checkpoints of "
               f"{_size(m)}", unit="trial", disable=None, leave=False) as bar:

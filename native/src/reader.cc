@@ -37,22 +37,32 @@ constexpr uint64_t kDirectFrom = uint64_t{4} << 20;
 // others CRC and copy.
 constexpr size_t kDirectThreads = 4;
 
-// Whether at least half of the file's bytes [off, off + len) are in the page cache (a direct
-// read would fetch them from the disk again; a read through the cache copies them from memory).
-bool mostly_cached(int fd, uint64_t off, uint64_t len) {
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t lo = off / page * page, n = off + len - lo;
-  void* map = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(lo));
-  if (map == MAP_FAILED) return true;
-  std::vector<unsigned char> resident((n + page - 1) / page);
-  size_t in = resident.size();
-  if (::mincore(map, n, resident.data()) == 0) {
-    in = 0;
-    for (unsigned char r : resident) in += r & 1;
+// Which of a file's pages are in the page cache, read once for the whole file (mincore over one
+// mapping of it): a direct read would fetch a cached page from the disk again, a read through the
+// cache copies it from memory.
+class Residency {
+ public:
+  Residency(int fd, uint64_t size) : page_(static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))) {
+    if (size == 0) return;
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) return;
+    in_.resize((size + page_ - 1) / page_);
+    if (::mincore(map, size, in_.data()) != 0) in_.clear();
+    ::munmap(map, size);
   }
-  ::munmap(map, n);
-  return in * 2 >= resident.size();
-}
+  // Whether at least half of the bytes [off, off + len) are cached (true where it cannot be told).
+  bool mostly(uint64_t off, uint64_t len) const {
+    if (in_.empty() || len == 0) return true;
+    const uint64_t first = off / page_, end = std::min<uint64_t>(in_.size(), (off + len + page_ - 1) / page_);
+    size_t cached = 0;
+    for (uint64_t p = first; p < end; ++p) cached += in_[p] & 1;
+    return end <= first || cached * 2 >= end - first;
+  }
+
+ private:
+  uint64_t page_;
+  std::vector<unsigned char> in_;  // one entry per page; empty: not known
+};
 
 // A direct read the kernel refused (EINVAL: a block size above 4 KiB, a filesystem that opens with
 // O_DIRECT but reads without it): the part is read through the page cache instead.
@@ -80,10 +90,7 @@ uint32_t read_direct(int dfd, uint8_t* bounce, uint8_t* dst, uint64_t off, uint6
     for (uint64_t b = 0; b < n; b += kBlock) {
       const uint64_t k = std::min(kBlock, n - b);
       if (with_crc) crc = crc32_update(crc, bounce + b, k);
-      if (k >= kStreamFrom)
-        copy_streaming(dst + o + b, bounce + b, k);
-      else
-        std::memcpy(dst + o + b, bounce + b, k);
+      copy_past_cache(dst + o + b, bounce + b, k);
     }
   }
   return crc;
@@ -113,9 +120,12 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
   int dfd = -1;
 #ifdef O_DIRECT
   bool opened = false;  // tried once: refused here (EINVAL on tmpfs and many FUSE filesystems), no part is direct
+  std::unique_ptr<Residency> cached;  // read once, when a part is large and aligned enough to ask
   for (Part& p : parts) {
     const uint64_t at = ranges[p.range].file_off + p.off;
-    p.direct = p.len >= kDirectFrom && at % kAlign == 0 && !mostly_cached(fd, at, p.len);
+    p.direct = p.len >= kDirectFrom && at % kAlign == 0;
+    if (p.direct && !cached) cached = std::make_unique<Residency>(fd, static_cast<uint64_t>(::lseek(fd, 0, SEEK_END)));
+    p.direct = p.direct && !cached->mostly(at, p.len);
     if (p.direct && !opened) {
       opened = true;
       dfd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -185,7 +195,7 @@ std::vector<uint32_t> read_ranges(const std::string& path, const std::vector<Rea
 bool file_mostly_cached(const std::string& path) {
   UniqueFd fd(open_or_throw(path, O_RDONLY));
   const off_t size = ::lseek(fd.get(), 0, SEEK_END);
-  return size > 0 && mostly_cached(fd.get(), 0, static_cast<uint64_t>(size));
+  return size > 0 && Residency(fd.get(), static_cast<uint64_t>(size)).mostly(0, static_cast<uint64_t>(size));
 }
 
 std::vector<uint32_t> crc_ranges(const std::vector<std::pair<uintptr_t, uint64_t>>& ranges,
@@ -216,22 +226,11 @@ std::vector<uint32_t> crc_ranges(const std::vector<std::pair<uintptr_t, uint64_t
   return out;
 }
 
-namespace {
-// A host copy's destination is read next by a writer's DMA or much later (a snapshot, a loaded
-// state): large pieces are streamed past the cache (stream_copy.h).
-void copy_piece(void* dst, const void* src, size_t n) {
-  if (n >= kStreamFrom)
-    copy_streaming(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
-  else
-    std::memcpy(dst, src, n);
-}
-}  // namespace
-
 void copy_parallel(void* dst, const void* src, size_t n, size_t threads) {
   const size_t min_part = size_t(4) << 20;
   size_t k = std::max<size_t>(1, std::min(threads, n / min_part));
   if (k <= 1) {
-    copy_piece(dst, src, n);
+    copy_past_cache(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
     return;
   }
   std::vector<std::thread> pool;
@@ -240,7 +239,9 @@ void copy_parallel(void* dst, const void* src, size_t n, size_t threads) {
     size_t off = t * step;
     if (off >= n) break;
     size_t len = std::min(step, n - off);
-    pool.emplace_back([=] { copy_piece(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, len); });
+    pool.emplace_back([=] {
+      copy_past_cache(static_cast<uint8_t*>(dst) + off, static_cast<const uint8_t*>(src) + off, len);
+    });
   }
   for (auto& t : pool) t.join();
 }

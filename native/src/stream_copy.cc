@@ -44,4 +44,11 @@ void copy_streaming(uint8_t* dst, const uint8_t* src, uint64_t n) {
   detail::fence_streamed();
 }
 
+void copy_past_cache(uint8_t* dst, const uint8_t* src, uint64_t n) {
+  if (n >= kStreamFrom)
+    copy_streaming(dst, src, n);
+  else
+    std::memcpy(dst, src, n);
+}
+
 }  // namespace fastckpt

@@ -292,11 +292,7 @@ void WriteJob::fill_range(size_t c, uint8_t* buf, uint64_t lo, uint64_t hi) {
     const uint64_t from = std::max(at, lo), to = std::min(at + sp.len, hi);
     if (to <= from) continue;
     if (from > cursor) std::memset(buf + cursor, 0, from - cursor);
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(sp.src) + (from - at);
-    if (to - from >= kStreamFrom)
-      copy_streaming(buf + from, src, to - from);
-    else
-      std::memcpy(buf + from, src, to - from);
+    copy_past_cache(buf + from, reinterpret_cast<const uint8_t*>(sp.src) + (from - at), to - from);
     cursor = to;
   }
   if (hi > cursor) std::memset(buf + cursor, 0, hi - cursor);

@@ -47,6 +47,14 @@ size_t cached_pages(const std::string& path) {
   return n;
 }
 
+// Reads the whole file through the page cache: every page of it cached.
+void cache_whole(const std::string& path, size_t size) {
+  std::vector<uint8_t> all(size);
+  int fd = open_or_throw(path, O_RDONLY);
+  pread_full(fd, all.data(), all.size(), 0, path);
+  ::close(fd);
+}
+
 bool takes_o_direct(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd >= 0) ::close(fd);
@@ -82,12 +90,7 @@ TEST_CASE("ranges read cold and warm give the same bytes and CRCs; a cold large 
       CHECK(dst[i][len] == 0xAB);
       CHECK(crcs[i] == crc32_update(0, bytes.data() + off, len));
     }
-    if (round == 0) {  // the whole file cached for round 1: every part then goes through the cache
-      std::vector<uint8_t> all(bytes.size());
-      int fd = open_or_throw(path, O_RDONLY);
-      pread_full(fd, all.data(), all.size(), 0, path);
-      ::close(fd);
-    }
+    if (round == 0) cache_whole(path, bytes.size());  // round 1: every part goes through the cache
   }
 }
 
@@ -116,10 +119,7 @@ TEST_CASE("a file that ends before a range does fails the read, cold or warm") {
   std::vector<uint8_t> dst(8 * mib);
   CHECK_THROWS_AS(read_ranges(path, {{reinterpret_cast<uintptr_t>(dst.data()), 0, 8 * mib}}, 2, 64 * mib, true),
                   IoError);
-  std::vector<uint8_t> all(6 * mib);
-  int fd = open_or_throw(path, O_RDONLY);
-  pread_full(fd, all.data(), all.size(), 0, path);
-  ::close(fd);
+  cache_whole(path, 6 * mib);
   CHECK_THROWS_AS(read_ranges(path, {{reinterpret_cast<uintptr_t>(dst.data()), 0, 8 * mib}}, 2, 64 * mib, true),
                   IoError);
 }

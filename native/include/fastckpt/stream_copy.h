@@ -20,6 +20,10 @@ constexpr uint64_t kStreamFrom = uint64_t{256} << 10;
 // other thread and device once it returns (it ends with a store fence).
 void copy_streaming(uint8_t* dst, const uint8_t* src, uint64_t n);
 
+// What every copy whose destination is not read back soon calls: copy_streaming from kStreamFrom
+// bytes, memcpy below (staging's spans, the native host copy, a direct read's copy out).
+void copy_past_cache(uint8_t* dst, const uint8_t* src, uint64_t n);
+
 namespace detail {
 // The blocks alone: dst 16-byte aligned, n a multiple of 64, no fence (the pmem pool's
 // non-temporal copy fences once for many, see pmem_pool.cc).
