@@ -14,6 +14,7 @@ import time
 from typing import Callable, Optional
 
 from ..pending import Pending
+from ..workers import Task
 from ..write import Deadline, WriteStalled
 from .agreed_errors import AgreedErrors
 
@@ -23,13 +24,13 @@ class InFlight:
         """errors: where a failed checkpoint nobody observed goes (by counter), for its owner to raise."""
         self._deadline, self._slack, self._errors = deadline, commit_timeout_s, errors
         self._lock = threading.Lock()
-        self._by_counter: dict[int, tuple[Pending, str, threading.Thread]] = {}
+        self._by_counter: dict[int, tuple[Pending, str, Task]] = {}
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._by_counter)
 
-    def add(self, pending: Pending, ckpt_id: str, thread: threading.Thread) -> None:
+    def add(self, pending: Pending, ckpt_id: str, thread: Task) -> None:
         with self._lock:
             self._by_counter[pending.counter] = (pending, ckpt_id, thread)
 

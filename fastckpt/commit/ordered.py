@@ -31,6 +31,7 @@ import time
 from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError
+from ..workers import Task, Workers
 from ..write.deadline import Deadline
 from .agreement import Agreement
 from .protocol import CommitUnit
@@ -46,34 +47,35 @@ class OrderedCommits:
         self._lock = threading.Lock()
         self._last: Optional[threading.Event] = None  # set once the newest issued unit landed
         self._issued = 0
-        self._threads: list[threading.Thread] = []  # the units' threads not yet joined (join())
+        self._workers = Workers(name)  # each unit runs on one, taken at once (fastckpt.workers)
+        self._tasks: list[Task] = []  # the units' tasks not yet joined (join())
         # (index of the first unit that may not exchange any more, why): see _run
         self._broken: Optional[tuple[int, str]] = None
 
     def issue(self, unit: CommitUnit, error: Optional[BaseException] = None,
-              track: Optional[Callable[[threading.Thread], None]] = None) -> None:
-        """Starts the unit's commit thread. error: the unit failed before it began (it still takes
-        its turn, so that every rank makes the same collectives). track(thread): called before
-        the thread starts (so that its landing always finds it tracked)."""
+              track: Optional[Callable[[Task], None]] = None) -> None:
+        """Starts the unit's commit on a thread of its own (a warm one: the caller does not wait for
+        a thread to start). error: the unit failed before it began (it still takes its turn, so
+        that every rank makes the same collectives). track(task): called before the unit starts
+        (so that its landing always finds it tracked); the task joins as a thread does."""
         landed = threading.Event()
         with self._lock:
             before, self._last = self._last, landed
             index, self._issued = self._issued, self._issued + 1
-        thread = threading.Thread(target=self._run, args=(unit, error, before, landed, index),
-                                  name=f"{self._name}-{unit.label}", daemon=True)
-        if track is not None:
-            track(thread)
-        with self._lock:  # started under the lock: join() from another thread never meets it unstarted
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-            thread.start()
+            # handed over under the lock: join() from another thread never misses it
+            task = self._workers.run(lambda: self._run(unit, error, before, landed, index),
+                                     f"{self._name}-{unit.label}", before=track)
+            self._tasks = [t for t in self._tasks if t.is_alive()] + [task]
 
     def join(self) -> None:
-        """Until every unit issued so far has run to its end (afterwards() included): what an
-        owner's close() calls, so that no commit thread outlives it."""
+        """Until every unit issued so far has run to its end (afterwards() included); the idle
+        commit threads then end: what an owner's close() calls, so that no commit thread
+        outlives it."""
         with self._lock:
-            threads, self._threads = self._threads, []
-        for thread in threads:
-            thread.join()
+            tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.join()
+        self._workers.retire()
 
     def _out_of_step(self, index: int) -> Optional[str]:
         broken = self._broken

@@ -62,6 +62,7 @@ from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..settings import local_place
+from ..workers import Workers
 from ..write.deadline import Deadline
 from . import metadata as md_file
 from .committed import cut_short_below, resumable, withdraw
@@ -126,6 +127,7 @@ class FastStorageWriter(StorageWriter):
         self._agree = make_agreement(self.config.commit_timeout_s)
         self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
         self._stagers: list = []  # the FastStagers given this writer (FastStager(writer=...)), weakly
+        self._workers = Workers("fastckpt-dcp")  # each save's waits, on warm threads (fastckpt.workers)
 
     def meet(self, stager) -> None:
         """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers,
@@ -224,7 +226,7 @@ class FastStorageWriter(StorageWriter):
         if pending is None or pending.done():
             durable()
         else:
-            threading.Thread(target=durable, name="fastckpt-dcp-durable", daemon=True).start()
+            self._workers.run(durable, "fastckpt-dcp-durable")
         return future
 
     def _begin_file(self, plan: SavePlan, planner: SavePlanner, name: str, path: str):
@@ -365,7 +367,7 @@ class FastStorageWriter(StorageWriter):
                     if stager is not None:
                         stager.writer_copied(slot, seq)  # the one that owns the slot takes it
 
-        threading.Thread(target=tell, name="fastckpt-dcp-copied", daemon=True).start()
+        self._workers.run(tell, "fastckpt-dcp-copied")
 
     def _sweep(self) -> None:
         """Saves cut short (killed) pile up beside the committed ones: each save removes those of
@@ -419,4 +421,5 @@ class FastStorageWriter(StorageWriter):
                 if self._direct is not None:
                     self._direct.close()
             finally:
+                self._workers.retire()
                 self._agree.close()

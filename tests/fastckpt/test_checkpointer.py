@@ -166,10 +166,11 @@ def test_empty_root_has_no_latest(tmp_path):
 
 
 def test_no_threads_left_after_close(tmp_path):
+    before = set(threading.enumerate())  # other tests' owners, never closed, may keep idle workers a while
     with fastckpt.Checkpointer(tmp_path, concurrency=2) as ck:
         for s in range(4):
             ck.save(model_state(s), step=s)
-    assert not [t for t in threading.enumerate() if t.name.startswith("fastckpt")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("fastckpt") and t not in before]
 
 
 def test_finished_checkpoints_are_not_kept_alive(tmp_path):

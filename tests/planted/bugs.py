@@ -521,4 +521,13 @@ BUGS = (
         (("fastckpt/dcp/stager.py", "        return next((s for s in holders if s.taken_by is me), None) or \\\n",
           "        return (holders[0] if holders else None) or \\\n"),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "own_snapshot")),
+    Bug("worker-idle-while-busy",
+        "a warm worker is put back among the idle ones as it takes a task: a second task handed over meanwhile "
+        "waits behind the first (two commits issued at once run one after the other)",
+        (("fastckpt/workers.py", "            fn, task = item\n            me.name = task.name\n",
+          "            fn, task = item\n            me.name = task.name\n"
+          "            with self._lock:  # planted\n                self._idle.append((inbox, me))\n"),
+         ("fastckpt/workers.py", "                    if not retired:\n                        self._idle.append((inbox, me))\n",
+          "                    pass  # planted\n")),
+        ("tests/fastckpt/test_workers.py", "-k", "never_handed_a_second")),
 )
