@@ -530,4 +530,10 @@ BUGS = (
          ("fastckpt/workers.py", "                    if not retired:\n                        self._idle.append((inbox, me))\n",
           "                    pass  # planted\n")),
         ("tests/fastckpt/test_workers.py", "-k", "never_handed_a_second")),
+    Bug("dcp-writer-staging-never-reserved",
+        "the writer of a FastStager that hands tensors on live never grows its staging ahead: the first live save "
+        "grows it on the training thread's gate",
+        (("fastckpt/dcp/writer.py", "            self.named.checkpointer.reserve(file_plan.file_size)\n",
+          "            pass  # planted\n"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "staging_is_reserved")),
 )

@@ -418,3 +418,24 @@ def test_a_slot_moves_one_way_and_back_to_free():
             slot.to(back)
     slot.to(S.FREE)
     assert not slot.busy and not slot.copied and not slot.delivered
+
+
+def test_the_writers_staging_is_reserved_at_the_first_save_so_live_saves_find_it_ready(tmp_path):
+    """FastStager 'c' given its writer copies its first saves itself (trust not yet earned); the
+    writer then grows its own staging for the file in the background, so the saves that hand the
+    optimizer's tensors on live find it ready instead of growing it on the training thread's gate."""
+    run = Run(tmp_path)
+    try:
+        run.step()
+        run.save("first").upload_completion.result()
+        ck = run.writer.named.checkpointer
+        assert ck._staging is not None
+        ck._staging.wait_grown()  # it runs in the background; here we wait to look
+        grown = ck._engine.pool.capacity
+        assert grown >= 1
+        run.trained_and_trusted()  # later saves: handed on live, copied by the writer
+        assert run.stager.stats["copied_by_writer"] > 0
+        assert ck._engine.pool.capacity == grown  # the live saves found their staging ready
+    finally:
+        run.close()
+
