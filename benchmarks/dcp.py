@@ -23,7 +23,9 @@ runs before the next optimizer step) and "durable" runs until its maybe_wait_for
 async_save's own return plus, for DCP's stager, its staging future; for FastStager, the
 optimizer step's gate (stager.synchronize_staging); for dcp.save, the whole call. "Durable" runs
 until the save's future is done. The bound is an O_DIRECT write of the same number of bytes
-(best of 1 and 4 threads, fdatasync) on the same disk in the same run. Loads: the last saves of
+(best of 1 and 4 threads, fdatasync) on the same disk in the same run: written just before and
+just after fastckpt's saves, their mean (this VM's disk drifts by 10-20 % within minutes, and a
+run of every contender takes several). Loads: the last saves of
 fastckpt and of dcp.save, on the same ranks (DCP's FileSystemReader vs FastStorageReader, which
 checks every CRC; each twice, A B B A, their mean) and fastckpt's resharded to one process, each
 from the disk (the checkpoint's pages dropped from the cache first). Medians of RUNS runs (a
@@ -329,16 +331,23 @@ def main() -> None:
     from helpers.results import keep
     rows: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
+    total = 0  # the checkpoint's bytes, all ranks': known once the first contender has saved (run 0)
     for run in range(a.runs + 1):  # run 0 warms everything up and is discarded
         # torchtitan's async_with_pinned_mem builds DCP's DefaultStager with non-blocking copies,
         # which needs an accelerator: on CPU it raises, so it runs only with --device cuda
         titan = () if a.no_titan else TITAN if a.device == "cuda" else tuple(c for c in TITAN if c != "titan_pinned")
         rival = ("torch_checkpointing",) if importlib.util.find_spec("torch_checkpointing") else ()
+        bound_now = []  # the bound, written just before and just after fastckpt's saves (see below)
         for contender in CONTENDERS + rival + titan:
             shutil.rmtree(a.dir, ignore_errors=True)
             os.makedirs(a.dir)
+            if contender == "fastckpt" and run and total:
+                bound_now.append(bounds.direct_write_seconds(os.path.join(a.dir, "raw.bin"), total))
+                os.unlink(os.path.join(a.dir, "raw.bin"))
             res = ranks(a, contender, a.dir)
             total = res["rank_bytes"] * a.ranks
+            if contender == "fastckpt" and run:
+                bound_now.append(bounds.direct_write_seconds(os.path.join(a.dir, "raw.bin"), total))
             if run:
                 rows.setdefault(f"{contender}_blocked", []).append(statistics.median(res["times"]["blocked"]))
                 rows.setdefault(f"{contender}_durable", []).append(statistics.median(res["times"]["durable"]))
@@ -350,9 +359,8 @@ def main() -> None:
                     rows.setdefault(f"{contender}_{k}", []).append(statistics.mean(v))
                 if contender == "fastckpt":
                     rows.setdefault("fastckpt_load_resharded_1", []).append(resharded_load(res["last"]))
-        raw = os.path.join(a.dir, "raw.bin")
         if run:
-            rows.setdefault("odirect_write", []).append(bounds.direct_write_seconds(raw, total))
+            rows.setdefault("odirect_write", []).append(statistics.mean(bound_now))
         shutil.rmtree(a.dir, ignore_errors=True)
         print(f"  run {run}/{a.runs} done{' (warm-up)' if run == 0 else ''}", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
