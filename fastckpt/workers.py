@@ -77,18 +77,21 @@ class Workers:
                 return
             fn, task = item
             me.name = task.name
+            goes_on = False  # not after a BaseException (SystemExit, KeyboardInterrupt): it ends with it
             try:
                 fn()
+                goes_on = True
             except Exception:  # noqa: BLE001 - as a thread of its own would, said; the worker goes on
                 log.exception("fastckpt: %s failed", task.name)
+                goes_on = True
             finally:
                 me.name = f"{self._name}-idle"
                 with self._lock:
-                    retired = generation != self._generation
-                    if not retired:
+                    goes_on = goes_on and generation == self._generation
+                    if goes_on:
                         self._idle.append((inbox, me))
                 task._done.set()  # after: a retire() that waited for this task finds the worker idle
-            if retired:
+            if not goes_on:
                 return
 
     def retire(self) -> None:

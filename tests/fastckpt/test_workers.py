@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from fastckpt.workers import Workers
 
 
@@ -102,3 +104,18 @@ def test_a_worker_idle_past_its_time_ends_and_the_next_task_starts_another():
     assert ran.is_set()
     workers.retire()
     assert not _threads("w-idle")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_task_ending_its_thread_is_done_and_the_next_task_gets_a_live_worker():
+    workers = Workers("w-exit")
+    first = workers.run(lambda: (_ for _ in ()).throw(SystemExit), "w-exit-first")  # ends its thread, silently
+    first.join(10)
+    assert not first.is_alive()
+    ran = threading.Event()
+    workers.run(ran.set, "w-exit-next").join(10)
+    assert ran.is_set()
+    workers.retire()
+    for t in _threads("w-exit"):  # the first one's thread may still be ending (its exception said)
+        t.join(10)
+    assert not _threads("w-exit")
