@@ -22,6 +22,8 @@ INDEX_BEGIN, INDEX_END = "<!-- index:begin -->", "<!-- index:end -->"
 SECTIONS = [
     ("save_load", "fastckpt vs torch.save/load, DCP save/async_save, against a direct write/read and a memcpy "
                   "of the same size"),
+    ("many_tensors", "the same bytes in 16 to 1000 tensors: until durable, and the cost after the last data byte "
+                     "(every record's header), against torch.save+fsync and a direct write"),
     ("lightning_overhead", "stall and overhead vs interval under Lightning: FastCheckpointIO vs TorchCheckpointIO "
                            "and AsyncCheckpointIO"),
     ("deepspeed_overhead", "stall and overhead vs interval under DeepSpeed: the fastckpt engine vs DeepSpeed's "

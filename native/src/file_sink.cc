@@ -1,6 +1,7 @@
 // file_sink.cc — the definitions of file_sink.h: the file sink of a write job.
 #include "fastckpt/file_sink.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,8 +50,21 @@ bool FileSink::write_block(const void* buf, uint64_t len, uint64_t off, bool may
   return false;
 }
 
+// The blobs (headers, whose CRCs are known only now) are written through the page cache. A blob
+// that covers part of a page the writers already put on the disk makes the kernel read that page
+// first, one synchronous read per pwrite: with a header beside every record (hundreds of tensors,
+// or DCP's archive per tensor) that was 0.1 ms a record after the last byte (300 records: 33 ms).
+// Every such page is asked for at once first (readahead of the partial pages, in flight together);
+// the pwrites then find them in the cache.
 void FileSink::finish(const std::vector<std::pair<uint64_t, std::string>>& blobs, uint64_t file_size) {
   if (fd_ < 0) throw std::logic_error("file was never opened");
+  for (const auto& [off, bytes] : blobs) {
+    const uint64_t end = off + bytes.size();
+    const uint64_t head = off / kAlign * kAlign, tail = end / kAlign * kAlign;
+    if (bytes.empty()) continue;
+    if (off != head || end < head + kAlign) ::posix_fadvise(fd_, static_cast<off_t>(head), kAlign, POSIX_FADV_WILLNEED);
+    if (end != tail && tail != head) ::posix_fadvise(fd_, static_cast<off_t>(tail), kAlign, POSIX_FADV_WILLNEED);
+  }
   for (const auto& [off, bytes] : blobs) pwrite_full(fd_, bytes.data(), bytes.size(), off, path_);
   if (::ftruncate(fd_, static_cast<off_t>(file_size)) != 0) throw_io("ftruncate", path_, 0, errno);
   fdatasync_or_throw(fd_, path_);
