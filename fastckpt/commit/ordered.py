@@ -54,8 +54,8 @@ class OrderedCommits:
 
     def issue(self, unit: CommitUnit, error: Optional[BaseException] = None,
               track: Optional[Callable[[Task], None]] = None) -> None:
-        """Starts the unit's commit on a thread of its own (a warm one: the caller does not wait for
-        a thread to start). error: the unit failed before it began (it still takes its turn, so
+        """Starts the unit's commit on a worker thread (a warm one, running one unit at a time: the
+        caller does not wait for a thread to start). error: the unit failed before it began (it still takes its turn, so
         that every rank makes the same collectives). track(task): called before the unit starts
         (so that its landing always finds it tracked); the task joins as a thread does."""
         landed = threading.Event()
@@ -67,15 +67,16 @@ class OrderedCommits:
                                      f"{self._name}-{unit.label}", before=track)
             self._tasks = [t for t in self._tasks if t.is_alive()] + [task]
 
-    def join(self) -> None:
-        """Until every unit issued so far has run to its end (afterwards() included); the idle
-        commit threads then end: what an owner's close() calls, so that no commit thread
-        outlives it."""
+    def join(self, retire: bool = True) -> None:
+        """Until every unit issued so far has run to its end (afterwards() included); then, with
+        retire, the idle commit threads end: what an owner's close() calls, so that no commit
+        thread outlives it (a wait between saves passes retire=False: they stay warm)."""
         with self._lock:
             tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.join()
-        self._workers.retire()
+        if retire:
+            self._workers.retire()
 
     def _out_of_step(self, index: int) -> Optional[str]:
         broken = self._broken

@@ -55,10 +55,11 @@ class Persisting:
         return owed is not None and self._issue(owed, self._copied) is not None
 
     def join(self) -> None:
-        """Until every copy issued so far has landed."""
-        self._units.join()
+        """Until every copy issued so far has landed (its threads stay for the next)."""
+        self._units.join(retire=False)
 
     def close(self) -> None:
+        self._units.join()
         self._agree.close()
 
     def _issue(self, info, landed) -> Optional[object]:

@@ -408,7 +408,8 @@ class FastStorageWriter(StorageWriter):
             fsync_dir(directory)  # something else is there: the directory stays, without our files
 
     def close(self) -> None:
-        """Waits for every file and commit in flight and closes the writer's Checkpointers and groups."""
+        """Waits for every file and commit in flight and closes the writer's Checkpointers and groups;
+        its idle threads end (a save's wait for its agreement still running ends after it)."""
         try:
             self._commits.join()
             self.named.close()

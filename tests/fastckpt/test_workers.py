@@ -34,7 +34,7 @@ def test_an_idle_worker_takes_the_next_task_without_a_new_thread():
         workers.run(lambda: idents.append(threading.get_ident()), "w-warm-b").join(10)
     finally:
         threading.Thread.start = real_start
-    assert started == [] and idents[0] == idents[1]
+    assert [n for n in started if n.startswith("w-warm")] == [] and idents[0] == idents[1]
     workers.retire()
 
 
@@ -78,14 +78,16 @@ def test_a_worker_busy_at_retire_ends_after_its_task_and_new_tasks_get_new_worke
     assert not _threads("w-retire")
 
 
-def test_a_task_that_raises_is_logged_and_leaves_its_worker_usable(caplog):
+def test_a_task_that_raises_reaches_the_excepthook_and_leaves_its_worker_usable(monkeypatch):
     workers = Workers("w-raise")
+    said = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: said.append((args.exc_type, args.thread.name)))
 
     def boom():
         raise RuntimeError("planted")
 
     workers.run(boom, "w-raise-boom").join(10)
-    assert "w-raise-boom failed" in caplog.text
+    assert said == [(RuntimeError, "w-raise-boom")]
     ran = threading.Event()
     workers.run(ran.set, "w-raise-next").join(10)
     assert ran.is_set()
@@ -119,3 +121,38 @@ def test_a_task_ending_its_thread_is_done_and_the_next_task_gets_a_live_worker()
     for t in _threads("w-exit"):  # the first one's thread may still be ending (its exception said)
         t.join(10)
     assert not _threads("w-exit")
+
+
+def test_a_task_joining_itself_raises_as_a_thread_would():
+    workers = Workers("w-self")
+    box = {}
+
+    def me():
+        try:
+            box["task"].join(1)
+        except RuntimeError as e:
+            box["said"] = str(e)
+
+    ready = threading.Event()
+    box["task"] = workers.run(lambda: (ready.wait(10), me()), "w-self-task")
+    ready.set()
+    box["task"].join(10)
+    assert box.get("said") == "w-self-task cannot join itself"
+    workers.retire()
+
+
+def test_an_idle_worker_holds_nothing_of_its_last_task():
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    workers = Workers("w-hold")
+    held = Held()
+    ref = weakref.ref(held)
+    workers.run(lambda h=held: None, "w-hold-a").join(10)
+    del held
+    gc.collect()
+    assert ref() is None  # the idle worker let go of the task and what its closure held
+    workers.retire()
