@@ -10,6 +10,7 @@ section of benchmarks/RESULTS.md (between the save_load markers) with the figure
 from __future__ import annotations
 
 import argparse
+import gc
 import datetime
 import json
 import os
@@ -46,7 +47,14 @@ def touch(state: dict[str, torch.Tensor]) -> None:
     second is slow to touch again on some machines (on this project's VM a copy of 4 KiB pages
     idle for 0.5-2 s ran 20-70x slower for tens of milliseconds, a pure-CPU loop did not), which
     would charge whichever contender runs after an idle spell for the machine's doing, not its
-    own."""
+    own.
+
+    It also runs Python's full garbage collection first: this process holds every contender's
+    library (DCP, torch_checkpointing, Lightning-style threads) and their garbage, and a full
+    collection it triggers took 75-485 ms here, landing on whichever contender happened to be
+    running (a fastckpt save's plan once took 75 ms instead of 2 so); timeit turns collection off
+    while it times, for the same reason."""
+    gc.collect()
     for v in state.values():
         v.sum()
 
