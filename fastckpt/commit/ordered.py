@@ -55,9 +55,10 @@ class OrderedCommits:
     def issue(self, unit: CommitUnit, error: Optional[BaseException] = None,
               track: Optional[Callable[[Task], None]] = None) -> None:
         """Starts the unit's commit on a worker thread (a warm one, running one unit at a time: the
-        caller does not wait for a thread to start). error: the unit failed before it began (it still takes its turn, so
-        that every rank makes the same collectives). track(task): called before the unit starts
-        (so that its landing always finds it tracked); the task joins as a thread does."""
+        caller does not wait for a thread to start). error: the unit failed before it began (it
+        still takes its turn, so that every rank makes the same collectives). track(task): called
+        before the unit starts (so that its landing always finds it tracked); the task joins as a
+        thread does."""
         landed = threading.Event()
         with self._lock:
             before, self._last = self._last, landed
@@ -77,6 +78,11 @@ class OrderedCommits:
             task.join()
         if retire:
             self._workers.retire()
+
+    def retire(self) -> None:
+        """The idle commit threads end now, a busy one once its unit has (waiting for none): an
+        owner's close that must not hang on a unit stuck past its deadline."""
+        self._workers.retire()
 
     def _out_of_step(self, index: int) -> Optional[str]:
         broken = self._broken

@@ -59,7 +59,8 @@ class Persisting:
         self._units.join(retire=False)
 
     def close(self) -> None:
-        self._units.join()
+        """After the owner's wait(): its threads end (one still copying, past its deadline, when done)."""
+        self._units.retire()
         self._agree.close()
 
     def _issue(self, info, landed) -> Optional[object]:

@@ -84,7 +84,8 @@ def test_cycles_through_finds_a_loop_broken_only_by_a_deferred_import():
 # The backend's rooms (a folder or a top-level module of fastckpt), floor by floor from the ground
 # up: a room imports only rooms on lower floors. fastckpt/__init__.py is the package's face.
 LAYERS = (
-    ("errors", "fsutil", "timings", "machine", "reproducibility", "preempt", "progress", "front_ends"),  # ground
+    ("errors", "fsutil", "timings", "machine", "reproducibility", "preempt", "progress", "front_ends",
+     "workers"),  # ground
     ("format", "commit_info"),       # the bytes on disk; what a committed checkpoint is
     ("pending", "pmem"),             # a save's handle; the pool
     ("write", "verify"),             # live tensors -> staging -> a file or a pool version
