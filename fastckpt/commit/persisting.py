@@ -59,8 +59,8 @@ class Persisting:
         self._units.join(retire=False)
 
     def close(self) -> None:
-        """After the owner's wait(): its threads end (one still copying, past its deadline, when done)."""
-        self._units.retire()
+        """After the owner's wait(): every copy issued has landed, then its threads end."""
+        self._units.join()
         self._agree.close()
 
     def _issue(self, info, landed) -> Optional[object]:
