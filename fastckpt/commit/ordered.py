@@ -79,11 +79,6 @@ class OrderedCommits:
         if retire:
             self._workers.retire()
 
-    def retire(self) -> None:
-        """The idle commit threads end now, a busy one once its unit has (waiting for none): an
-        owner's close that must not hang on a unit stuck past its deadline."""
-        self._workers.retire()
-
     def _out_of_step(self, index: int) -> Optional[str]:
         broken = self._broken
         return broken[1] if broken is not None and index >= broken[0] else None

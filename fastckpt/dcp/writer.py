@@ -40,7 +40,6 @@ import io
 import logging
 import os
 import shutil
-import threading
 import uuid
 import weakref
 import zlib
