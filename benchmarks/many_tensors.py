@@ -34,7 +34,7 @@ def fastckpt_save(ck, state: dict, step: int) -> dict:
     p = ck.save(state, step=step)
     ck.gate()
     p.wait()
-    t = p.timings() if callable(p.timings) else p.timings
+    t = p.timings
     return {"durable": t["durable_at"], "written": t["written_at"], "finish": t.get("finish", 0.0)}
 
 
