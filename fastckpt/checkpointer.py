@@ -31,6 +31,7 @@ from .commit_info import CommitInfo
 from .settings import CheckpointerConfig, given_one_way
 from .errors import CheckpointWriteError
 from .format import plan_file
+from .format.fitting import Destination
 from .format.plan import FilePlan
 from .pending import Pending
 from .preempt import PreemptSignal
@@ -475,10 +476,15 @@ class Checkpointer:
         past corrupt ones with a warning that names them.
 
         With into=<a state of the same structure>, shapes and dtypes are checked and the
-        values copied into its tensors in place (a StateMismatchError lists every difference);
-        key= picks one part of the saved state for that (into=model.state_dict(), key="model").
+        values copied into its tensors in place (a StateMismatchError lists every difference,
+        and nothing is written then); key= picks one part of the saved state for that
+        (into=model.state_dict(), key="model"). A CPU tensor that is its whole storage is read
+        from the file straight into (no copy): a checkpoint passed over as corrupt may have
+        written into such tensors before the one loaded fills them; if none loads, their
+        contents are undefined.
         """
-        loaded = self.load_with_record(step, map_location, rank, verify, weights_only, mmap)
+        dest = Destination(into, key) if into is not None else None
+        loaded = self._load_record(step, map_location, rank, verify, weights_only, mmap, dest)
         if loaded.skipped:
             warnings.warn(f"fastckpt: loaded step {loaded.info.step}; passed over: {'; '.join(loaded.skipped)}",
                           stacklevel=2)
@@ -492,9 +498,12 @@ class Checkpointer:
                          verify: bool | None = None, weights_only: bool = True,
                          mmap: bool | None = None) -> "Loaded":
         """As load(), and also which checkpoint it was and why others were passed over (no warning)."""
+        return self._load_record(step, map_location, rank, verify, weights_only, mmap, None)
+
+    def _load_record(self, step, map_location, rank, verify, weights_only, mmap, into) -> "Loaded":
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
-        loaded = newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap)
+        loaded = newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap, into)
         self.stats["loaded_from"] = self.store.read_from(loaded.info, rank)  # a tier, a partner's replica
         return loaded
 

@@ -52,15 +52,17 @@ def sniff(path: str, at: int | None = None) -> str:
 
 
 def load_file(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
-              expect_crc: int | None = None, mmap: bool | None = None):
+              expect_crc: int | None = None, mmap: bool | None = None, into=None):
     """mmap=True: tensors are views of a private (copy-on-write) mapping of the file; mmap=None
     too, but a verified load of a torch-format file mostly not in the page cache reads it instead
     (fastckpt.format.reading.read_records); mmap=False: copies into anonymous memory.
+    into (a fitting.Destination): tensors the caller loads the state into; a torch-format file
+    reads what fits straight into them (torch_format.read_torch), the caller copies the rest.
     A file of a GiB or more shows a progress bar on a terminal (fastckpt.progress)."""
     fmt = sniff(path)
     with progress.shown(os.path.getsize(path), f"load {os.path.basename(path)}"):
         if fmt == "torch":
             from .torch_format import read_torch
-            return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)
+            return read_torch(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap, into=into)
         from .safetensors_format import read_safetensors
         return read_safetensors(path, map_location, verify, weights_only, expect_crc=expect_crc, mmap=mmap)

@@ -19,7 +19,8 @@ from .. import _native
 from ..errors import CorruptCheckpointError
 from . import zip_layout as zl
 from .plan import ALIGN, DataRecord, FilePlan
-from .reading import file_bytes, range_crcs, read_records
+from .fitting import Destination, in_place
+from .reading import file_bytes, range_crcs, read_into, read_records
 from .safe_unpickler import unpickle
 from .torch_pickle import pickle_state
 from .zip_reader import ZipIndex, read_index
@@ -86,15 +87,27 @@ def _restore(storage: torch.UntypedStorage, location: str, map_location):
     return torch.empty(0, dtype=torch.uint8).set_(storage).to(device=torch.device(target)).untyped_storage()
 
 
+def _to_cpu(map_location) -> bool:
+    """Whether every storage is restored on the CPU whatever its saved location."""
+    return isinstance(map_location, (str, torch.device)) and str(map_location).startswith("cpu")
+
+
 def read_torch(path: str, map_location=None, verify: bool = True, weights_only: bool = True,
                threads: int | None = None, index: ZipIndex | None = None, expect_crc: int | None = None,
-               mmap: bool | None = None):
-    """Loads a torch-format file (ours or torch.save's) without executing code from it."""
+               mmap: bool | None = None, into: Destination | None = None):
+    """Loads a torch-format file (ours or torch.save's) without executing code from it.
+    into: tensors the state is loaded into (a CPU load): each whole storage that fits one is
+    read straight into it (_in_place), and the state returned holds that tensor's memory; the
+    caller copies the rest. A record that then fails its CRC leaves its tensor overwritten."""
     idx = index or read_index(path)
     if "data.pkl" not in idx.entries:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
     order = idx.ordered()
-    data, crcs = read_records(path, [(e.data_off, e.size) for e in order], verify, mmap, threads)
+    placed = _in_place(path, idx, into) if into is not None and _to_cpu(map_location) else None
+    if placed:
+        data, crcs = _read_placed(path, order, placed, verify, threads)
+    else:
+        data, crcs = read_records(path, [(e.data_off, e.size) for e in order], verify, mmap, threads)
     bufs = {e.name[len(idx.prefix):]: b for e, b in zip(order, data)}
     if verify:
         check_crcs(path, idx, order, crcs)
@@ -107,6 +120,36 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
         return _restore(bufs[f"data/{key}"].untyped_storage(), location, map_location)
 
     return _unpickle_records(path, pkl, {k: b.numel() for k, b in bufs.items()}, storage, weights_only)
+
+
+def _in_place(path: str, idx: ZipIndex, into: Destination) -> dict[int, torch.Tensor] | None:
+    """{record offset: the tensor it is read into} (fitting.in_place over the file's structure,
+    parsed onto the meta device), or None."""
+    keys: dict[int, str] = {}
+
+    def meta_storage(key: str, nbytes: int, location: str) -> torch.UntypedStorage:
+        s = torch.UntypedStorage(nbytes, device="meta")
+        keys[s._cdata] = key
+        return s
+
+    pkl_entry = idx.entries["data.pkl"]
+    with file_bytes(path) as (read, _):
+        pkl = read(pkl_entry.data_off, pkl_entry.size)
+    structure = _unpickle_records(path, pkl, {k: e.size for k, e in idx.entries.items()}, meta_storage, True)
+    placed = in_place(into, structure, lambda t: keys.get(t.untyped_storage()._cdata))
+    if not placed:
+        return None
+    return {idx.entries[f"data/{key}"].data_off: t for key, t in placed.items() if key is not None}
+
+
+def _read_placed(path: str, order, placed: dict[int, torch.Tensor], verify: bool, threads):
+    """Every record of `order` read in one parallel pass: a placed one into its tensor (returned
+    as a byte view of that tensor's storage), any other into a buffer of its own."""
+    bufs = [placed[e.data_off] if e.data_off in placed else torch.empty(e.size, dtype=torch.uint8) for e in order]
+    crcs = read_into(path, [(b, e.data_off) for b, e in zip(bufs, order)], verify, threads)
+    as_bytes = [torch.empty(0, dtype=torch.uint8).set_(b.untyped_storage()) if b.dtype != torch.uint8 else b
+                for b in bufs]
+    return as_bytes, list(crcs)
 
 
 def read_archives(path: str, indexes: list[ZipIndex], map_location=None, verify: bool = True,

@@ -1,44 +1,14 @@
-"""Loading into a given structure: check every tensor's shape and dtype, then copy in place."""
+"""Loading into a given structure: check every tensor's shape and dtype, then copy in place.
+
+A tensor the load already read straight into its destination (format.fitting.in_place) is the
+destination's own memory: it is not copied again.
+"""
 from __future__ import annotations
 
 import torch
 
 from ..errors import StateMismatchError
-
-
-def _walk(template, loaded, path: str, problems: list[str], pairs: list) -> None:
-    if isinstance(template, torch.Tensor):
-        if not isinstance(loaded, torch.Tensor):
-            problems.append(f"{path}: expected a tensor, checkpoint has {type(loaded).__name__}")
-        elif template.shape != loaded.shape or template.dtype != loaded.dtype:
-            problems.append(f"{path}: checkpoint has {loaded.dtype}{list(loaded.shape)}, "
-                            f"expected {template.dtype}{list(template.shape)}")
-        else:
-            pairs.append((template, loaded))
-    elif isinstance(template, dict):
-        if not isinstance(loaded, dict):
-            problems.append(f"{path}: expected a dict, checkpoint has {type(loaded).__name__}")
-            return
-        for k in template.keys() - loaded.keys():
-            problems.append(f"{path}.{k}: missing from the checkpoint")
-        for k in loaded.keys() - template.keys():
-            problems.append(f"{path}.{k}: in the checkpoint but not expected")
-        for k in template.keys() & loaded.keys():
-            _walk(template[k], loaded[k], f"{path}.{k}", problems, pairs)
-    elif isinstance(template, (list, tuple)):
-        if not isinstance(loaded, (list, tuple)) or len(loaded) != len(template):
-            problems.append(f"{path}: expected a sequence of {len(template)}")
-            return
-        for i, (a, b) in enumerate(zip(template, loaded)):
-            _walk(a, b, f"{path}[{i}]", problems, pairs)
-
-
-def part_of(loaded, key, source: str = "checkpoint"):
-    """loaded[key], or a StateMismatchError naming the parts there are."""
-    if not isinstance(loaded, dict) or key not in loaded:
-        have = sorted(map(str, loaded)) if isinstance(loaded, dict) else type(loaded).__name__
-        raise StateMismatchError(f"{source} has no part {key!r} (it has: {have})")
-    return loaded[key]
+from ..format.fitting import part_of, walk
 
 
 def copy_into(template, loaded, source: str = "checkpoint", key=None):
@@ -48,7 +18,7 @@ def copy_into(template, loaded, source: str = "checkpoint", key=None):
         loaded, source = part_of(loaded, key, source), f"{source}[{key!r}]"
     problems: list[str] = []
     pairs: list = []
-    _walk(template, loaded, "state", problems, pairs)
+    walk(template, loaded, "state", problems, pairs)
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         if isinstance(loaded, dict) and isinstance(template, dict) and not template.keys() & loaded.keys():
@@ -62,5 +32,7 @@ def copy_into(template, loaded, source: str = "checkpoint", key=None):
             "and convert it yourself.")
     with torch.no_grad():
         for dst, src in pairs:
+            if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
+                continue  # read in place: these are the destination's bytes already
             dst.copy_(src)
     return template

@@ -41,12 +41,14 @@ def _verifies(store, info: CommitInfo) -> bool:
 
 
 def newest_loadable(store, agree: Agreement, step: Optional[int], rank: int, map_location, verify: bool,
-                    weights_only: bool, mmap: Optional[bool]) -> Loaded:
+                    weights_only: bool, mmap: Optional[bool], into=None) -> Loaded:
     """The newest committed checkpoint (or the one of `step`) that every rank can get and that
     loads on every rank. What each rank holds (store.offers) is gathered, so that every rank
     walks the same checkpoints in the same order, each routed the same way (store.route: where
     each rank's part comes from; a memory tier is its own node's) and loaded (store.load_routed,
-    which may exchange parts between ranks: every rank calls it for the same checkpoint)."""
+    which may exchange parts between ranks: every rank calls it for the same checkpoint).
+    into: tensors the caller loads the state into (Store.load); a checkpoint passed over may
+    have left some of them overwritten, the one returned fills them."""
     errors: list[str] = []
     views = agree.gather(store.offers(errors if step is None else None))
     missing = 0
@@ -63,7 +65,7 @@ def newest_loadable(store, agree: Agreement, step: Optional[int], rank: int, map
             missing = 0
         state, err = None, None
         try:
-            state = store.load_routed(info, how, views, agree, rank, map_location, verify, weights_only, mmap)
+            state = store.load_routed(info, how, views, agree, rank, map_location, verify, weights_only, mmap, into)
         except (CorruptCheckpointError, OSError) as e:
             err = e
         if agree.all_ok(err is None):

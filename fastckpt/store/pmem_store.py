@@ -317,7 +317,8 @@ class PmemStore(Store, ByPath):
             self.load(info, f.rank, None, True, True)
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True,
-             weights_only: bool = True, mmap=None):
+             weights_only: bool = True, mmap=None, into=None):
+        """A pool version, read by the pool's reader (into: not used; the caller copies)."""
         name = info.entry_for(rank).name
         model, counter = name.rsplit("@", 1)
         pool = self._open(create=False)

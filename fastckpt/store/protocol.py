@@ -176,10 +176,12 @@ class Store(abc.ABC):
             verify_file(os.path.join(info.path, f.name), f)
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
-             mmap=None):
-        """(6) This rank's part of a committed checkpoint, read back."""
+             mmap=None, into=None):
+        """(6) This rank's part of a committed checkpoint, read back. into (a format.fitting
+        Destination): tensors the caller loads it into, which a store may read straight into (the
+        caller copies whatever it did not); a store that cannot ignores it."""
         return load_file(info.file_for(rank), map_location, verify, weights_only,
-                         expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+                         expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap, into=into)
 
     def offers(self, problems: Optional[list] = None) -> dict:
         """(6) What this rank holds, by counter, as every rank is told (picklable): its committed
@@ -198,9 +200,9 @@ class Store(abc.ABC):
         return info.path
 
     def load_routed(self, info: CommitInfo, how, views: list, agree, rank: int, map_location=None,
-                    verify: bool = True, weights_only: bool = True, mmap=None):
+                    verify: bool = True, weights_only: bool = True, mmap=None, into=None):
         """(6) This rank's part of info, read the way route() said; every rank calls it."""
-        return self.load(info, rank, map_location, verify, weights_only, mmap)
+        return self.load(info, rank, map_location, verify, weights_only, mmap, into)
 
     # -- 7-8. removing, closing ----------------------------------------------
     @abc.abstractmethod

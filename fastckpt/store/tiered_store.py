@@ -204,13 +204,13 @@ class TieredStore(Tiers):
         return info, routes
 
     def load_routed(self, info, how, views, agree, rank, map_location=None, verify=True, weights_only=True,
-                    mmap=None):
+                    mmap=None, into=None):
         """This rank's part from its fastest valid copy: its own memory tier, then its partner's
         replica (every rank takes part in that exchange), then the tiers behind."""
         tiers = how[agree.rank][0] if how is not None else self._tiers_holding(info)
         if rank != self.rank:  # another rank's part, read by this process: the shared last tier alone
             tiers = tuple(i for i in tiers if i == len(self.tiers) - 1)
-        ask = dict(map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap)
+        ask = dict(map_location=map_location, verify=verify, weights_only=weights_only, mmap=mmap, into=into)
         state, tried, order = None, [], list(tiers)
         if order and order[0] == 0 and len(self.tiers) > 1:  # its own memory tier
             state = self._try(info, 0, rank, tried, ask)
@@ -276,7 +276,7 @@ class TieredStore(Tiers):
         warnings.warn(f"fastckpt: {text}", stacklevel=4)
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
-             mmap=None):
+             mmap=None, into=None):
         """This rank's part, from the fastest tier whose copy verifies (no exchange with other ranks)."""
-        return self.load_routed(info, None, [], _Alone(), rank, map_location, verify, weights_only, mmap)
+        return self.load_routed(info, None, [], _Alone(), rank, map_location, verify, weights_only, mmap, into)
 

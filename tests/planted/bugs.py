@@ -541,4 +541,15 @@ BUGS = (
         "took 70 ms instead of 2 in save_load.py",
         (("fastckpt/workers.py", "                del item, fn, task\n", "                pass  # planted\n"),),
         ("tests/fastckpt/test_workers.py", "-k", "holds_nothing")),
+    Bug("load-into-written-before-the-check",
+        "a load into a structure that differs reads the tensors that match straight into it before the load's own "
+        "check refuses the rest: the caller's tensors are overwritten by a load that fails",
+        (("fastckpt/format/fitting.py", "    if problems:\n        return None\n", "    pass  # planted\n"),),
+        ("tests/fastckpt/test_load_into.py", "-k", "refused_before_any_byte")),
+    Bug("load-into-a-view-read-in-place",
+        "a destination tensor that is a view inside a larger storage is read in place, and the state built on it "
+        "takes that whole storage as the record's: the load fails its size check",
+        (("fastckpt/format/fitting.py", "            and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes > 0\n",
+          "            and t.nbytes > 0\n"),),
+        ("tests/fastckpt/test_load_into.py", "-k", "whole_storage")),
 )

@@ -266,14 +266,14 @@ class S3Store(Store):
         return path
 
     def load(self, info: CommitInfo, rank: int, map_location=None, verify: bool = True, weights_only: bool = True,
-             mmap=None):
+             mmap=None, into=None):
         """Downloaded into the spool, then read as any file is (every CRC checked); the spool file
         is unlinked once read (a mapping of it keeps its pages)."""
         path = self._download(info, rank)
         try:
             with self._named(path, info, rank):
                 return load_file(path, map_location, verify, weights_only,
-                                 expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap)
+                                 expect_crc=info.entry_for(rank).crc32 if verify else None, mmap=mmap, into=into)
         finally:
             _unlink(path)
 
