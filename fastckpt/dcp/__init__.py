@@ -10,7 +10,7 @@
   staged.py    how a leaf (a tensor, a DTensor's shard) is copied into its buffer
                (the buffers: fastckpt.write.snapshot_buffers)
   stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
-  groups.py    save_group(): the gloo group async saves talk on; the default group refused
+  groups.py    save_group(): a gloo group for async saves' own collectives, made once
   saved_paths.py  SavedPaths: saves into paths a caller names, saved into again and removed
                (a committed one swapped out only once the new one is committed)
   preempt.py   Preemption: a checkpoint of the step every rank agrees on when SIGTERM comes, then exit

@@ -65,7 +65,6 @@ from ..write.gate import StepGate, storage_key
 from ..write.concurrency import ConcurrencySlots, limit_for, wait_for
 from ..write.snapshot_buffers import SnapshotBuffers
 from . import staged as st
-from .groups import refuse_default_group
 from .slots import SaveSkipped, Slot, SlotState, StagedFuture
 
 log = logging.getLogger("fastckpt")
@@ -139,7 +138,6 @@ class FastStager(AsyncStager):
         returns a future of the staged state dict (see the module docstring)."""
         if self._closed:
             raise RuntimeError("this FastStager is closed")
-        refuse_default_group()
         with_paths, spec = pytree.tree_flatten_with_path(state_dict)
         leaves = [leaf for _, leaf in with_paths]
         names = [pytree.keystr(path) for path, _ in with_paths]

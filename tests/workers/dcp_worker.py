@@ -9,8 +9,10 @@ load: a blank state sharded over this world's ranks (plain tensors without a pro
 fill: one writer saves step 1, 2, ... into DIR/step-N (a 1 MiB matrix sharded over the ranks,
       its values the step's) until a save fails, at most 4; prints "rank R saved N" and then
       "rank R failed N: ERROR" (a full disk: every rank's save of N fails, none hangs).
-group: an async_save through FastStager with no process_group is refused on every rank ("rank R
-      refused: ..."); with process_group=save_group() it saves ("rank R saved", waited for).
+group: an async_save through FastStager with no process_group (step 1), training's all-reduces
+      running meanwhile on a group of their own; then one with process_group=save_group() (step 2),
+      training's all-reduces running meanwhile on the default group. "rank R saved N" once each
+      save's upload completed, "rank R reduced N" once training's 20 all-reduces summed right.
 load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader; "rank R EQUAL".
 With TIERS=MEMORY, save and load go through that memory tier (FastStorageWriter / FastStorageReader
 tiers=[MEMORY]); load then prints "rank R READ WHERE,..." (where each file came from).
@@ -98,16 +100,20 @@ def main() -> None:
         from fastckpt.dcp import FastStager, save_group
         writer = FastStorageWriter(directory, chunk_mb=1)
         stager = FastStager(concurrency=2, writer=writer)
-        state = _sharded(filled(1), mesh, blank=False)
-        try:
-            dcp.async_save(state, checkpoint_id=os.path.join(directory, "step-1"), storage_writer=writer,
-                           async_stager=stager)
-        except ValueError as e:
-            print(f"rank {rank} refused: {e}", flush=True)
-        saving = dcp.async_save(state, checkpoint_id=os.path.join(directory, "step-1"), storage_writer=writer,
-                                async_stager=stager, process_group=save_group())
-        saving.upload_completion.result()
-        print(f"rank {rank} saved", flush=True)
+        training_group = dist.new_group(backend="gloo")  # every rank, in the same order
+        for step, saves_on, trains_on in ((1, None, training_group), (2, save_group(), None)):
+            state = _sharded(filled(step), mesh, blank=False)
+            saving = dcp.async_save(state, checkpoint_id=os.path.join(directory, f"step-{step}"),
+                                    storage_writer=writer, async_stager=stager, process_group=saves_on)
+            total = torch.zeros(4)
+            for _ in range(20):  # training's collectives while the save is in flight
+                x = torch.full((4,), float(rank + 1))
+                dist.all_reduce(x, group=trains_on)
+                total += x
+            saving.upload_completion.result()
+            print(f"rank {rank} saved {step}", flush=True)
+            if torch.equal(total, torch.full((4,), 20.0 * sum(range(1, dist.get_world_size() + 1)))):
+                print(f"rank {rank} reduced {step}", flush=True)
         stager.close()
         writer.close()
     elif mode == "load-step":
