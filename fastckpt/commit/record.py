@@ -23,9 +23,9 @@ from ..errors import CorruptCheckpointError
 from ..fsutil import fsync_dir, read_regular, write_atomic
 
 COMMIT_NAME = "COMMIT"  # the commit record of every checkpoint folder, whatever wrote it
-# what earlier builds named the record of a DeepSpeed tag (0.1 and 0.2) and of a DCP checkpoint
-# (0.2): read, never written
-EARLIER_NAMES = ("fastckpt-tag.json", "fastckpt-dcp.json")
+# what fastckpt 0.1, the released version before, named the record of a DeepSpeed tag: read,
+# never written (deepspeed_fastckpt.tag_records reads 0.1's own format under it)
+EARLIER_NAMES = ("fastckpt-tag.json",)
 NAMES = (COMMIT_NAME,) + EARLIER_NAMES
 VERSION = 1
 MAX_RECORD = 64 << 20
@@ -106,8 +106,8 @@ def write_with(info: CommitInfo, put: Callable[[bytes], None]) -> None:
 
 
 def _drop_earlier(folder: str) -> None:
-    """A record under an earlier name in a folder just committed as `COMMIT` (a DeepSpeed tag or
-    DCP checkpoint of fastckpt 0.2 saved into again) is superseded: removed, durably."""
+    """A record under an earlier name in a folder just committed as `COMMIT` (a DeepSpeed tag of
+    fastckpt 0.1 saved into again) is superseded: removed, durably."""
     dropped = False
     for name in EARLIER_NAMES:
         try:

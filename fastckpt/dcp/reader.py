@@ -7,7 +7,7 @@ DCP's planner's: a checkpoint saved on N ranks loads on M; this reader only serv
 each rank's plan asks for.
 
 read_metadata refuses a checkpoint fastckpt never committed: its commit record (`COMMIT`,
-fastckpt.dcp.writer; 0.2's `fastckpt-dcp.json` reads too) must be there and intact, every file
+fastckpt.dcp.writer) must be there and intact, every file
 it names present at its size, and `.metadata` the bytes it names (size and CRC-32); `.metadata`
 is read by the restricted unpickler (fastckpt.dcp.metadata). A directory that DCP's own FileSystemWriter wrote
 (no record, and its `.metadata` not marked as fastckpt's) loads, with one warning that there is

@@ -50,23 +50,23 @@ def test_an_empty_or_missing_parent_has_none(tmp_path):
 
 
 def test_records_under_the_earlier_names_are_read_and_a_new_commit_supersedes_them(tmp_path):
-    """A DeepSpeed tag's and a DCP checkpoint's record as fastckpt 0.2 named them still count; a
-    folder committed again writes `COMMIT` and the earlier record is gone."""
-    for (child, counter), name in zip((("tag", 1), ("dcp", 2)), record.EARLIER_NAMES):
-        committed(tmp_path, child, counter, name=name)
-    assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["dcp", "tag"]
+    """A DeepSpeed tag's record under the name fastckpt 0.1 gave it still counts; a folder
+    committed again writes `COMMIT` and the earlier record is gone. The name only unreleased
+    builds gave a DCP checkpoint's record makes nothing committed."""
+    committed(tmp_path, "tag", 1, name=record.EARLIER_NAMES[0])
+    committed(tmp_path, "dcp", 2, name="fastckpt-dcp.json")
+    assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["tag"]
     assert record.present(str(tmp_path / "tag")) == "fastckpt-tag.json"
-    assert CommittedUnder(tmp_path).next_counter() == 3
+    assert CommittedUnder(tmp_path).next_counter() == 2
     committed(tmp_path, "tag", 3)  # saved into again by this version
     assert sorted(os.listdir(tmp_path / "tag")) == [NAME, "data.bin"]
-    assert [(os.path.basename(i.path), i.counter) for i in CommittedUnder(tmp_path).newest_first()] == [
-        ("tag", 3), ("dcp", 2)]
+    assert [(os.path.basename(i.path), i.counter) for i in CommittedUnder(tmp_path).newest_first()] == [("tag", 3)]
 
 
 def test_withdraw_removes_every_record_name_and_leaves_the_files(tmp_path):
     committed(tmp_path, "a", 1)
     committed(tmp_path, "b", 2)
-    committed(tmp_path, "old", 3, name=record.EARLIER_NAMES[1])
+    committed(tmp_path, "old", 3, name=record.EARLIER_NAMES[0])
     shutil.copy(tmp_path / "a" / NAME, tmp_path / "old" / NAME)  # both names, as a crash mid-upgrade could leave
     under = CommittedUnder(tmp_path)
     under.withdraw(tmp_path / "old")

@@ -15,7 +15,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from fastckpt.dcp import FastStorageReader, FastStorageWriter, Resumable, committed, newest_committed, resumable
-from fastckpt.dcp.committed import withdraw
 from fastckpt.dcp.folders import DcpFolders
 from fastckpt.errors import NoCheckpointError
 
@@ -137,24 +136,6 @@ def test_each_save_removes_the_saves_cut_short_below_the_newest_checkpoint_and_n
     assert sorted(os.listdir(tmp_path)) == sorted(kept + ["step-5", "step-6"])
     assert (tmp_path / "ckpt3" / "mine.txt").exists() and (tmp_path / "step-1b" / "notes.txt").exists()
     assert [r.step for r in resumable(tmp_path)[0]] == [6, 5, 2, 1]
-
-
-def test_a_checkpoint_whose_record_has_its_earlier_name_is_still_fastckpts(tmp_path):
-    """fastckpt 0.2's DCP record (`fastckpt-dcp.json`) still makes a checkpoint committed: it is
-    resumed from and loads with its files checked; a save into the same folder writes `COMMIT`
-    and removes it."""
-    os.rename(os.path.join(fast_save(tmp_path, 3), "COMMIT"), os.path.join(tmp_path, "step-3", "fastckpt-dcp.json"))
-    stock_save(tmp_path, 2)
-    newest, said = newest_warned(tmp_path)
-    assert (newest.step, newest.by) == (3, "fastckpt") and said == []
-    assert same(loaded(newest), state(3))
-    assert [os.path.basename(i.path) for i in committed(tmp_path)] == ["step-3"]
-    fast_save(tmp_path, 3)
-    assert "fastckpt-dcp.json" not in os.listdir(tmp_path / "step-3") and "COMMIT" in os.listdir(tmp_path / "step-3")
-    assert same(loaded(newest_committed(tmp_path)), state(3))
-    withdraw(str(tmp_path / "step-3"))
-    assert newest_committed(tmp_path, warn=False).step == 2 and sorted(os.listdir(tmp_path / "step-3")) == ["__0_0.distcp"]
-    withdraw(str(tmp_path / "gone"))  # removed meanwhile (a purge thread): nothing left to withdraw
 
 
 def test_the_newest_is_a_str_its_callers_can_use_as_a_path(tmp_path):
