@@ -24,9 +24,10 @@ step holds, the same in the recorded process and in the check.
 Two settings of the environment, for the commit conformance suite (tests/fastckpt/commit/
 test_commit_protocol.py):
   FASTCKPT_TEST_CRASH_BEFORE=CALL:N:KIND  the N-th unit of commit of class KIND issued (1: the
-      first) kills the process (os._exit, nothing cleaned up, as kill -9) just before its
-      numbered call CALL (fastckpt.commit.protocol.CALLS); a set's files are saves whose own
-      units are CheckpointCommits, so KIND says which are counted;
+      first; from `record` on, the N-th whose in_order went through: crash_before) kills the
+      process (os._exit, nothing cleaned up, as kill -9) just before its numbered call CALL
+      (fastckpt.commit.protocol.CALLS); a set's files are saves whose own units are
+      CheckpointCommits, so KIND says which are counted;
   FASTCKPT_TEST_PLANT=nondurable_metadata  DCP's .metadata, the coordinator's part of a gathered
       commit, is written without its fsync: a commit whose record lands before its data is
       durable, which the suite must fail;
@@ -209,16 +210,22 @@ def file_set(root: str) -> None:
 
 
 def crash_before(call: str, nth: int, kind: str) -> None:
-    """The nth unit of commit of class `kind` issued dies just before its call `call` (see the
-    module's doc)."""
+    """The nth unit of commit of class `kind` dies just before its call `call` (see the module's
+    doc). Before `finish` and `in_order`: the nth issued. From `record` on: the nth whose
+    in_order went through, the nth that records (a persist unit that gives way to a newer
+    checkpoint, Superseded in its in_order, never records: the next that goes is counted)."""
+    import threading
+
     from fastckpt.commit.ordered import OrderedCommits
     from fastckpt.commit.protocol import CALLS, CommitUnit
     assert call in CALLS, call
-    issue, issued = OrderedCommits.issue, [0]
+    issue, issued, went, lock = OrderedCommits.issue, [0], [0], threading.Lock()
+    early = CALLS.index(call) <= CALLS.index("in_order")
 
     class Crashing(CommitUnit):
-        def __init__(self, unit: CommitUnit, doomed: bool):
-            self.unit, self.doomed, self.label = unit, doomed, unit.label
+        def __init__(self, unit: CommitUnit, issued_as: int):
+            self.unit, self.label = unit, unit.label
+            self.doomed = early and issued_as == nth
 
         def _call(self, name: str, *args):
             if self.doomed and name == call:
@@ -230,7 +237,12 @@ def crash_before(call: str, nth: int, kind: str) -> None:
             return self._call("finish")
 
         def in_order(self, finished):
-            return self._call("in_order", finished)
+            out = self._call("in_order", finished)
+            if not early and type(self.unit).__name__ == kind:
+                with lock:
+                    went[0] += 1
+                    self.doomed = went[0] == nth
+            return out
 
         def record(self, parts, rank):
             return self._call("record", parts, rank)
@@ -245,9 +257,11 @@ def crash_before(call: str, nth: int, kind: str) -> None:
             return self.unit.timed(phase, seconds)
 
     def issuing(self, unit, *args, **kwargs):
-        if type(unit).__name__ == kind:
-            issued[0] += 1
-        return issue(self, Crashing(unit, type(unit).__name__ == kind and issued[0] == nth), *args, **kwargs)
+        with lock:
+            if type(unit).__name__ == kind:
+                issued[0] += 1
+            issued_as = issued[0] if type(unit).__name__ == kind else 0
+        return issue(self, Crashing(unit, issued_as), *args, **kwargs)
 
     OrderedCommits.issue = issuing
 
