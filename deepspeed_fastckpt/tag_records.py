@@ -6,8 +6,8 @@ partitions). fastckpt's DeepSpeed engine commits a tag as one set of files acros
 (fastckpt.commit.file_sets): once every rank's files are durable, rank 0 writes the tag's
 commit record `save_dir/tag/COMMIT` (fastckpt.commit.record's, as every fastckpt checkpoint's:
 every file with its rank, size and CRC-32, and a counter) and `save_dir/fastckpt-latest`, both
-atomically. The record as fastckpt 0.2 named it (`fastckpt-tag.json`) still reads, and so does
-one fastckpt 0.1 wrote there (plain JSON with a sequence number). DeepSpeed's own
+atomically. The record fastckpt 0.1 wrote (`fastckpt-tag.json`: plain JSON with a sequence
+number) still reads. DeepSpeed's own
 `latest` file is written with a plain open() and may be missing, torn, or name a tag that
 never completed; `newest_committed_tag` ignores it.
 
@@ -42,7 +42,7 @@ from fastckpt.pmem.pointer import is_pool_pointer
 
 SizeOf = Callable[[str], Optional[int]]
 
-EARLIER_RECORD = "fastckpt-tag.json"  # a tag's record as fastckpt 0.1 and 0.2 named it (fastckpt.commit.record.NAMES)
+EARLIER_RECORD = "fastckpt-tag.json"  # a tag's record as fastckpt 0.1 named it (fastckpt.commit.record.NAMES)
 TAG_OPEN = "fastckpt-tag.open"
 LATEST = "fastckpt-latest"
 

@@ -133,8 +133,13 @@ def read(ckpt_dir: str, name: Optional[str] = None, size_of: Optional[Callable[[
     there is none), with its files' presence and sizes checked
     (size_of: a file's size, None when missing; a pool-backed set's files are pointers whose
     size is the pool version's; size_of=None: the record alone, no file looked at). every_rank: each rank wrote one file at least (the
-    Checkpointer's checkpoints); a set of files may have ranks that wrote none."""
-    path = os.path.join(ckpt_dir, name or present(ckpt_dir) or COMMIT_NAME)
+    Checkpointer's checkpoints); a set of files may have ranks that wrote none. A record under
+    an earlier name is 0.1's own format, not this one: CorruptCheckpointError here (the reader of
+    what wrote it, deepspeed_fastckpt.tag_records, reads it)."""
+    name = name or present(ckpt_dir) or COMMIT_NAME
+    path = os.path.join(ckpt_dir, name)
+    if name in EARLIER_NAMES:
+        raise CorruptCheckpointError(f"{path}: a record in fastckpt 0.1's format, not read as a commit record")
     return parse(read_regular(path, MAX_RECORD + 1), path, size_of, every_rank)
 
 

@@ -8,9 +8,12 @@ import os
 import shutil
 import zlib
 
+import pytest
+
 from fastckpt.commit import record
 from fastckpt.commit.committed_under import CommittedUnder
 from fastckpt.commit_info import CommitInfo, FileEntry
+from fastckpt.errors import CorruptCheckpointError
 
 NAME = record.COMMIT_NAME
 
@@ -49,18 +52,22 @@ def test_an_empty_or_missing_parent_has_none(tmp_path):
     assert CommittedUnder(tmp_path).newest() is None and CommittedUnder(tmp_path).next_counter() == 1
 
 
-def test_records_under_the_earlier_names_are_read_and_a_new_commit_supersedes_them(tmp_path):
-    """A DeepSpeed tag's record under the name fastckpt 0.1 gave it still counts; a folder
-    committed again writes `COMMIT` and the earlier record is gone. The name only unreleased
-    builds gave a DCP checkpoint's record makes nothing committed."""
+def test_records_in_formats_no_release_wrote_count_for_nothing_and_a_new_commit_supersedes_them(tmp_path):
+    """Today's record under the name fastckpt 0.1 gave a DeepSpeed tag's (0.1 wrote its own
+    format there, read by deepspeed_fastckpt.tag_records), or under the name only development
+    builds gave a DCP checkpoint's, makes nothing committed; a folder committed again writes
+    `COMMIT` and the earlier record is gone."""
     committed(tmp_path, "tag", 1, name=record.EARLIER_NAMES[0])
     committed(tmp_path, "dcp", 2, name="fastckpt-dcp.json")
-    assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["tag"]
+    committed(tmp_path, "ok", 4)
+    assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["ok"]
     assert record.present(str(tmp_path / "tag")) == "fastckpt-tag.json"
-    assert CommittedUnder(tmp_path).next_counter() == 2
-    committed(tmp_path, "tag", 3)  # saved into again by this version
+    with pytest.raises(CorruptCheckpointError, match="0.1's format"):
+        record.read(str(tmp_path / "tag"))
+    committed(tmp_path, "tag", 5)  # saved into again by this version
     assert sorted(os.listdir(tmp_path / "tag")) == [NAME, "data.bin"]
-    assert [(os.path.basename(i.path), i.counter) for i in CommittedUnder(tmp_path).newest_first()] == [("tag", 3)]
+    assert [(os.path.basename(i.path), i.counter) for i in CommittedUnder(tmp_path).newest_first()] == [
+        ("tag", 5), ("ok", 4)]
 
 
 def test_withdraw_removes_every_record_name_and_leaves_the_files(tmp_path):
