@@ -9,8 +9,10 @@ checkpoints live, how many are kept, which ranks take part) — is derived from 
 own metadata. A new setting is one field here, its check in `_check`, and its doc.
 flatten(cfg) turns the Hydra layout (groups `strategy` and `store`, optional top-level
 overrides like `concurrency=4`) into its flat kwargs; unknown keys are a ConfigError naming
-the valid ones. What a config builds is fastckpt.config.hydra's; this module sits low in the
-house (it imports only errors and write.deadline) so that every layer can read the settings.
+the valid ones. What a config builds is fastckpt.config.hydra's. The check asks the layers
+below what they offer (formats, stores, strategies, the pool's persistence modes, an S3 place):
+this module sits above store/ and restore/ (floor 7 of tests/fastckpt/test_imports.py's LAYERS),
+and the layers below it are handed the settings (or their values), never import this module.
 """
 from __future__ import annotations
 
