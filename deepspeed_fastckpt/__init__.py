@@ -10,6 +10,8 @@ after DeepSpeed: it registers as DeepSpeed is imported, and never imports DeepSp
     deepspeed_fastckpt.at_step_end(engine, save_dir)
 """
 import sys
+from types import ModuleType
+from typing import Any
 
 from fastckpt import front_ends
 
@@ -18,28 +20,35 @@ from .on_import import after_import
 __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offload_activations", "register"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """The public names, imported on first use: DeepSpeed is imported only by the program (this
     package's folder kind, which `fastckpt ls` loads, must not import it)."""
+    value: Any
     if name == "FastckptEngine":
-        from .engine import FastckptEngine as value
+        from .engine import FastckptEngine
+        value = FastckptEngine
     elif name == "checkpoint_due":
-        from .interval import checkpoint_due as value
+        from .interval import checkpoint_due
+        value = checkpoint_due
     elif name == "offload_activations":
-        from .offload import offload_activations as value
+        from .offload import offload_activations
+        value = offload_activations
     elif name == "at_step_end":
-        from .preempt import at_step_end as value
+        from .preempt import at_step_end
+        value = at_step_end
     elif name == "register":
-        from .register import register as value
+        from .register import register
+        value = register
     elif name == "SETTINGS":
-        from .settings import VALID as value
+        from .settings import VALID
+        value = VALID
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
-def _register(_deepspeed) -> None:
+def _register(_deepspeed: ModuleType) -> None:
     from .register import register
     globals()["register"] = register  # the function, not the submodule its import bound here
     register()

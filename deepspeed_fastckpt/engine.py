@@ -17,7 +17,7 @@ bucket holds fetches it first (load_tag).
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
@@ -38,6 +38,10 @@ from .settings import bucket_of, checkpointer_config, entry_of, preempt_of
 from .load_tag import Choice, agreed_choice
 from .tags import TagCommitter
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from torch.serialization import MAP_LOCATION
+
 ENGINE_NAME = "FastckptEngine"
 
 
@@ -49,7 +53,8 @@ def tag_folder(info: CheckpointCommitInfo) -> str:
 class FastckptEngine(CheckpointEngine):
     """Selected by a "fastckpt" entry in the DeepSpeed config once `deepspeed_fastckpt` is imported."""
 
-    def __init__(self, config_params=None, settings: Optional[dict] = None):
+    def __init__(self, config_params: Union[DeepSpeedConfig, dict[str, Any], None] = None,
+                 settings: Optional[dict] = None) -> None:
         super().__init__(config_params)
         self.name = ENGINE_NAME
         entry = settings if settings is not None else entry_of(config_params)
@@ -74,7 +79,7 @@ class FastckptEngine(CheckpointEngine):
         self._closed = False
         open_engines.opened(self)
 
-    def configure(self, ds_optimizer, module_params: frozenset) -> None:
+    def configure(self, ds_optimizer: object, module_params: frozenset) -> None:
         """Once DeepSpeed built its optimizer: the tensors only the update rewrites beyond the
         torch optimizer's own (the module parameters outside ZeRO-3, which re-gathers them in
         forward), and the per-group gate."""
@@ -82,7 +87,7 @@ class FastckptEngine(CheckpointEngine):
         self.update_only = module_params
 
     # -- saving ----------------------------------------------------------
-    def makedirs(self, path, exist_ok=False):
+    def makedirs(self, path: Union[str, os.PathLike[str]], exist_ok: bool = False) -> None:
         """DeepSpeed's save_dir made (rank 0 alone, before a barrier); a URL is not made into a local
         folder named `s3:`: create(), which every rank calls, refuses it."""
         if not (isinstance(path, str) and URL.match(path)):
@@ -103,7 +108,7 @@ class FastckptEngine(CheckpointEngine):
         self._files = []
         self._tag_dir, self._marked = tag_folder(info), False
 
-    def save(self, state_dict, path: str) -> None:
+    def save(self, state_dict: Any, path: str) -> None:
         path = os.path.abspath(path)
         if os.path.dirname(path) == self._tag_dir and not self._marked:  # the tag's first file: the tag
             mark_open(*os.path.split(self._tag_dir))  # is fastckpt's before any byte of it is written
@@ -170,7 +175,7 @@ class FastckptEngine(CheckpointEngine):
         self.group_gate.retarget(self.named.checkpointer)
 
     # -- loading ---------------------------------------------------------
-    def load(self, path: str, map_location=None):
+    def load(self, path: str, map_location: MAP_LOCATION = None) -> Any:
         if self.pool and callable(map_location):  # DeepSpeed's map_location callables keep storages on the CPU
             map_location = None
         with torch.serialization.safe_globals(deepspeed_safe_globals()):
@@ -180,7 +185,7 @@ class FastckptEngine(CheckpointEngine):
         """Bytes of what was saved at path: the file, or the pool's current version of it."""
         return self.named.size(path)
 
-    def tag_to_load(self, load_dir: str, tag=None, latest_file: str = "latest") -> Choice:
+    def tag_to_load(self, load_dir: str, tag: Optional[str] = None, latest_file: str = "latest") -> Choice:
         """The tag every rank loads from load_dir (load_tag.choose), once every save of this
         process into load_dir has landed — this engine's and any other engine's still open.
         The ranks agree on it (load_tag.agreed_choice)."""

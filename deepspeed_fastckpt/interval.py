@@ -19,7 +19,7 @@ every rank must answer the same, or their save_checkpoint collectives would not 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import torch
 
@@ -30,9 +30,12 @@ from .engine import FastckptEngine
 from .engine_hooks import hooks_of, peek
 from .settings import interval_of
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
 
 class _Interval:
-    def __init__(self, interval: Any, tune: dict):
+    def __init__(self, interval: Union[int, Literal["auto"]], tune: dict) -> None:
         """interval and tune as settings.interval_of checked them."""
         self.auto: Optional[AutoInterval] = AutoInterval(**tune) if interval == "auto" else None
         self.every: Optional[int] = None if interval == "auto" else interval
@@ -40,7 +43,7 @@ class _Interval:
         self.last_step_at: Optional[float] = None
         self.saved_in_step = False  # checkpoint_due said yes since the last step boundary
 
-    def step_ended(self, engine, now: float) -> None:
+    def step_ended(self, engine: DeepSpeedEngine, now: float) -> None:
         """A step of the engine ended at `now` (engine_hooks: the next step's first forward)."""
         if self.auto is None:
             return
@@ -52,14 +55,14 @@ class _Interval:
         self.saved_in_step = False
 
 
-def attach(engine, entry: dict) -> None:
+def attach(engine: DeepSpeedEngine, entry: dict) -> None:
     """From the entry's "interval" (and "tune") keys, if there."""
     checked = interval_of(entry)
     if checked is not None:
         hooks_of(engine).interval = _Interval(*checked)
 
 
-def checkpoint_due(engine, save_dir: str) -> bool:
+def checkpoint_due(engine: DeepSpeedEngine, save_dir: str) -> bool:
     """Whether the engine's current global step is a checkpoint step (see the module doc)."""
     hooks = peek(engine)
     iv = None if hooks is None else hooks.interval
@@ -78,7 +81,8 @@ def checkpoint_due(engine, save_dir: str) -> bool:
     return due
 
 
-def _tune(engine, iv: _Interval, save_dir: str) -> None:
+def _tune(engine: DeepSpeedEngine, iv: _Interval, save_dir: str) -> None:
+    assert iv.auto is not None  # called when iv.auto needs tuning
     state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     iv.auto.log_path = os.path.join(save_dir, f"fastckpt-tune-rank{rank}.json")

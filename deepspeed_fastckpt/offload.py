@@ -14,21 +14,27 @@ forward that raises removes its files at once. The settings are OffloadConfig's.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from fastckpt.offload import ActivationOffload
 from fastckpt.offload.settings import OffloadConfig
 
 from .engine_hooks import hooks_of, peek
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
-def offload_activations(engine, directory: Optional[str] = None, **settings: Any) -> ActivationOffload:
+
+def offload_activations(engine: DeepSpeedEngine, directory: Optional[str] = None,
+                        **settings: Any) -> ActivationOffload:
     """Offloads the engine's saved activations from now on; returns the ActivationOffload."""
     node = dict(settings, directory=directory, enabled=True)
-    return attach(engine, node)
+    off = attach(engine, node)
+    assert off is not None  # enabled=True: attach made one
+    return off
 
 
-def attach(engine, node: Any) -> Optional[ActivationOffload]:
+def attach(engine: DeepSpeedEngine, node: Any) -> Optional[ActivationOffload]:
     """Attaches the offload a settings node asks for (None/False/enabled=false: none)."""
     off = OffloadConfig.from_node(node).build()
     if off is not None:
@@ -40,12 +46,12 @@ def attach(engine, node: Any) -> Optional[ActivationOffload]:
     return off
 
 
-def offload_of(engine) -> Optional[ActivationOffload]:
+def offload_of(engine: DeepSpeedEngine) -> Optional[ActivationOffload]:
     hooks = peek(engine)
     return None if hooks is None else hooks.offload
 
 
-def close(engine) -> None:
+def close(engine: DeepSpeedEngine) -> None:
     """Whatever the engine's offload still holds is removed (destroy())."""
     off = offload_of(engine)
     if off is not None:

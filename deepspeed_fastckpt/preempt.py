@@ -16,17 +16,22 @@ being written last, the previous tag stays the newest, never a torn one.
 from __future__ import annotations
 
 import logging
+import os
+from typing import TYPE_CHECKING, Union
 
 import torch
 import torch.distributed as dist
 
 from .engine import FastckptEngine
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
 log = logging.getLogger("fastckpt")
 TAG = "preempted_step{step}"
 
 
-def at_step_end(engine, save_dir) -> None:
+def at_step_end(engine: DeepSpeedEngine, save_dir: Union[str, os.PathLike[str]]) -> None:
     """Every rank, after engine.step(): nothing unless the entry's preempt_signal came to some rank
     (then: the agreed tag saved and durable, and exit). Nothing at all without preempt_signal."""
     ours = engine.checkpoint_engine
@@ -56,7 +61,7 @@ def _any_rank(came: bool, device: torch.device) -> bool:
     return bool(got.item())
 
 
-def _device(engine) -> torch.device:
+def _device(engine: DeepSpeedEngine) -> torch.device:
     try:
         return torch.device(engine.device)
     except (AttributeError, TypeError, RuntimeError):

@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Any, Callable, Optional, cast
 
 from .commit.agreed_errors import AgreedErrors
 from .commit.agreement import Agreement, make_agreement
@@ -37,11 +38,13 @@ from .pending import Pending
 from .preempt import PreemptSignal
 from .restore.newest import Loaded, newest_loadable, newest_record
 from .store import open_store
+from .store.tiers import Tiers
 from .timings import Timings, summed
 from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.concurrency import ConcurrencySlots
 from .write.native_engine import new_engine
 from .write.staging import Staging
+from .write.watch import SnapshotWatch
 
 log = logging.getLogger("fastckpt")
 _REFUSED = ("the filesystem of {} refused O_DIRECT: checkpoints there are written through the page cache "
@@ -56,7 +59,8 @@ SLOT_WAIT_S = 0.05  # a save that waits longer for a concurrency slot says the d
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
-    def __init__(self, root=None, settings: CheckpointerConfig | None = None, **overrides):
+    def __init__(self, root: str | os.PathLike[str] | None = None, settings: CheckpointerConfig | None = None,
+                 **overrides: Any) -> None:
         """root: where the checkpoints live (None: as the store says). The settings are
         fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
         given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
@@ -65,7 +69,7 @@ class Checkpointer:
         if settings is None:
             settings = CheckpointerConfig.from_dict(dict(overrides, root=root))
         elif root is not None and root != settings.root:
-            settings = dataclasses.replace(settings, root=root)
+            settings = dataclasses.replace(settings, root=os.fspath(root))
         self._open(settings)
 
     @classmethod
@@ -98,7 +102,7 @@ class Checkpointer:
         self.store_kind = self.store.kind
         self.root = self.store.root
         self._named_paths = self.store.names_by_path
-        self._slots = ConcurrencySlots(c.concurrency)
+        self._slots: ConcurrencySlots[int] = ConcurrencySlots(c.concurrency)
         self._lock = threading.Lock()
         # failed checkpoints and copies nobody observed, raised at the same call on every rank
         self._errors = AgreedErrors(self._agree)
@@ -109,9 +113,11 @@ class Checkpointer:
         self._persisting = Persisting(self.store, self._deadline, c, self._count, self._retain_behind,
                                       self._errors) if c.tiers else None
         self._fitted = False
-        self._saved_step = None  # the step of the newest save issued (at_step_end promotes it)
-        self._preempt = PreemptSignal(c.preempt_signal, c.preempt_grace_s) if c.preempt_signal is not None else None
-        self._engine = None
+        self._saved_step: Optional[int] = None  # the step of the newest save issued (at_step_end promotes it)
+        # the settings turned a name ("SIGTERM") into its number
+        self._preempt = PreemptSignal(cast(int, c.preempt_signal), c.preempt_grace_s) \
+            if c.preempt_signal is not None else None
+        self._engine: Any = None  # a _native.Engine once the first save starts writing
         self._staging: Staging | None = None
         self._started = False
         self._counter: int | None = None
@@ -121,7 +127,7 @@ class Checkpointer:
         # modes: how each checkpoint's bytes moved (its write's mode: a strategy changed on the way
         # shows here — "device-copy" for a 'c' save that went through spare memory, "pinned-staging"
         # for a 'g' or 'd' one whose device or kvikio could not do it)
-        self.stats = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
+        self.stats: dict[str, Any] = {"saves": 0, "skipped": 0, "failed": 0, "pinned": False, "spare_first": 0, "o_direct": 0,
                       "o_direct_refused": 0, "modes": {}, "timings": {}, "timings_first": None, "landed": 0,
                       "slot_waits": 0, "persisted": 0, "persist_failed": 0,
                       "persist_superseded": 0, "persist_skipped": 0, "loaded_from": None}
@@ -134,8 +140,8 @@ class Checkpointer:
                 f"concurrency={self.concurrency}, writers={self.writers}, format={self.format!r}, {state})")
 
     # -- saving ----------------------------------------------------------
-    def save(self, state, step: int, meta: dict | None = None, path=None,
-             held: bool = False, watch=None) -> Pending:
+    def save(self, state: Any, step: int, meta: dict | None = None, path: str | None = None,
+             held: bool = False, watch: Optional[SnapshotWatch] = None) -> Pending:
         """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued.
 
         state: a state dict, or a FilePlan its caller laid out itself (fastckpt.dcp: DCP's items).
@@ -180,12 +186,14 @@ class Checkpointer:
             if not self._fitted or self.store.bounded:
                 self._fit(plan.file_size)
             if got:
+                staging = self._staging
+                assert staging is not None  # made by _start_writing, before the first save goes on
                 with clock.phase("staging"):
                     chunk = self._engine.pool.chunk_bytes
                     need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
-                    strategy = self._while_staging_grows(plan, need, held)
-                    got = self._staging.ensure(need)
-                self.stats["pinned"] = self._staging.pinned
+                    strategy = self._while_staging_grows(staging, plan, need, held)
+                    got = staging.ensure(need)
+                self.stats["pinned"] = staging.pinned
         except BaseException:
             if slot is not None:
                 self._slots.give_back(slot)
@@ -198,12 +206,15 @@ class Checkpointer:
                           "checkpoints are in flight or staging memory is full (policy='skip')",
                           stacklevel=2)
             return Pending(step, -1, skipped=True)
-        counter = self._counter
-        self._counter += 1
+        counter, taken = self._counter, slot
+        assert counter is not None and taken is not None  # set by _start_writing; 'skip' returned above without one
+        self._counter = counter + 1
         self._saved_step = step
         pending = Pending(step, counter, clock=clock, t0=t0, placed_later=self._persisting is not None)
-        write, error = None, None
-        ckpt_id, file_path = None, None
+        write: Any = None
+        error: Optional[CheckpointWriteError] = None
+        ckpt_id: Optional[str] = None
+        file_path: Optional[str] = None
         try:
             with clock.phase("begin"):
                 ckpt_id, file_path = self.store.begin(step, counter, self.rank, self.format, path, plan=plan,
@@ -222,7 +233,7 @@ class Checkpointer:
             with self._lock:
                 self.stats["modes"][write.mode] = self.stats["modes"].get(write.mode, 0) + 1
         unit = CheckpointCommit(self.store, pending, ckpt_id, file_path, meta, self.format, self.rank,
-                                self.world_size, landed=lambda p, slot=slot: self._landed(p, slot),
+                                self.world_size, landed=lambda p: self._landed(p, taken),
                                 retain=self._retain, written=self._written)
         self._commits.issue(unit, error, track=lambda thread: self._inflight.add(pending, ckpt_id, thread))
         self.stats["saves"] += 1
@@ -242,7 +253,7 @@ class Checkpointer:
             log.warning("fastckpt: %s", note)
             warnings.warn(f"fastckpt: {note}", stacklevel=4)
 
-    def _while_staging_grows(self, plan, need: int, held: bool) -> str:
+    def _while_staging_grows(self, staging: Staging, plan: FilePlan, need: int, held: bool) -> str:
         """The strategy of this write: 'c' on a stream-read device (CUDA) whose save finds staging
         short (the first one, unless reserve() ran long enough before) copies into spare device
         memory first, as 'g' does, so the gate waits for a device-to-device copy rather than for
@@ -250,7 +261,7 @@ class Checkpointer:
         Never for a held write: it may read a tensor only once the caller released it."""
         if held or self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
             return self.strategy
-        if not self._staging.short(need):
+        if not staging.short(need):
             return self.strategy
         self.stats["spare_first"] += 1
         log.info("fastckpt: staging is still growing (%d of %d chunks free); this checkpoint is copied into "
@@ -264,14 +275,14 @@ class Checkpointer:
         self._counter = max(self._agree.gather(self.store.next_counter()))
         self._engine_now()
 
-    def _engine_now(self):
+    def _engine_now(self) -> Any:
         with self._lock:
             if self._engine is None:
                 self._engine = new_engine(self.chunk_mb, self.writers * self.concurrency)
                 self._staging = Staging(self._engine, self.concurrency, self.staging_mb, self.policy)
             return self._engine
 
-    def _take_slot(self):
+    def _take_slot(self) -> Optional[int]:
         """One of `concurrency` slots (write.concurrency): waits for the oldest checkpoint in
         flight (policy='wait'), under the deadline; None at once when none is free and policy='skip'."""
         if self.policy == "skip":
@@ -296,9 +307,10 @@ class Checkpointer:
         if not stages(device, self.store.sink_kind, self.strategy):
             return
         self._engine_now()
+        assert self._staging is not None  # made with the engine
         self._staging.reserve(nbytes)
 
-    def _written(self, result) -> None:
+    def _written(self, result: Any) -> None:
         """A checkpoint's file is durable (CheckpointCommit.finish, on its commit thread): how its
         bytes went. Only counts and logs: the warning is raised on the caller's thread by the next
         save(), wait() or close() (a warning turned into an error must not fail a commit)."""
@@ -315,7 +327,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - bookkeeping never fails a durable checkpoint
             log.warning("fastckpt: could not count how the checkpoint at %s was written: %s", result.path, e)
 
-    def _landed(self, pending: Pending, slot) -> None:
+    def _landed(self, pending: Pending, slot: int) -> None:
         """A checkpoint's commit landed (CheckpointCommit): its slot is free again."""
         if pending.error is not None:
             self.stats["failed"] += 1
@@ -338,7 +350,7 @@ class Checkpointer:
     def _retain_behind(self) -> None:
         """Retention once a copy behind the memory tier landed, on every tier."""
         try:
-            self.store.retain_behind(self._inflight.directories())
+            cast(Tiers, self.store).retain_behind(self._inflight.directories())  # Persisting: tiers only
         except OSError as e:  # a failed cleanup never fails a committed checkpoint
             log.warning("fastckpt: could not remove old checkpoints under %s: %s", self.root, e)
 
@@ -357,7 +369,7 @@ class Checkpointer:
                 summed(self.stats["timings"], {"retain": time.monotonic() - t})
 
     # -- preemption --------------------------------------------------------
-    def at_step_end(self, step: int, state) -> None:
+    def at_step_end(self, step: int, state: Any) -> None:
         """With preempt_signal set, called on every rank once per training step (after the
         optimizer step: `state` is the state of `step`). When the signal reached any rank, every
         rank agrees — in one collective — on this step, checkpoints it (promoting its save in
@@ -469,9 +481,9 @@ class Checkpointer:
         """Every committed checkpoint (see latest()), newest first."""
         return self.store.committed()
 
-    def load(self, step: int | None = None, map_location="cpu", rank: int | None = None,
-             verify: bool | None = None, weights_only: bool = True, into=None,
-             mmap: bool | None = None, key=None):
+    def load(self, step: int | None = None, map_location: Any = "cpu", rank: int | None = None,
+             verify: bool | None = None, weights_only: bool = True, into: Any = None,
+             mmap: bool | None = None, key: Any = None) -> Any:
         """Returns the state of the newest checkpoint that verifies (or of `step`), falling back
         past corrupt ones with a warning that names them.
 
@@ -494,13 +506,14 @@ class Checkpointer:
             return copy_into(into, loaded.state, where, key)
         return loaded.state if key is None else part_of(loaded.state, key, where)
 
-    def load_with_record(self, step: int | None = None, map_location="cpu", rank: int | None = None,
+    def load_with_record(self, step: int | None = None, map_location: Any = "cpu", rank: int | None = None,
                          verify: bool | None = None, weights_only: bool = True,
                          mmap: bool | None = None) -> "Loaded":
         """As load(), and also which checkpoint it was and why others were passed over (no warning)."""
         return self._load_record(step, map_location, rank, verify, weights_only, mmap, None)
 
-    def _load_record(self, step, map_location, rank, verify, weights_only, mmap, into) -> "Loaded":
+    def _load_record(self, step: Optional[int], map_location: Any, rank: Optional[int], verify: Optional[bool],
+                     weights_only: bool, mmap: Optional[bool], into: Optional[Destination]) -> "Loaded":
         verify = self.verify if verify is None else verify
         rank = self.rank if rank is None else rank
         loaded = newest_loadable(self.store, self._agree, step, rank, map_location, verify, weights_only, mmap, into)
@@ -534,7 +547,7 @@ class Checkpointer:
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _check_open(self) -> None:
@@ -542,7 +555,7 @@ class Checkpointer:
             raise RuntimeError("this Checkpointer is closed")
 
 
-def _progress_of(ref: "weakref.ref[Checkpointer]"):
+def _progress_of(ref: "weakref.ref[Checkpointer]") -> Callable[[], int]:
     """Units moved by a Checkpointer's engine so far (its deadline's measure of progress);
     weak, so that the deadline its writes keep does not keep the Checkpointer alive."""
     def progress() -> int:

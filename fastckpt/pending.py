@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+from typing import Any, Iterable, Optional
+
 from .commit_info import CommitInfo
+from .format.plan import FilePlan
 from .timings import Timings
 
 
@@ -30,11 +33,11 @@ class Pending:
         self.observed = False
         self.placed_observed = False  # a caller was given why it was not placed (raise_placed)
         self.skipped = skipped
-        self.write = None  # the SnapshotWrite in flight (None when skipped or failed to start)
-        self.plan = None   # the FilePlan: plan.records are what release()/wait_records() index
-        self.watch = None  # the SnapshotWatch over tensors copied after save() returned, if any
-        self.strategy = None  # the strategy it was written with (the Checkpointer's may change it: see stats)
-        self.mode = None  # how its bytes moved (its write's mode), once started
+        self.write: Any = None  # the SnapshotWrite in flight (None when skipped or failed to start)
+        self.plan: Optional[FilePlan] = None  # plan.records are what release()/wait_records() index
+        self.watch: Any = None  # a write.watch.SnapshotWatch over tensors copied after save() returned, if any
+        self.strategy: Optional[str] = None  # what it was written with (the Checkpointer's may change it: see stats)
+        self.mode: Optional[str] = None  # how its bytes moved (its write's mode), once started
         self._index: dict[int, int] | None = None
         if skipped:
             self._copied.set()
@@ -72,7 +75,7 @@ class Pending:
             self._index = {r.storage.data_ptr(): i for i, r in enumerate(records)}
         return self._index
 
-    def records_of(self, storages) -> list[int]:
+    def records_of(self, storages: Iterable[int]) -> list[int]:
         """Indices of the records copying these storages (those this checkpoint holds)."""
         index = self.record_index()
         return [index[s] for s in storages if s in index]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from .settings import check_seconds
 from .write.native_engine import default_engine
@@ -19,6 +19,7 @@ from .fsutil import fsync_dir
 from .write import Deadline, FileSink, start_write
 from .write.deadline import DEFAULT_STALL_S
 from .write.pinning import pin_chunks
+from .write.protocol import SnapshotWrite
 
 _pinned = False
 _users = 0  # saves using the shared engine now
@@ -36,14 +37,14 @@ class Saved(int):
     tools: dict
     o_direct: bool
 
-    def __new__(cls, nbytes: int, tools: dict | None = None, o_direct: bool = False):
+    def __new__(cls, nbytes: int, tools: dict | None = None, o_direct: bool = False) -> "Saved":
         out = super().__new__(cls, nbytes)
         out.tools, out.o_direct = dict(tools or {}), o_direct
         return out
 
 
-def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = "c",
-         progress: Callable[[int, int], None] | None = None, tool=None,
+def save(state: Any, path: str | os.PathLike[str], format: str = "torch", strategy: str = "c",
+         progress: Callable[[int, int], None] | None = None, tool: Any = None,
          stall_timeout_s: float = DEFAULT_STALL_S, plain: bool = False) -> Saved:
     """Writes state to path durably; returns the number of bytes written (a Saved: also which
     tool wrote how many records, and whether O_DIRECT carried the data).
@@ -87,7 +88,7 @@ def save(state, path: str | os.PathLike, format: str = "torch", strategy: str = 
     return Saved(res.bytes, o_direct=res.direct_io)
 
 
-def _take_engine():
+def _take_engine() -> Any:
     """The shared engine of one-file saves, its staging pinned for CUDA copies once."""
     global _pinned, _users
     with _users_lock:
@@ -99,7 +100,7 @@ def _take_engine():
         return engine
 
 
-def _give_engine_back(engine, done: bool) -> None:
+def _give_engine_back(engine: Any, done: bool) -> None:
     """The last save using the shared engine ends its threads (its staging stays for the next):
     nothing of a finished save keeps running. Not after a failed save, whose writes may still
     be stuck in them (a stalled disk): joining those would hang the error."""
@@ -110,7 +111,7 @@ def _give_engine_back(engine, done: bool) -> None:
             engine.park()
 
 
-def _save_with_tool(state, path: str, format: str, tool) -> Saved:
+def _save_with_tool(state: Any, path: str, format: str, tool: Any) -> Saved:
     from .offload.plan_writer import io_for, say_fallback, write_plan
     io = io_for(tool)  # a bad tool name fails before any file exists
     plan = plan_file(state, format)
@@ -127,10 +128,10 @@ def _save_with_tool(state, path: str, format: str, tool) -> Saved:
     return Saved(plan.file_size, tools=used)
 
 
-def _finish_reporting(w, total: int, progress: Callable[[int, int], None]):
+def _finish_reporting(w: SnapshotWrite, total: int, progress: Callable[[int, int], None]) -> Any:
     out: dict = {}
 
-    def run():
+    def run() -> None:
         try:
             out["result"] = w.finish()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
@@ -147,8 +148,8 @@ def _finish_reporting(w, total: int, progress: Callable[[int, int], None]):
     return out["result"]
 
 
-def load(path: str | os.PathLike, map_location=None, verify: bool = True, weights_only: bool = True,
-         mmap: bool | None = None):
+def load(path: str | os.PathLike[str], map_location: Any = None, verify: bool = True, weights_only: bool = True,
+         mmap: bool | None = None) -> Any:
     """Reads a checkpoint file (fastckpt's or torch.save's or a safetensors file).
 
     By default CPU tensors are views of a private, copy-on-write mapping of the file (as with

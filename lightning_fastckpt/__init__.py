@@ -19,30 +19,42 @@ exists or after the DeepSpeed plugin was imported, and to no other.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback
+
 __all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpointing", "PreemptCheckpoint",
            "TensorOffload", "TunedModelCheckpoint"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
+    value: Any
     if name == "FastCheckpointIO":
-        from .checkpoint_io import FastCheckpointIO as value
+        from .checkpoint_io import FastCheckpointIO
+        value = FastCheckpointIO
     elif name == "FastModelParallelStrategy":
-        from .model_parallel import FastModelParallelStrategy as value
+        from .model_parallel import FastModelParallelStrategy
+        value = FastModelParallelStrategy
     elif name == "LayerwiseCheckpointing":
-        from .layerwise import LayerwiseCheckpointing as value
+        from .layerwise import LayerwiseCheckpointing
+        value = LayerwiseCheckpointing
     elif name == "PreemptCheckpoint":
-        from .preempt import PreemptCheckpoint as value
+        from .preempt import PreemptCheckpoint
+        value = PreemptCheckpoint
     elif name == "TensorOffload":
-        from .offload import TensorOffload as value
+        from .offload import TensorOffload
+        value = TensorOffload
     elif name == "TunedModelCheckpoint":
-        from .tuned_checkpoint import TunedModelCheckpoint as value
+        from .tuned_checkpoint import TunedModelCheckpoint
+        value = TunedModelCheckpoint
     else:
         raise AttributeError(f"module 'lightning_fastckpt' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
-def callbacks() -> list:
+def callbacks() -> list[Callback]:
     """Lightning's `lightning.pytorch.callbacks_factory` entry point, called once per Trainer with
     nothing that says which Trainer: lightning_fastckpt.watch's callback while a FastCheckpointIO
     exists in this process or the DeepSpeed plugin was imported (what the callback serves), else

@@ -18,7 +18,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
@@ -59,8 +59,10 @@ class FastCheckpointIO(CheckpointIO):
     """
 
     def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
-                 layerwise: bool = False, pool: Optional[str] = None, tiers=None, tier_keep=None,
-                 **overrides: Any):
+                 layerwise: bool = False, pool: Optional[str] = None,
+                 tiers: Optional[Iterable[Union[str, os.PathLike[str]]]] = None,
+                 tier_keep: Optional[Iterable[int]] = None,
+                 **overrides: Any) -> None:
         MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
         given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
@@ -95,21 +97,22 @@ class FastCheckpointIO(CheckpointIO):
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
-        self.__init__(**state.pop("settings"), **state)
+        type(self).__init__(self, **state.pop("settings"), **state)
 
     @classmethod
-    def from_config(cls, cfg) -> "FastCheckpointIO":
+    def from_config(cls, cfg: Any) -> "FastCheckpointIO":
         """From a Hydra/OmegaConf config or dict with fastckpt's field names (fastckpt.settings.PLACEMENT's
         are Lightning's here and ignored, but tiers and tier_keep: the memory tier in front of its
         paths); per_rank, layerwise and pool are this plugin's own."""
         flat = {k: v for k, v in flatten(cfg).items() if k not in PLACEMENT}
-        own = {k: flat.pop(k) for k in ("per_rank", "layerwise", "pool") if k in flat}
+        own: dict[str, Any] = {k: flat.pop(k) for k in ("per_rank", "layerwise", "pool") if k in flat}
         own.update({k: v for k, v in flatten(cfg).items() if k in ("tiers", "tier_keep") and v is not None})
         return cls(**flat, **own)
 
     # -- saving ----------------------------------------------------------
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Union[str, os.PathLike[str]],
+                        storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError("FastCheckpointIO.save_checkpoint does not take storage_options; "
                             "set its options in the constructor")
@@ -141,7 +144,7 @@ class FastCheckpointIO(CheckpointIO):
 
     # -- loading ---------------------------------------------------------
     @override
-    def load_checkpoint(self, path, map_location: Optional[Any] = None,
+    def load_checkpoint(self, path: Union[str, os.PathLike[str]], map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.saves.gate.install()  # a resume starts a run
         self.saves.reserve_ahead = True
@@ -149,7 +152,7 @@ class FastCheckpointIO(CheckpointIO):
 
     # -- removing --------------------------------------------------------
     @override
-    def remove_checkpoint(self, path) -> None:
+    def remove_checkpoint(self, path: Union[str, os.PathLike[str]]) -> None:
         """Deletes `path` now if a newer checkpoint is committed; otherwise, or while `path` is
         still being written, as soon as both hold (at a later save or at teardown). Never
         blocks: ModelCheckpoint removes the previous file right after issuing the next save,

@@ -22,11 +22,13 @@ accumulated, overlapping the rest of the backward pass.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.hooks import RemovableHandle
 
 from fastckpt.write.layerwise import layerwise_comm_hook
 
@@ -38,9 +40,9 @@ class LayerwiseCheckpointing(Callback):
 
     def __init__(self) -> None:
         self._io: Optional[FastCheckpointIO] = None
-        self._grad_hooks: list = []
+        self._grad_hooks: list[RemovableHandle] = []
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         io = trainer.strategy.checkpoint_io
         if not isinstance(io, FastCheckpointIO):
             raise TypeError("LayerwiseCheckpointing needs Trainer(plugins=[FastCheckpointIO(...)]); "
@@ -54,14 +56,16 @@ class LayerwiseCheckpointing(Callback):
             # (once: setup runs again for validate/test on the same strategy).
             strategy._ddp_comm_hook = layerwise_comm_hook(io.saves.held, strategy._ddp_comm_hook)
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         strategy = trainer.strategy
         model = strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            if strategy.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
-                hook = layerwise_comm_hook(self._io.saves.held, strategy._ddp_comm_hook)
+            ddp = cast(DDPStrategy, strategy)  # the strategy that wrapped the model in DDP
+            if ddp.root_device.type != "cuda":  # Lightning registers no comm hook on CPU
+                assert self._io is not None  # set by setup(), which Lightning runs before on_fit_start
+                hook = layerwise_comm_hook(self._io.saves.held, ddp._ddp_comm_hook)
                 try:
-                    model.register_comm_hook(strategy._ddp_comm_state, hook)
+                    model.register_comm_hook(ddp._ddp_comm_state, hook)
                 except RuntimeError as e:
                     raise RuntimeError(
                         "LayerwiseCheckpointing cannot install its DDP communication hook: a hook is "
@@ -73,9 +77,10 @@ class LayerwiseCheckpointing(Callback):
                     self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        assert self._io is not None  # set by setup(), before on_fit_start registered this hook
         self._io.saves.held.release_params([param])
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         for h in self._grad_hooks:
             h.remove()
         self._grad_hooks.clear()

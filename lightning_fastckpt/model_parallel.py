@@ -30,11 +30,12 @@ stall_timeout_s, ...). Every save in flight lands at teardown; their errors are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.optim import Optimizer
 
 import fastckpt
 from fastckpt.settings import CheckpointerConfig
@@ -50,7 +51,8 @@ class FastModelParallelStrategy(ModelParallelStrategy):
     """ModelParallelStrategy's arguments, and `fastckpt`: a dict of Checkpointer settings (or a
     CheckpointerConfig); None: the defaults."""
 
-    def __init__(self, *args, fastckpt=None, **kwargs):
+    def __init__(self, *args: Any, fastckpt: Union[CheckpointerConfig, Mapping[str, Any], None] = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fastckpt = fastckpt if isinstance(fastckpt, CheckpointerConfig) else \
             CheckpointerConfig.from_dict(dict(fastckpt or {}))  # checked now, before any process starts
@@ -59,12 +61,13 @@ class FastModelParallelStrategy(ModelParallelStrategy):
                               "Lightning's ModelCheckpoint believing it saved)")
         self._writer: Optional[FastStorageWriter] = None
         self._stager: Optional[FastStager] = None
-        self._group = None
+        self._group: Optional[dist.ProcessGroup] = None
         self._paths: Optional[SavedPaths] = None  # the saves by path (made once the ranks are known)
         self.stager_stats: dict = {}  # the last run's FastStager counts (after teardown)
 
     # -- saving ----------------------------------------------------------
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Union[str, Path],
+                        storage_options: Optional[Any] = None) -> None:
         if not self._save_distributed_checkpoint:  # one full file: Lightning's path (through the CheckpointIO)
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         if storage_options is not None:
@@ -92,12 +95,13 @@ class FastModelParallelStrategy(ModelParallelStrategy):
             self._paths = SavedPaths(coordinator=self.global_rank == 0)
         return self._paths
 
-    def _parts(self, path: Path):
+    def _parts(self, path: Path) -> tuple[FastStorageWriter, FastStager, Optional[dist.ProcessGroup]]:
         if self._writer is None:
             settings = self._fastckpt  # the writer and stager set where and who themselves
             self._group = dist.new_group(backend="gloo")  # DCP's collectives apart from training's
             self._writer = FastStorageWriter(path, settings=settings)
             self._stager = FastStager(settings=settings, writer=self._writer)
+        assert self._stager is not None  # made with the writer (and closed with it)
         return self._writer, self._stager, self._group
 
     def _landed(self) -> None:
@@ -106,18 +110,19 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         failed one's error on every rank alike. Each rank judging by its own futures could raise on
         one rank while the other went on to the next collective."""
         done = self.paths.finished() if self.global_rank == 0 else None
-        for key in self.broadcast(done):
+        for key in cast(list[str], self.broadcast(done)):  # rank 0's list, on every rank
             self.paths.land(key)
 
     # -- removing --------------------------------------------------------
-    def remove_checkpoint(self, filepath) -> None:
+    def remove_checkpoint(self, filepath: Union[str, Path]) -> None:
         """Deletes the checkpoint now if it is not being written and a checkpoint saved after it was
         issued is committed; otherwise as soon as both hold. Never blocks."""
         self._landed()  # every rank (Lightning calls this on every rank)
         self.paths.remove(filepath)
 
     # -- loading ---------------------------------------------------------
-    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(self, checkpoint_path: Union[str, Path],
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))
         self.paths.land(path)
         if self.global_rank == 0:
@@ -127,10 +132,12 @@ class FastModelParallelStrategy(ModelParallelStrategy):
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict)
-        module = self.model
+        module, lightning_module = self.model, self.lightning_module
+        if module is None or lightning_module is None:
+            raise RuntimeError(f"{type(self).__name__}.load_checkpoint: no model is attached to the strategy")
         state = {"state_dict": get_model_state_dict(module)}
         dcp.load(state, storage_reader=FastStorageReader(path))
-        module.load_state_dict(state["state_dict"], strict=self.lightning_module.strict_loading)
+        module.load_state_dict(state["state_dict"], strict=lightning_module.strict_loading)
         for i, optimizer in enumerate(self.optimizers):  # each one separately, as Lightning loads them
             key = f"optimizer_{i}"
             osd = {key: get_optimizer_state_dict(module, optimizer)}
@@ -146,15 +153,19 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         if not self._save_distributed_checkpoint:
             return super().lightning_module_state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.lightning_module_state_dict: no model is attached to it")
         return get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=False))
 
-    def optimizer_state(self, optimizer) -> dict[str, Any]:
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         if not self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         from lightning.pytorch.core.optimizer import LightningOptimizer
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer.optimizer
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.optimizer_state: no model is attached to the strategy")
         return get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(cpu_offload=False))
 
     # -- the end -----------------------------------------------------------

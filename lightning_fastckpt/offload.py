@@ -11,7 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from torch import Tensor
+from torch.autograd.graph import saved_tensors_hooks
 from typing_extensions import override
 
 from fastckpt.offload import ActivationOffload
@@ -24,10 +28,10 @@ class TensorOffload(Callback):
     of fastckpt.offload.settings.OffloadConfig (unknown ones are a ConfigError).
     TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""
 
-    def __init__(self, directory: Optional[str] = None, **settings: Any):
+    def __init__(self, directory: Optional[str] = None, **settings: Any) -> None:
         self.offload: ActivationOffload = OffloadConfig.from_node(dict(settings, directory=directory)).offload()
         self.io = self.offload.io
-        self._hooks = None
+        self._hooks: Optional[saved_tensors_hooks] = None
 
     @classmethod
     def from_config(cls, node: Any) -> Optional["TensorOffload"]:
@@ -45,26 +49,28 @@ class TensorOffload(Callback):
             hooks.__exit__(None, None, None)
 
     @override
-    def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
+                             batch_idx: int) -> None:
         self.offload.start()
         self._hooks = self.offload.hooks()
         self._hooks.__enter__()
 
     @override
-    def on_before_backward(self, trainer, pl_module, loss) -> None:
+    def on_before_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Tensor) -> None:
         self._leave_hooks()
 
     @override
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
-        self._leave_hooks()
-        self.offload.close()
-
-    @override
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
         self._leave_hooks()
         self.offload.close()
 
     @override
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        self._leave_hooks()
+        self.offload.close()
+
+    @override
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.io.learned_path:
             self.io.save_dictionaries()

@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import signal as signals
-from typing import Optional
+from typing import Any, Optional, Union
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 from fastckpt.preempt import PreemptSignal, signal_number
 
@@ -40,8 +41,8 @@ class PreemptCheckpoint(pl.Callback):
     `Trainer.fit(ckpt_path="last")` resumes from it, as from any newest checkpoint.
     """
 
-    def __init__(self, dirpath, signal=signals.SIGTERM, grace_s: float = 30.0,
-                 filename: str = "preempted-step={step}.ckpt"):
+    def __init__(self, dirpath: Union[str, os.PathLike[str]], signal: Union[int, str] = signals.SIGTERM,
+                 grace_s: float = 30.0, filename: str = "preempted-step={step}.ckpt") -> None:
         self.dirpath, self.filename, self.grace_s = os.fspath(dirpath), filename, float(grace_s)
         self.signum = signal_number(signal)
         self._signal: Optional[PreemptSignal] = None
@@ -51,9 +52,12 @@ class PreemptCheckpoint(pl.Callback):
         and in its place: Lightning's SIGTERM handler broadcasts from inside the handler, which
         pairs with whatever collective the interrupted rank was in."""
         if self._signal is None:
+            if self.signum is None:
+                raise TypeError("PreemptCheckpoint(signal=None): it needs a signal to checkpoint on")
             self._signal = PreemptSignal(self.signum, self.grace_s)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
         p = self._signal
         if p is None or not p.anyone(lambda came: trainer.strategy.reduce_boolean_decision(came, all=False)):
             return
@@ -71,7 +75,7 @@ class PreemptCheckpoint(pl.Callback):
             log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", trainer.global_step, e)
         p.exit()
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if self._signal is not None and self._signal.arrived is None:
             self._signal.uninstall()
             self._signal = None  # a next fit installs it again

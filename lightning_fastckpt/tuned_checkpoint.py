@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Literal, Optional, Union
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from fastckpt.tune.auto_interval import AutoInterval
@@ -30,10 +32,11 @@ from .checkpoint_io import FastCheckpointIO
 
 
 class TunedModelCheckpoint(ModelCheckpoint):
-    def __init__(self, dirpath: Optional[str] = None, every_n_train_steps: Union[int, str, None] = "auto",
-                 overhead: float = 0.05, drift: float = 0.2, warmup_steps: int = 5, ns=(1, 2, 4), ps=(1, 2, 4),
+    def __init__(self, dirpath: Optional[str] = None, every_n_train_steps: Union[int, Literal["auto"], None] = "auto",
+                 overhead: float = 0.05, drift: float = 0.2, warmup_steps: int = 5,
+                 ns: Iterable[int] = (1, 2, 4), ps: Iterable[int] = (1, 2, 4),
                  repeats: int = 1, host_bytes: Optional[int] = None, storage_bytes: Optional[int] = None,
-                 **kwargs: Any):
+                 **kwargs: Any) -> None:
         self.auto: Optional[AutoInterval] = None
         if every_n_train_steps == "auto":
             self.auto = AutoInterval(overhead, drift, warmup_steps, ns=ns, ps=ps, repeats=repeats,
@@ -47,7 +50,8 @@ class TunedModelCheckpoint(ModelCheckpoint):
         self._told = 0  # plans already told to the user
 
     @override
-    def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
+                             batch_idx: int) -> None:
         now = time.perf_counter()
         if self.auto is not None and self._t0 is not None:
             io = trainer.strategy.checkpoint_io
@@ -55,12 +59,13 @@ class TunedModelCheckpoint(ModelCheckpoint):
             self.auto.step_time(now - self._t0, checkpointing=self._saved_in_step or in_flight)
             self._tell()
             if self.auto.plan is not None:
-                self._every_n_train_steps = self.auto.interval  # follows a re-tune
+                self._every_n_train_steps = self.auto.plan.interval  # follows a re-tune
         self._t0 = now
         self._saved_in_step = False
 
     @override
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
         if self.auto is not None and self.auto.needs_tuning and trainer.is_global_zero:
             self._tune(trainer)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -68,13 +73,15 @@ class TunedModelCheckpoint(ModelCheckpoint):
 
     def _tell(self) -> None:
         """Each new plan, where Lightning shows its own messages (the `fastckpt` logger is not)."""
+        assert self.auto is not None  # called with every_n_train_steps="auto" alone
         for event in self.auto.history[self._told:]:
             rank_zero_info(f"fastckpt {event['event']}: concurrency={event['concurrency']} "
                            f"writers={event['writers']}, a checkpoint every {event['interval']} steps "
                            f"(step {event['step_s'] * 1e3:.0f} ms)")
         self._told = len(self.auto.history)
 
-    def _tune(self, trainer) -> None:
+    def _tune(self, trainer: "pl.Trainer") -> None:
+        assert self.auto is not None  # called with every_n_train_steps="auto" alone
         t0 = time.perf_counter()
         directory = self.dirpath or os.path.join(trainer.default_root_dir, "checkpoints")
         os.makedirs(directory, exist_ok=True)

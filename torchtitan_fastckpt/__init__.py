@@ -10,12 +10,15 @@ its saves written by `FastStorageWriter`, staged by `FastStager` and read by
 """
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["CheckpointManager"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "CheckpointManager":
-        from .manager import CheckpointManager as value
+        from .manager import CheckpointManager
+        value = CheckpointManager
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return value

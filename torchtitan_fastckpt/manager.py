@@ -47,11 +47,11 @@ import os
 from concurrent.futures import Future
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 from torchtitan.components.checkpointer import MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager
 from torchtitan.tools.utils import GarbageCollection
@@ -69,7 +69,7 @@ class CheckpointManager(TitanCheckpointManager):
 
     @dataclass(kw_only=True, slots=True)
     class Config(TitanCheckpointManager.Config):
-        strategy: Literal["c", "g", "d"] = D.strategy
+        strategy: Literal["c", "g", "d"] = cast(Literal["c", "g", "d"], D.strategy)
         """fastckpt's snapshot of an async save: c host buffers, g spare device memory, d none
         (the optimizer step waits until the save is written)."""
 
@@ -82,7 +82,7 @@ class CheckpointManager(TitanCheckpointManager):
         chunk_mb: int = D.chunk_mb
         """Staging chunk size in MiB."""
 
-        policy: Literal["wait", "skip"] = D.policy
+        policy: Literal["wait", "skip"] = cast(Literal["wait", "skip"], D.policy)
         """When `concurrency` saves are in flight: wait for one, or skip this save on every rank."""
 
         tiers: list[str] | None = None
@@ -97,7 +97,9 @@ class CheckpointManager(TitanCheckpointManager):
             TitanCheckpointManager.Config.__post_init__(self)
             self.fastckpt_settings()  # a bad value: one line (fastckpt.errors.ConfigError)
             if self.tiers is not None:
-                CheckpointerConfig(store="path", tiers=self.tiers, tier_keep=self.tier_keep)
+                tiers, keep = self.tiers, self.tier_keep  # lists made tuples, as CheckpointerConfig itself does
+                CheckpointerConfig(store="path", tiers=tuple(tiers) if isinstance(tiers, list) else tiers,
+                                   tier_keep=tuple(keep) if isinstance(keep, list) else keep)
 
         def fastckpt_settings(self) -> CheckpointerConfig:
             """The fields this Config adds to torchtitan's but the tiers: fastckpt settings (defaults
@@ -123,16 +125,18 @@ class CheckpointManager(TitanCheckpointManager):
     # -- torchtitan's storage calls ------------------------------------------
     @torch.no_grad()
     def dcp_save(self, state_dict: dict[str, Any], checkpoint_id: str, async_mode: AsyncMode,
-                 enable_garbage_collection: bool = False, to_hf: bool = False):
+                 enable_garbage_collection: bool = False,
+                 to_hf: bool = False) -> Future | AsyncSaveResponse | None:
         if to_hf:  # the last step's export in HF safetensors: torchtitan's own writer
             return super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
         if async_mode == AsyncMode.DISABLED:
             dcp.save(state_dict, storage_writer=self.writer, checkpoint_id=checkpoint_id)
-            result = None
+            result: Future | AsyncSaveResponse | None = None
         else:
-            response = dcp.async_save(state_dict, storage_writer=self.writer, checkpoint_id=checkpoint_id,
-                                      process_group=self.pg, async_stager=self.stager,
-                                      async_checkpointer_type=AsyncCheckpointerType.THREAD)
+            # FastStager stages into a future, so DCP answers an AsyncSaveResponse
+            response = cast(AsyncSaveResponse, dcp.async_save(
+                state_dict, storage_writer=self.writer, checkpoint_id=checkpoint_id, process_group=self.pg,
+                async_stager=self.stager, async_checkpointer_type=AsyncCheckpointerType.THREAD))
             self.in_flight.append((checkpoint_id, response.upload_completion))
             # what torchtitan's _save expects of each mode
             result = response if async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM else response.upload_completion

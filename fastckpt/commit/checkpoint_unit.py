@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Callable
+from typing import Callable, Optional
 
 from ..errors import CheckpointWriteError, TornSnapshotError
 from ..pending import Pending
@@ -31,8 +31,8 @@ class CheckpointCommit(CommitUnit):
     landed; retain(): retention, run after a commit; written(result): the WriteResult of its
     file once durable (how its bytes went: O_DIRECT or buffered)."""
 
-    def __init__(self, store, pending: Pending, ckpt_id: str, file_path: str, meta, fmt: str, rank: int,
-                 world_size: int, landed: Callable[[Pending], None], retain: Callable[[], None],
+    def __init__(self, store, pending: Pending, ckpt_id: Optional[str], file_path: Optional[str], meta, fmt: str,
+                 rank: int, world_size: int, landed: Callable[[Pending], None], retain: Callable[[], None],
                  written: Callable[[object], None] = lambda result: None):
         self.store, self.pending, self.ckpt_id, self.file_path = store, pending, ckpt_id, file_path
         self.meta, self.format, self.rank, self.world_size = meta, fmt, rank, world_size

@@ -30,7 +30,7 @@ class InFlight:
         with self._lock:
             return len(self._by_counter)
 
-    def add(self, pending: Pending, ckpt_id: str, thread: Task) -> None:
+    def add(self, pending: Pending, ckpt_id: Optional[str], thread: Task) -> None:
         with self._lock:
             self._by_counter[pending.counter] = (pending, ckpt_id, thread)
 

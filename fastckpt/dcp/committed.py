@@ -25,7 +25,7 @@ import dataclasses
 import os
 import re
 import warnings
-from typing import Optional
+from typing import Optional, cast
 
 from ..commit import record
 from ..commit.committed_under import CommittedUnder
@@ -56,7 +56,7 @@ class Resumable(str):
     by: str
     counter: int
 
-    def __new__(cls, path, step: int, by: str, counter: int = -1) -> "Resumable":
+    def __new__(cls, path: str | os.PathLike[str], step: int, by: str, counter: int = -1) -> "Resumable":
         self = super().__new__(cls, os.fspath(path))
         self.step, self.by, self.counter = step, by, counter
         return self
@@ -68,11 +68,11 @@ class Resumable(str):
     def __repr__(self) -> str:
         return f"Resumable({self.path!r}, step={self.step}, by={self.by!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Resumable], tuple[str, int, str, int]]:
         return Resumable, (self.path, self.step, self.by, self.counter)
 
 
-def committed(parent) -> list[CommitInfo]:
+def committed(parent: str | os.PathLike[str]) -> list[CommitInfo]:
     """Every checkpoint fastckpt committed directly under parent, newest commit first (a damaged
     one is not one to resume from: fastckpt.commit.committed_under)."""
     if is_s3(os.fspath(parent)):
@@ -80,7 +80,7 @@ def committed(parent) -> list[CommitInfo]:
     return CommittedUnder(local_place(parent, "the folder of DCP checkpoints")).newest_first()
 
 
-def is_committed(directory) -> bool:
+def is_committed(directory: str | os.PathLike[str]) -> bool:
     """Whether fastckpt committed the checkpoint in `directory`: its record reads and every file
     it names is there at its size."""
     try:
@@ -120,7 +120,7 @@ def examine(directory: str) -> Resumable | Unusable | None:
     return found
 
 
-def _examine(directory: str):
+def _examine(directory: str) -> Resumable | tuple[str, bool, bool] | None:
     name = os.path.basename(os.path.normpath(directory))
     try:
         names = os.listdir(directory)
@@ -161,7 +161,7 @@ def _examine(directory: str):
     return Resumable(directory, step_of_name(name), "dcp")
 
 
-def resumable(parent) -> tuple[list[Resumable], list[Unusable]]:
+def resumable(parent: str | os.PathLike[str]) -> tuple[list[Resumable], list[Unusable]]:
     """(every checkpoint under parent a run can resume from, newest first; the ones that look
     like checkpoints and cannot be resumed from)."""
     parent = local_place(parent, "the folder of DCP checkpoints")
@@ -205,13 +205,13 @@ def withdraw(directory: str) -> None:
         return
 
 
-def newest_committed(parent, warn: bool = True) -> Optional[Resumable]:
+def newest_committed(parent: str | os.PathLike[str], warn: bool = True) -> Optional[Resumable]:
     """The newest checkpoint under parent a run can resume from (its .path, .step, .by; it is
     os.PathLike, so FastStorageReader takes it as it is), or None when there is none.
     warn: one warning when the one picked was written by DCP's own writer, and one naming the
     checkpoints newer than it (or, when none is usable, all) that cannot be resumed from."""
     if is_s3(os.fspath(parent)):  # an object store: only what fastckpt committed there
-        found = newest_committed_at(os.fspath(parent))
+        found = cast(Optional[tuple[str, int, int]], newest_committed_at(os.fspath(parent)))  # (URL, step, counter)
         return Resumable(*found[:2], "fastckpt", found[2]) if found is not None else None
     usable, unusable = resumable(parent)
     newest = usable[0] if usable else None

@@ -12,17 +12,20 @@ of its own. A job whose saves finish before its next collective (or with one ran
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch.distributed as dist
 
 from ..commit.agreement import spread
 
-_made: dict[int, object] = {}
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+_made: dict[int, ProcessGroup] = {}
 _lock = threading.Lock()
 
 
-def save_group() -> Optional[object]:
+def save_group() -> Optional[ProcessGroup]:
     """A gloo group for checkpoint saves, made once per default group (call it on every rank, in
     the same order as other groups, like any new_group); None with one rank."""
     if not spread():

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import signal as signals
-from typing import Callable, Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -28,18 +29,22 @@ from ..commit.agreement import spread
 from ..preempt import PreemptSignal
 from ..settings import CheckpointerConfig
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 log = logging.getLogger("fastckpt")
 
 
 class Preemption:
     """The signal's handler and the step every rank agrees to save on it (see the module)."""
 
-    def __init__(self, signal=signals.SIGTERM, grace_s: float = 30.0):
+    def __init__(self, signal: int | str = signals.SIGTERM, grace_s: float = 30.0) -> None:
         checked = CheckpointerConfig(preempt_signal=signal, preempt_grace_s=grace_s)  # one spelling of the checks
-        self.group = dist.new_group(backend="gloo") if spread() else None
-        self._signal = PreemptSignal(checked.preempt_signal, checked.preempt_grace_s)
+        self.group: Optional[ProcessGroup] = dist.new_group(backend="gloo") if spread() else None
+        # a signal given: the settings made it its number (CheckpointerConfig.__post_init__)
+        self._signal = PreemptSignal(cast(int, checked.preempt_signal), checked.preempt_grace_s)
 
-    def at_step_end(self, step: int, save: Callable[[int], None], in_flight: Iterable = ()) -> None:
+    def at_step_end(self, step: int, save: Callable[[int], object], in_flight: Iterable[Future[Any]] = ()) -> None:
         """Every rank, after every step: nothing unless the signal came to some rank; then the
         saves in flight (futures) finished, `save(step)` (blocking, committed when it returns),
         the ranks met, and exit."""

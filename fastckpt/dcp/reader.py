@@ -38,19 +38,22 @@ import os
 import weakref
 import warnings
 import zlib
+from typing import TYPE_CHECKING, Any, Sequence
 
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ..commit import record
 from ..commit.record import plain_name
+from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
 from ..settings import local_place
 from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
-from ..format.zip_reader import read_index
+from ..format.zip_reader import ZipIndex, read_index
 from ..fsutil import read_regular
 from ..verify import verify_as_recorded
 from . import in_place
@@ -58,7 +61,11 @@ from .on_s3 import RemoteCheckpoint, Spool, is_s3
 from .stock_warning import warn_stock_once
 from . import metadata as md_file
 
+if TYPE_CHECKING:
+    from ..store.named_tiers import NamedTiers
+
 STAGED_BATCH = 256 << 20  # bytes of archives a staged read holds at once
+Staged = tuple[ReadItem, ZipIndex, torch.Tensor]  # a staged read's item, its archive, the planner's tensor
 
 
 class FastStorageReader(StorageReader):
@@ -72,22 +79,22 @@ class FastStorageReader(StorageReader):
         endpoint: the S3 server of an s3:// checkpoint (None: the one AWS tools find).
     """
 
-    def __init__(self, path, verify: bool = True, threads: int | None = None, tiers=None,
-                 endpoint: str | None = None):
+    def __init__(self, path: str | os.PathLike[str] | None, verify: bool = True, threads: int | None = None,
+                 tiers: Sequence[str | os.PathLike[str]] | None = None, endpoint: str | None = None) -> None:
         super().__init__()
         if path is None:
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
                                     "found none under its folder: start from scratch, or name a checkpoint)")
         self.verify, self.threads, self.endpoint = verify, threads, endpoint
         self.remote: RemoteCheckpoint | None = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
-        self._remote_info = None  # its record, checked against its objects
+        self._remote_info: CommitInfo | None = None  # its record, checked against its objects
         self._spool = Spool()  # where an s3:// checkpoint's files are downloaded to be read
         weakref.finalize(self, self._spool.close)
         self.path = self._place(path)
-        self.storage_data: dict = {}
-        self.commit = None
+        self.storage_data: dict[MetadataIndex, Any] = {}  # DCP's own per-item storage info, as its reader keeps
+        self.commit: CommitInfo | None = None
         self.reads: list[tuple[str, str]] = []  # (where: "memory" | "disk", the file read)
-        self._memory = None
+        self._memory: NamedTiers | None = None
         if tiers:
             from ..store.named_tiers import NamedTiers
             if len(tiers) != 1:
@@ -96,12 +103,12 @@ class FastStorageReader(StorageReader):
             self._memory = NamedTiers(os.fspath(tiers[0]), 1, 0)
 
     # -- DCP's calls, in order ---------------------------------------------
-    def reset(self, checkpoint_id=None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = self._place(checkpoint_id)
         self.storage_data, self.commit = {}, None
 
-    def _place(self, path) -> str:
+    def _place(self, path: str | os.PathLike) -> str:
         """The local folder the checkpoint is read from: the path, or for an s3:// URL a folder of
         the spool its objects are downloaded into."""
         if self.remote is not None:
@@ -112,7 +119,7 @@ class FastStorageReader(StorageReader):
             return self.remote.local
         return local_place(path, "the DCP checkpoint")
 
-    def read_metadata(self, *args, **kwargs) -> Metadata:
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise FileNotFoundError("FastStorageReader reads checkpoints committed across ranks: there is no "
                                     "per-rank metadata (use_collectives=False) to read")
@@ -144,7 +151,7 @@ class FastStorageReader(StorageReader):
         self.commit = commit
         return metadata
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:
             raise CorruptCheckpointError(f"{self.path}: DCP metadata without storage data")
         self.storage_data = metadata.storage_data
@@ -155,14 +162,16 @@ class FastStorageReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        per_file: dict[str, list] = {}
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             info = self.storage_data.get(item.storage_index)
             if info is None:
                 raise CorruptCheckpointError(f"{self.path}: DCP metadata has no storage for {item.storage_index.fqn}")
             per_file.setdefault(plain_name(info.relative_path, os.path.join(self.path, md_file.NAME)), []).append(item)
         if self.remote is not None:
+            if self._remote_info is None:
+                raise RuntimeError(f"{self.remote.url}: read_data() before read_metadata() (its commit record unread)")
             self.remote.fetch(list(per_file), self._remote_info)
         for name, items in per_file.items():
             path = os.path.join(self.path, name)
@@ -171,17 +180,17 @@ class FastStorageReader(StorageReader):
             self._read_file(path, items, planner, source)
         if self.remote is not None:  # every item is in the planner's tensors now: the downloads go
             self.remote.close()
-        future: Future = Future()
+        future: Future[None] = Future()
         future.set_result(None)
         return future
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike)) and (
             "://" not in os.fspath(checkpoint_id) or is_s3(os.fspath(checkpoint_id)))
 
     # -- reading -----------------------------------------------------------
-    def _commit(self):
+    def _commit(self) -> CommitInfo | None:
         if self._remote_info is not None:  # checked against its objects; its files come when read
             return dataclasses.replace(self._remote_info, path=self.path)
         try:
@@ -206,7 +215,7 @@ class FastStorageReader(StorageReader):
             return path
         return copy
 
-    def _read_file(self, path: str, items: list, planner: LoadPlanner, source: str | None = None) -> None:
+    def _read_file(self, path: str, items: list[ReadItem], planner: LoadPlanner, source: str | None = None) -> None:
         """path's items; its bytes read from source (its memory copy, or path itself)."""
         if self.commit is not None and os.path.basename(path) not in {f.name for f in self.commit.files}:
             raise CorruptCheckpointError(f"{path} is not a file of the committed checkpoint {self.path}")
@@ -238,7 +247,7 @@ class FastStorageReader(StorageReader):
             for batch in _batches(staged):
                 self._read_staged(path, batch, planner)
 
-    def _read_staged(self, path: str, batch: list, planner: LoadPlanner) -> None:
+    def _read_staged(self, path: str, batch: list[Staged], planner: LoadPlanner) -> None:
         """(item, archive, target) each: the archives read whole into memory of their own, then each
         chunk asked for copied into its target (a resharded load's items, or tensors not on the CPU)."""
         tensors, indexes, targets = zip(*batch)
@@ -256,10 +265,11 @@ class FastStorageReader(StorageReader):
             planner.commit_tensor(item, target)
 
 
-def _batches(staged: list, limit: int = STAGED_BATCH) -> list:
+def _batches(staged: list[Staged], limit: int = STAGED_BATCH) -> list[list[Staged]]:
     """Consecutive runs of items whose archives hold at most `limit` bytes together (one item
     alone may hold more): memory for a staged read is bounded, and reused from batch to batch."""
-    out, size = [[]], 0
+    out: list[list[Staged]] = [[]]
+    size = 0
     for entry in staged:
         n = entry[1].comment_off - entry[1].base
         if out[-1] and size + n > limit:
@@ -270,14 +280,14 @@ def _batches(staged: list, limit: int = STAGED_BATCH) -> list:
     return [b for b in out if b]
 
 
-def check_archive(path: str, idx) -> None:
+def check_archive(path: str, idx: ZipIndex) -> None:
     """Every record of one item's archive read and checked against its CRC-32 (raises
     CorruptCheckpointError): what verify does to each item, and a failed read to find which."""
     order = idx.ordered()
     check_crcs(path, idx, order, range_crcs(path, [(e.data_off, e.size) for e in order]))
 
 
-def archive_intact(path: str, idx) -> bool:
+def archive_intact(path: str, idx: ZipIndex) -> bool:
     try:
         check_archive(path, idx)
     except CorruptCheckpointError:
@@ -296,7 +306,7 @@ def safe_byte_item(path: str, offset: int, length: int, fqn: str) -> None:
         raise type(e)(f"DCP item {fqn!r}: {e}") from None
 
 
-def _chunk(tensor, offsets, lengths):
+def _chunk(tensor: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
     """The part of a stored chunk a read item asks for (offsets into the stored chunk)."""
     for dim, (offset, length) in enumerate(zip(offsets, lengths)):
         if offset < 0 or offset + length > tensor.size(dim):

@@ -17,10 +17,13 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import threading
-from typing import Optional
+from typing import Optional, Protocol
+
+import torch
 
 from ..errors import FastckptError
 from ..write.snapshot_buffers import SnapshotBuffers
+from ..write.watch import SnapshotWatch
 
 
 class SaveSkipped(FastckptError):
@@ -52,7 +55,7 @@ class Slot:
         self.live: list[int] = []  # strategy 'd' (or copied by the writer): the caller's storages the snapshot is
         self.writer_copies = False  # 'c' with its writer: the live tensors are copied by the writer's save
         self.copied_by_writer = False  # ... and that copy is done: the gate lets the optimizer step go
-        self.watch = None  # the versions of the tensors copied late (or, with 'd', never copied)
+        self.watch: Optional[SnapshotWatch] = None  # the versions of the tensors copied late ('d': never copied)
         self.unwinding = False  # the stager's thread has not yet returned from this snapshot's work
 
     def to(self, state: SlotState) -> None:
@@ -112,3 +115,13 @@ class StagedFuture(concurrent.futures.Future):
         if handed_over:
             return box.pop()
         return box[0] if box else None  # DCP's own callback, after the save thread took it
+
+
+class SnapshotOwner(Protocol):
+    """What a FastStorageWriter asks of a stager given it (FastStager(writer=...), writer.meet)."""
+
+    def snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
+        """The slot whose snapshot, staged now, holds t's memory; None when none of its own does."""
+
+    def writer_copied(self, slot: Slot, seq: int) -> None:
+        """The writer's save copied the live tensors of snapshot seq, staged in slot."""

@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -66,6 +66,12 @@ from ..write.concurrency import ConcurrencySlots, limit_for, wait_for
 from ..write.snapshot_buffers import SnapshotBuffers
 from . import staged as st
 from .slots import SaveSkipped, Slot, SlotState, StagedFuture
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
+
+    from ..write.watch import SnapshotWatch
+    from .writer import FastStorageWriter
 
 log = logging.getLogger("fastckpt")
 IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
@@ -87,7 +93,8 @@ class FastStager(AsyncStager):
 
     _synchronize_after_execute = False  # stage() returns a future; the gate protects the state
 
-    def __init__(self, settings=None, *, writer=None, **kwargs):
+    def __init__(self, settings: CheckpointerConfig | Mapping[str, Any] | None = None, *,
+                 writer: Optional[FastStorageWriter] = None, **kwargs: Any) -> None:
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
         if isinstance(settings, CheckpointerConfig):
@@ -121,7 +128,7 @@ class FastStager(AsyncStager):
         self._seq = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastckpt-dcp-stage")
         self._own_thread: Optional[threading.Thread] = None  # the worker's one thread, once it ran
-        self._stream = None
+        self._stream: Optional[torch.cuda.Stream] = None
         self._gate = StepGate(self._before_update)
         self._gate.install()
         self._closed = False
@@ -133,7 +140,7 @@ class FastStager(AsyncStager):
                 f"policy={self.policy!r}, {sum(s.busy for s in self._slots.every())} in flight)")
 
     # -- DCP's calls ----------------------------------------------------------
-    def stage(self, state_dict, **kwargs) -> StagedFuture:
+    def stage(self, state_dict: STATE_DICT_TYPE, **kwargs: Any) -> StagedFuture:
         """Takes a slot, copies what must be copied now, leaves the rest to the stager's thread;
         returns a future of the staged state dict (see the module docstring)."""
         if self._closed:
@@ -191,7 +198,9 @@ class FastStager(AsyncStager):
         # one list the stager's thread empties: the executor's own record of the call holds nothing of
         # the snapshot once _finish has returned (see _unwound)
         job = [slot, future, leaves, staged, later, spec, event, now_done, device]
-        self._worker.submit(self._finish, job).add_done_callback(lambda _done, s=slot: self._unwound(s))
+        def unwound(_done: concurrent.futures.Future[None], s: Slot = slot) -> None:
+            self._unwound(s)
+        self._worker.submit(self._finish, job).add_done_callback(unwound)
         return future
 
     def snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
@@ -261,7 +270,7 @@ class FastStager(AsyncStager):
         self._agree.close()
 
     # -- the copy -------------------------------------------------------------
-    def _split(self, leaves, names):
+    def _split(self, leaves: list[Any], names: list[str]) -> tuple[list[int], Optional[SnapshotWatch]]:
         """(leaves copied after stage() returns, the watch over their versions): the optimizers'
         own tensors, once steps run and the run has earned it; every other tensor is copied now."""
         if self._gate.steps_seen == 0:
@@ -272,7 +281,7 @@ class FastStager(AsyncStager):
         watch = self._gate.trust.watch([(names[i], leaves[i]) for i in later])
         return (later, watch) if watch.deferred else ([], watch)
 
-    def _stage_leaf(self, slot: Slot, i: int, leaf: torch.Tensor, stream) -> torch.Tensor:
+    def _stage_leaf(self, slot: Slot, i: int, leaf: torch.Tensor, stream: Optional[torch.cuda.Stream]) -> torch.Tensor:
         buf = slot.buffers.for_leaf(i, st.local_tensor(leaf))
         st.copy_leaf(leaf, buf, stream)
         return self._track(slot, st.staged_like(leaf, buf))
@@ -285,7 +294,9 @@ class FastStager(AsyncStager):
     def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
         with self._count_lock:
             slot.alive += 1
-            slot.refs.append(weakref.ref(t, lambda _r, s=slot, seq=slot.seq: self._gone(s, seq)))
+            def gone(_r: weakref.ReferenceType[torch.Tensor], s: Slot = slot, seq: int = slot.seq) -> None:
+                self._gone(s, seq)
+            slot.refs.append(weakref.ref(t, gone))
         return t
 
     def _gone(self, slot: Slot, seq: int) -> None:
@@ -296,7 +307,7 @@ class FastStager(AsyncStager):
             if slot.seq == seq:
                 slot.alive -= 1
 
-    def _after_current_stream(self, leaves, later):
+    def _after_current_stream(self, leaves: list[Any], later: list[int]) -> Optional[torch.cuda.Event]:
         """A CUDA event after the work queued so far on the current stream: the stager's own
         stream starts the late copies after it (the training thread may queue more meanwhile)."""
         if not later or not any(leaves[i].device.type == "cuda" for i in later):
@@ -307,7 +318,7 @@ class FastStager(AsyncStager):
         event.record()
         return event
 
-    def _finish(self, job: list) -> None:
+    def _finish(self, job: list[Any]) -> None:
         """On the stager's thread: the late copies, the check that the snapshot is whole, the
         agreement across ranks, then the future — which is resolved whatever happens here.
         job: what stage() hands over, emptied here, so that nothing of the snapshot outlives this
@@ -329,12 +340,14 @@ class FastStager(AsyncStager):
                 self.stats["failed"] += 1
                 future.set_exception(error)
 
-    def _copy_late(self, slot: Slot, leaves, staged, later, event, now_done) -> None:
+    def _copy_late(self, slot: Slot, leaves: list[Any], staged: list[Any], later: list[int],
+                   event: Optional[torch.cuda.Event], now_done: Optional[torch.cuda.Event]) -> None:
         try:
             if now_done is not None:
                 now_done.synchronize()
             if slot.error is None and later:
                 if event is not None:
+                    assert self._stream is not None  # made with the event (_after_current_stream)
                     self._stream.wait_event(event)
                 for i in later:
                     staged[i] = self._stage_leaf(slot, i, leaves[i], self._stream)
@@ -353,7 +366,7 @@ class FastStager(AsyncStager):
             with self._cond:
                 self._cond.notify_all()
 
-    def _deliver(self, slot: Slot, future: StagedFuture, staged, spec) -> None:
+    def _deliver(self, slot: Slot, future: StagedFuture, staged: list[Any], spec: pytree.TreeSpec) -> None:
         error = slot.error  # read before the slot can be taken again
         ok = self._agree.all_ok(error is None, background=True)
         if ok:
@@ -393,7 +406,7 @@ class FastStager(AsyncStager):
                 self._cond.wait(0.05)
 
     # -- slots ----------------------------------------------------------------
-    def _bytes_of(self, leaves) -> int:
+    def _bytes_of(self, leaves: list[Any]) -> int:
         if self.strategy == "d":
             return 0
         return sum(st.local_tensor(t).numel() * st.local_tensor(t).element_size()
@@ -450,6 +463,7 @@ class FastStager(AsyncStager):
                 f"{'this rank' if slot is None else 'another rank'} ({self.concurrency} saves in flight); "
                 "this async_save was refused on every rank. Is an earlier async_save stuck, or its "
                 "staged state still referenced?")
+        assert slot is not None  # every rank had one, this one too
         return slot
 
     def _taken(self, slot: Slot, seq: int) -> bool:
@@ -487,7 +501,7 @@ class FastStager(AsyncStager):
                     self._cond.wait(min(left, 0.05))
 
 
-def _cuda_device(leaves) -> Optional[int]:
+def _cuda_device(leaves: list[Any]) -> Optional[int]:
     """The CUDA device of the training thread when the state holds CUDA tensors (the stager's
     thread copies and allocates for it there, not on device 0)."""
     if any(isinstance(t, torch.Tensor) and st.local_tensor(t).device.type == "cuda" for t in leaves):
@@ -495,7 +509,7 @@ def _cuda_device(leaves) -> Optional[int]:
     return None
 
 
-def _event_after(now: list[int], leaves):
+def _event_after(now: list[int], leaves: list[Any]) -> Optional[torch.cuda.Event]:
     """An event after the copies made now, when one of them is a CUDA copy the current stream
     still runs ('g' copies into device memory asynchronously)."""
     if any(st.local_tensor(leaves[i]).device.type == "cuda" for i in now):

@@ -43,12 +43,12 @@ import shutil
 import uuid
 import weakref
 import zlib
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import torch
 from torch.distributed.checkpoint import filesystem as dcp_files
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -60,7 +60,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
-from ..settings import local_place
+from ..settings import CheckpointerConfig, local_place
 from ..workers import Workers
 from ..write.deadline import Deadline
 from . import metadata as md_file
@@ -69,11 +69,15 @@ from .layout import plan_items
 from .names import SUFFIX, step_of_name
 from .on_s3 import RemoteCheckpoint, Spool, is_s3
 
+if TYPE_CHECKING:
+    from ..pending import Pending
+    from .slots import Slot, SnapshotOwner
+
 log = logging.getLogger("fastckpt")
 FILE_ENTRY = "__fastckpt_file__"  # the fqn of the extra WriteResult that carries a file's entry
 
 
-def _quietly(call, what: str) -> None:
+def _quietly(call: Callable[[], object], what: str) -> None:
     """call(); an OSError logged (the object store unreachable while a failed save is cleaned up:
     the next save sweeps what is left)."""
     try:
@@ -82,7 +86,7 @@ def _quietly(call, what: str) -> None:
         log.warning("fastckpt: %s failed: %s", what, e)
 
 
-def storage_info(name: str, offset: int, length: int):
+def storage_info(name: str, offset: int, length: int) -> dcp_files._StorageInfo:
     """Where an item lies, as DCP's own FileSystemWriter says it (its private _StorageInfo: the
     type its stock reader finds in .metadata, so that reader loads our checkpoints)."""
     return dcp_files._StorageInfo(name, offset, length)
@@ -103,7 +107,10 @@ class FastStorageWriter(StorageWriter):
             on this node (fastckpt.store.named_tiers).
     """
 
-    def __init__(self, path, step: int = -1, settings=None, *, tiers=None, tier_keep=None, **kwargs):
+    def __init__(self, path: str | os.PathLike[str], step: int = -1,
+                 settings: CheckpointerConfig | Mapping[str, Any] | None = None, *,
+                 tiers: Optional[Sequence[str | os.PathLike[str]]] = None, tier_keep: Optional[Sequence[int]] = None,
+                 **kwargs: Any) -> None:
         super().__init__()
         if settings is not None and kwargs:
             raise TypeError("pass the settings either as one object or as keywords, not both")
@@ -118,22 +125,23 @@ class FastStorageWriter(StorageWriter):
         self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
         self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
-        self._this = (step, [])  # the save in progress's (taken at reset)
+        self._this: tuple[int, list[str]] = (step, [])  # the save in progress's (taken at reset)
         self.save_id = uuid.uuid4().hex
         self.rank, self.is_coordinator = 0, True
         # whether every rank's file of a save landed, asked on gloo groups of the writer's own (made
         # here, on every rank, as a FastStager's are): a save failed on one rank is removed on all
         self._agree = make_agreement(self.config.commit_timeout_s)
         self._commits = gathered_commits(self.config.stall_timeout_s)  # the coordinator's, in finish order
-        self._stagers: list = []  # the FastStagers given this writer (FastStager(writer=...)), weakly
+        # the FastStagers given this writer (FastStager(writer=...)), weakly
+        self._stagers: list[weakref.ReferenceType[SnapshotOwner]] = []
         self._workers = Workers("fastckpt-dcp")  # each save's waits, on warm threads (fastckpt.workers)
 
-    def meet(self, stager) -> None:
+    def meet(self, stager: SnapshotOwner) -> None:
         """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers,
         or (its tensors handed on live) copied here, the stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
 
-    def _snapshot_of(self, t: torch.Tensor):
+    def _snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
         """The slot of a stager given this writer whose snapshot holds t's memory, or None."""
         for ref in self._stagers:
             stager = ref()
@@ -143,11 +151,11 @@ class FastStorageWriter(StorageWriter):
         return None
 
     # -- DCP's calls, in order ---------------------------------------------
-    def reset(self, checkpoint_id=None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = self._place(checkpoint_id)
 
-    def _place(self, path) -> str:
+    def _place(self, path: str | os.PathLike) -> str:
         """The local folder the checkpoint's files are written in: the path, or for an s3:// URL
         its folder in the local spool (its files uploaded from there)."""
         if is_s3(os.fspath(path)):
@@ -162,7 +170,7 @@ class FastStorageWriter(StorageWriter):
         """What the checkpoint is called: its URL, or its directory's absolute path."""
         return self.remote.url if self.remote is not None else os.path.abspath(self.path)
 
-    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Every save calls it (reset only when a checkpoint_id is given): this save's own id, step
         and files to commit are taken here."""
         if not kwargs.get("use_collectives", True):
@@ -193,33 +201,38 @@ class FastStorageWriter(StorageWriter):
             self._sweep()
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """This rank's file, begun now; its future is done once it is durable and every rank's
         is (agreed: a rank that failed, even here before its write began, fails the save on all)."""
         name = f"{plan.storage_data}0{SUFFIX}"
         directory, coordinator, remote = self.path, self.is_coordinator, self.remote
         path = os.path.join(directory, name)
-        future: Future = Future()
+        future: Future[list[WriteResult]] = Future()
+        landed: Callable[[], list[WriteResult]] | BaseException
+        pending: Optional[Pending]
         try:
             landed, pending = self._begin_file(plan, planner, name, path)
         except BaseException as e:  # noqa: BLE001 - agreed below: every rank's save fails with it
             landed, pending = e, None
 
         def durable() -> None:
-            results, error = None, landed if isinstance(landed, BaseException) else None
+            results: Optional[list[WriteResult]] = None
+            error = landed if isinstance(landed, BaseException) else None
             if error is None:
                 try:
-                    results = landed()
+                    results = cast(Callable[[], list[WriteResult]], landed)()  # not an exception: a call
                 except BaseException as e:  # noqa: BLE001 - DCP raises it on every rank
                     error = e
             try:
                 if self._agree.all_ok(error is None, background=True):
+                    assert results is not None  # no error here: landed() returned them
                     future.set_result(results)
                     return
                 self._discard(directory, path, coordinator, remote)
             except BaseException as e:  # noqa: BLE001 - the agreement itself failed (a rank is gone)
                 error = error or e
-            future.set_exception(error or CheckpointWriteError(
+            # torch.futures.Future.set_exception's parameter is typed as the result type T
+            future.set_exception(error or CheckpointWriteError(  # type: ignore[arg-type]
                 f"{directory}: another rank's part of this DCP save failed; this rank's file was removed"))
 
         if pending is None or pending.done():
@@ -228,16 +241,18 @@ class FastStorageWriter(StorageWriter):
             self._workers.run(durable, "fastckpt-dcp-durable")
         return future
 
-    def _begin_file(self, plan: SavePlan, planner: SavePlanner, name: str, path: str):
+    def _begin_file(self, plan: SavePlan, planner: SavePlanner, name: str,
+                    path: str) -> tuple[Callable[[], list[WriteResult]], Pending]:
         """Starts this rank's file: (a call that waits until it is durable and returns DCP's write
         results, the save in flight)."""
-        items, values = [], []
+        items: list[WriteItem] = []
+        values: list[torch.Tensor | bytes] = []
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 values.append(data.getvalue() if isinstance(data, io.BytesIO) else bytes(data))
             else:
-                values.append(data.detach())
+                values.append(cast(torch.Tensor, data).detach())  # not BYTE_IO: a tensor
             items.append(item)
         file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
@@ -256,9 +271,12 @@ class FastStorageWriter(StorageWriter):
         deadline = Deadline(self.config.stall_timeout_s, self.named.progress)
         directory, rank, remote, coordinator = self.path, self.rank, self.remote, self.is_coordinator
 
-        def landed() -> list:
+        def landed() -> list[WriteResult]:
             deadline.wait(f"{path} of the DCP checkpoint {directory}", pending.wait_done)
             info = pending.wait()
+            if info is None:
+                raise RuntimeError(f"{path} of the DCP checkpoint {directory}: its save was skipped (the writer's "
+                                   f"policy={self.config.policy!r}), so it was never written")
             # behind a memory tier: the record DCP's finish writes vouches for the file at its path
             deadline.wait(f"{path} of the DCP checkpoint {directory}, persisted", pending.wait_placed)
             pending.raise_placed()
@@ -293,7 +311,7 @@ class FastStorageWriter(StorageWriter):
         metadata.version = dcp_files.CURRENT_DCP_VERSION
         (step, also), directory, remote = self._this, self.path, self.remote  # this save's, whatever the next sets
 
-        def part() -> list:  # the coordinator's own part, durable: .metadata (and what it commits too)
+        def part() -> list[FileEntry]:  # the coordinator's own part, durable: .metadata (and what it commits too)
             raw = md_file.write(os.path.join(directory, md_file.NAME), metadata)
             entries = files + [FileEntry(md_file.NAME, 0, len(raw), zlib.crc32(raw))]
             entries += [self._entry_of(directory, name) for name in also]  # e.g. Lightning's meta.pt
@@ -312,12 +330,12 @@ class FastStorageWriter(StorageWriter):
                 remote.close()
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike)) and (
             "://" not in os.fspath(checkpoint_id) or is_s3(os.fspath(checkpoint_id)))
 
     # -- fastckpt's own -----------------------------------------------------
-    def expect(self, path, step: int = -1, also_commit=()) -> None:
+    def expect(self, path: str | os.PathLike[str], step: int = -1, also_commit: Iterable[str] = ()) -> None:
         """What the save into `path` records, said before it is issued: its step, and the files
         (written durably with fastckpt.save into that directory) its record also names. Each save
         takes its own when it starts, so saves in flight at once never see each other's."""
@@ -335,19 +353,19 @@ class FastStorageWriter(StorageWriter):
                              "what the record and fastckpt verify check)")
         return FileEntry(name, 0, os.path.getsize(path), idx.file_crc)
 
-    def _named_for(self, slots: set) -> NamedCheckpoints:
+    def _named_for(self, slots: set[Optional[Slot]]) -> NamedCheckpoints:
         """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
         'd': its buffers are private and page-aligned, a second copy would only cost time. One
         that holds live tensors for this writer to copy (FastStager 'c' on the host) is written
         with the writer's own strategy."""
         if (self.config.strategy == "d" or not slots or None in slots
-                or any(s.writer_copies for s in slots)):
+                or any(s.writer_copies for s in cast("set[Slot]", slots))):  # None in slots: returned
             return self.named
         if self._direct is None:
             self._direct = NamedCheckpoints(dataclasses.replace(self.config, strategy="d"))
         return self._direct
 
-    def _tell_when_copied(self, pending, slots: list) -> None:
+    def _tell_when_copied(self, pending: Pending, slots: list[Slot]) -> None:
         """Once this save has copied the live tensors of those FastStager snapshots, their stagers'
         gates let the optimizer step go. A save that fails first tells nobody: the gate then
         waits until the save is over, as for a snapshot written in place."""
@@ -377,7 +395,8 @@ class FastStorageWriter(StorageWriter):
             if os.path.abspath(old) != os.path.abspath(self.path):
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _discard(self, directory: str, path: str, coordinator: bool, remote=None) -> None:
+    def _discard(self, directory: str, path: str, coordinator: bool,
+                 remote: Optional[RemoteCheckpoint] = None) -> None:
         """A save that failed on some rank: every rank removes its own file, then (once every rank
         has, agreed) the coordinator removes what else the save put in its directory, and the
         directory when nothing else is left there — so a failed save leaves no file behind, and a
