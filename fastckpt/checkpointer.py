@@ -488,12 +488,13 @@ class Checkpointer:
         past corrupt ones with a warning that names them.
 
         With into=<a state of the same structure>, shapes and dtypes are checked and the
-        values copied into its tensors in place (a StateMismatchError lists every difference,
-        and nothing is written then); key= picks one part of the saved state for that
-        (into=model.state_dict(), key="model"). A CPU tensor that is its whole storage is read
-        from the file straight into (no copy): a checkpoint passed over as corrupt may have
-        written into such tensors before the one loaded fills them; if none loads, their
-        contents are undefined.
+        values copied into its tensors in place (a StateMismatchError lists every difference;
+        the checkpoint that differs writes nothing); key= picks one part of the saved state for
+        that (into=model.state_dict(), key="model"). From a torch-format file loaded to the CPU
+        (weights_only), a tensor that is its whole storage is read straight into (no copy, and
+        autograd's version counter is not bumped): a checkpoint passed over (corrupt here, or
+        on another rank) may have written into such tensors before the one loaded fills them;
+        if none loads, or the one loaded differs in structure, their contents are undefined.
         """
         dest = Destination(into, key) if into is not None else None
         loaded = self._load_record(step, map_location, rank, verify, weights_only, mmap, dest)

@@ -139,7 +139,7 @@ def read(ckpt_dir: str, name: Optional[str] = None, size_of: Optional[Callable[[
     name = name or present(ckpt_dir) or COMMIT_NAME
     path = os.path.join(ckpt_dir, name)
     if name in EARLIER_NAMES:
-        raise CorruptCheckpointError(f"{path}: a record in fastckpt 0.1's format, not read as a commit record")
+        raise CorruptCheckpointError(f"{path}: a record under the name fastckpt 0.1 used, not read as a commit record")
     return parse(read_regular(path, MAX_RECORD + 1), path, size_of, every_rank)
 
 

@@ -8,7 +8,7 @@ side (fastckpt.restore.into) copies by it, and a file read straight into the giv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -67,13 +67,16 @@ def owns_its_storage(t: torch.Tensor) -> bool:
             and not t.is_conj() and not t.is_neg())
 
 
-def in_place(dest: Destination, structure: Any, key_of) -> Optional[dict[str, torch.Tensor]]:
+def in_place(dest: Destination, structure: Any, key_of: Callable[[torch.Tensor], Optional[str]]
+             ) -> Optional[dict[str, torch.Tensor]]:
     """Which stored storages can be read straight into dest's tensors: {storage key: tensor}.
     structure: the file's state on the meta device; key_of(meta tensor) -> its storage key.
     None when the structures differ anywhere (nothing may be written before the load's own
     check names the differences), or when nothing fits. A storage is placed once, into a
-    tensor that owns its storage and shares it with no other placed tensor, when the stored
-    tensor is that whole storage; any other tensor is copied after the load, as before."""
+    tensor that owns its storage, when the stored tensor is that whole storage and every
+    destination tensor in that memory takes its values from that same stored storage (tied as
+    the file ties them: else a copy into the memory could run before a copy out of it). Any
+    other tensor is copied after the load, as before."""
     try:
         stored = structure if dest.key is None else part_of(structure, dest.key)
     except StateMismatchError:
@@ -83,14 +86,18 @@ def in_place(dest: Destination, structure: Any, key_of) -> Optional[dict[str, to
     walk(dest.template, stored, "state", problems, pairs)
     if problems:
         return None
+    sources: dict[int, set] = {}  # destination memory (its storage's address) -> the stored storages copied into it
+    for target, meta in pairs:
+        if target.device.type == "cpu" and target.nbytes:
+            sources.setdefault(target.untyped_storage().data_ptr(), set()).add(key_of(meta))
     placed: dict[str, torch.Tensor] = {}
-    taken: set[int] = set()
     for target, meta in pairs:
         key = key_of(meta)
-        if key in placed or not owns_its_storage(target) or target.data_ptr() in taken:
+        if key is None or key in placed or not owns_its_storage(target):
+            continue
+        if sources[target.untyped_storage().data_ptr()] != {key}:
             continue
         if not meta.is_contiguous() or meta.storage_offset() != 0 or meta.untyped_storage().nbytes() != target.nbytes:
             continue
         placed[key] = target
-        taken.add(target.data_ptr())
     return placed or None

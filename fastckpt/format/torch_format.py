@@ -103,7 +103,9 @@ def read_torch(path: str, map_location=None, verify: bool = True, weights_only: 
     if "data.pkl" not in idx.entries:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
     order = idx.ordered()
-    placed = _in_place(path, idx, into) if into is not None and _to_cpu(map_location) else None
+    # in place only where the structure is parsed by the restricted unpickler (weights_only): a
+    # trusted file's pickle runs code, and is unpickled once, below
+    placed = _in_place(path, idx, into) if into is not None and weights_only and _to_cpu(map_location) else None
     if placed:
         data, crcs = _read_placed(path, order, placed, verify, threads)
     else:
@@ -139,7 +141,7 @@ def _in_place(path: str, idx: ZipIndex, into: Destination) -> dict[int, torch.Te
     placed = in_place(into, structure, lambda t: keys.get(t.untyped_storage()._cdata))
     if not placed:
         return None
-    return {idx.entries[f"data/{key}"].data_off: t for key, t in placed.items() if key is not None}
+    return {idx.entries[f"data/{key}"].data_off: t for key, t in placed.items()}
 
 
 def _read_placed(path: str, order, placed: dict[int, torch.Tensor], verify: bool, threads):

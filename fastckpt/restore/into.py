@@ -32,7 +32,8 @@ def copy_into(template, loaded, source: str = "checkpoint", key=None):
             "and convert it yourself.")
     with torch.no_grad():
         for dst, src in pairs:
-            if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
+            if (dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride()
+                    and dst.is_conj() == src.is_conj() and dst.is_neg() == src.is_neg()):
                 continue  # read in place: these are the destination's bytes already
             dst.copy_(src)
     return template

@@ -56,12 +56,29 @@ def same(a, b) -> bool:
 
 @pytest.fixture
 def reads(monkeypatch):
-    """How each torch-format file was read: 'placed' (straight into the destination) or 'buffered'."""
-    seen: list[str] = []
+    """How each torch-format file was read: 'placed' (straight into the destination) or 'buffered';
+    reads.into: the destination tensors each placed read filled."""
+    seen = Reads()
     real_placed, real_buffered = torch_format._read_placed, torch_format.read_records
-    monkeypatch.setattr(torch_format, "_read_placed", lambda *a: seen.append("placed") or real_placed(*a))
+
+    def placed(path, order, targets, *rest):
+        seen.append("placed")
+        seen.into.append(list(targets.values()))
+        return real_placed(path, order, targets, *rest)
+    monkeypatch.setattr(torch_format, "_read_placed", placed)
     monkeypatch.setattr(torch_format, "read_records", lambda *a: seen.append("buffered") or real_buffered(*a))
     return seen
+
+
+class Reads(list):
+    def __init__(self) -> None:
+        super().__init__()
+        self.into: list = []
+
+
+def filled(tensors: list, within: list) -> bool:
+    """Whether exactly the tensors of `within` (by identity) were filled."""
+    return sorted(map(id, tensors)) == sorted(map(id, within))
 
 
 def test_tensors_that_are_their_whole_storage_are_read_in_place_the_rest_copied(tmp_path, reads):
@@ -71,6 +88,9 @@ def test_tensors_that_are_their_whole_storage_are_read_in_place_the_rest_copied(
     ptrs = {k: v.data_ptr() for k, v in into["model"].items()}
     out = fastckpt.Checkpointer(tmp_path).load(into=into)
     assert out is into and reads == ["placed"]
+    m = into["model"]  # read in place: each tensor that is its whole storage (a tie once); copied: the views
+    assert filled(reads.into[0], [m["w"], m["half"], m["embed"], into["opt"]["state"][0]["exp_avg"],
+                                  into["opt"]["state"][0]["step"]])
     assert same(into, saved_state(1) | {"step": 1})
     assert into["model"]["head"] is into["model"]["embed"]
     assert {k: v.data_ptr() for k, v in into["model"].items()} == ptrs
@@ -131,3 +151,28 @@ def test_a_load_to_another_device_or_of_another_format_copies(tmp_path, reads):
     into = blank_like(saved_state(7))
     fastckpt.Checkpointer(tmp_path / "pt").load(into=into, map_location=None)
     assert same(into, saved_state(7)) and reads == ["buffered"]
+
+
+def test_a_destination_tied_where_the_file_is_not_is_copied(tmp_path, reads):
+    """The file holds [s1, s2, s1] (its first and last the same tensor); the destination [a, a, z]
+    ties its first two. a's memory is filled from two stored tensors: read into it in place, s2's
+    copy would land before z's copy of s1 out of it. a is copied (z is read in place), and z holds s1."""
+    g = torch.Generator().manual_seed(8)
+    s1, s2 = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    with fastckpt.Checkpointer(tmp_path) as ck:
+        ck.save({"p": [s1, s2, s1]}, step=8).wait()
+    a, z = torch.zeros(64), torch.zeros(64)
+    fastckpt.Checkpointer(tmp_path).load(into={"p": [a, a, z]})
+    assert torch.equal(z, s1) and (torch.equal(a, s1) or torch.equal(a, s2))
+    assert reads == ["placed"] and filled(reads.into[0], [z])
+
+
+def test_a_trusted_load_into_reads_the_usual_way(tmp_path, reads):
+    """weights_only=False (a pickle that may run code): its structure is not parsed a second time
+    to place tensors; it loads and is copied as before."""
+    import argparse
+    with fastckpt.Checkpointer(tmp_path) as ck:
+        ck.save({"model": {"w": torch.ones(8)}, "args": argparse.Namespace(lr=0.5)}, step=9).wait()
+    w = torch.zeros(8)
+    fastckpt.Checkpointer(tmp_path).load(into={"w": w}, key="model", weights_only=False)
+    assert torch.equal(w, torch.ones(8)) and reads == ["buffered"]

@@ -11,8 +11,10 @@ fill: one writer saves step 1, 2, ... into DIR/step-N (a 1 MiB matrix sharded ov
       "rank R failed N: ERROR" (a full disk: every rank's save of N fails, none hangs).
 group: an async_save through FastStager with no process_group (step 1), training's all-reduces
       running meanwhile on a group of their own; then one with process_group=save_group() (step 2),
-      training's all-reduces running meanwhile on the default group. "rank R saved N" once each
-      save's upload completed, "rank R reduced N" once training's 20 all-reduces summed right.
+      training's all-reduces running meanwhile on the default group. Training all-reduces until no
+      rank's save is still uploading; "rank R saved N" once the save's upload completed, "rank R
+      reduced N beside K" when every all-reduce summed right and K of them ran while a save was
+      in flight.
 load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader; "rank R EQUAL".
 With TIERS=MEMORY, save and load go through that memory tier (FastStorageWriter / FastStorageReader
 tiers=[MEMORY]); load then prints "rank R READ WHERE,..." (where each file came from).
@@ -105,15 +107,20 @@ def main() -> None:
             state = _sharded(filled(step), mesh, blank=False)
             saving = dcp.async_save(state, checkpoint_id=os.path.join(directory, f"step-{step}"),
                                     storage_writer=writer, async_stager=stager, process_group=saves_on)
-            total = torch.zeros(4)
-            for _ in range(20):  # training's collectives while the save is in flight
+            right, beside = True, 0
+            while True:  # training's collectives, as long as any rank's save is in flight
+                busy = torch.tensor([0.0 if saving.upload_completion.done() else 1.0])
+                dist.all_reduce(busy, group=trains_on)
                 x = torch.full((4,), float(rank + 1))
                 dist.all_reduce(x, group=trains_on)
-                total += x
+                right = right and torch.equal(x, torch.full((4,), float(sum(range(1, dist.get_world_size() + 1)))))
+                if busy.item() == 0:
+                    break
+                beside += 1
             saving.upload_completion.result()
             print(f"rank {rank} saved {step}", flush=True)
-            if torch.equal(total, torch.full((4,), 20.0 * sum(range(1, dist.get_world_size() + 1)))):
-                print(f"rank {rank} reduced {step}", flush=True)
+            if right:
+                print(f"rank {rank} reduced {step} beside {beside}", flush=True)
         stager.close()
         writer.close()
     elif mode == "load-step":

@@ -66,7 +66,7 @@ def test_a_kill_before_each_numbered_call_leaves_the_newest_committed_checkpoint
     newest = checks.newest_recorded(root, every_rank)
     # the unit that died from `record` on is the second that recorded: step 2's, or with tiers
     # step 3's copy when step 2's gave way to it (Superseded, as it should while 3 landed first)
-    went = re.search(r"the copy of step (\d+) to", out)
+    went = re.search(rf"crash before {call} of unit 2 \(PersistCommit: the copy of step (\d+) to", out)
     step = int(went.group(1)) if went else 2
     if CALLS.index(call) <= CALLS.index("record"):
         assert newest == 1, f"killed before {call}: the newest committed is {newest}, not the one before (1)"

@@ -62,7 +62,7 @@ def test_records_in_formats_no_release_wrote_count_for_nothing_and_a_new_commit_
     committed(tmp_path, "ok", 4)
     assert [os.path.basename(i.path) for i in CommittedUnder(tmp_path).newest_first()] == ["ok"]
     assert record.present(str(tmp_path / "tag")) == "fastckpt-tag.json"
-    with pytest.raises(CorruptCheckpointError, match="0.1's format"):
+    with pytest.raises(CorruptCheckpointError, match="the name fastckpt 0.1 used"):
         record.read(str(tmp_path / "tag"))
     committed(tmp_path, "tag", 5)  # saved into again by this version
     assert sorted(os.listdir(tmp_path / "tag")) == [NAME, "data.bin"]
