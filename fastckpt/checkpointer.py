@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Mapping, Optional, cast
 
 from .commit.agreed_errors import AgreedErrors
 from .commit.agreement import Agreement, make_agreement
@@ -59,18 +59,20 @@ SLOT_WAIT_S = 0.05  # a save that waits longer for a concurrency slot says the d
 class Checkpointer:
     """Asynchronous checkpoints of a training state under `root`. See the README for each knob."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, settings: CheckpointerConfig | None = None,
-                 **overrides: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None,
+                 settings: CheckpointerConfig | Mapping[str, Any] | None = None, **overrides: Any) -> None:
         """root: where the checkpoints live (None: as the store says). The settings are
         fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
         given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
-        a ConfigError naming the valid ones), or as one CheckpointerConfig (`settings=`)."""
-        given_one_way(settings, overrides)
-        if settings is None:
-            settings = CheckpointerConfig.from_dict(dict(overrides, root=root))
-        elif root is not None and root != settings.root:
-            settings = dataclasses.replace(settings, root=os.fspath(root))
-        self._open(settings)
+        a ConfigError naming the valid ones), or as one CheckpointerConfig or mapping (`settings=`)."""
+        given = given_one_way(settings, overrides)
+        if not isinstance(given, CheckpointerConfig):
+            config = CheckpointerConfig.from_dict(dict(given, root=root if root is not None else given.get("root")))
+        elif root is not None and root != given.root:
+            config = dataclasses.replace(given, root=os.fspath(root))
+        else:
+            config = given
+        self._open(config)
 
     @classmethod
     def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import ConfigError
 from .write.deadline import DEFAULT_STALL_S
@@ -293,14 +293,19 @@ def check_seconds(name: str, value) -> None:
 DEFAULTS = CheckpointerConfig()
 
 
-def given_one_way(settings, keywords: dict) -> None:
-    """A front end takes its settings one way: one CheckpointerConfig (`settings=`) or keywords;
-    a TypeError of one line otherwise (a setting passed by position lands in `settings`)."""
-    if settings is not None and not isinstance(settings, CheckpointerConfig):
+def given_one_way(settings: Any, keywords: dict) -> "CheckpointerConfig | dict":
+    """What a front end (Checkpointer, FastCheckpointIO, FastStager, FastStorageWriter) was given,
+    one way: one CheckpointerConfig or a mapping of settings (`settings=`), or keywords; a
+    TypeError of one line otherwise (a setting passed by position lands in `settings`). Returns
+    the config, or a dict of the settings for the caller to make one from."""
+    if settings is not None and not isinstance(settings, (CheckpointerConfig, Mapping)):
         raise TypeError(f"settings= takes a CheckpointerConfig, got {settings!r}; pass each setting by "
                         "keyword (strategy='c', concurrency=4, ...)")
     if settings is not None and keywords:
         raise TypeError("pass the settings either as one CheckpointerConfig or as keywords, not both")
+    if isinstance(settings, CheckpointerConfig):
+        return settings
+    return dict(settings if settings is not None else keywords)
 
 
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),

@@ -18,7 +18,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
@@ -58,13 +58,13 @@ class FastCheckpointIO(CheckpointIO):
             file there when one verifies (docs/tiers.md). Not with per_rank or pool.
     """
 
-    def __init__(self, settings: Optional[CheckpointerConfig] = None, *, per_rank: bool = False,
-                 layerwise: bool = False, pool: Optional[str] = None,
+    def __init__(self, settings: Optional[Union[CheckpointerConfig, Mapping[str, Any]]] = None, *,
+                 per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
                  tiers: Optional[Iterable[Union[str, os.PathLike[str]]]] = None,
                  tier_keep: Optional[Iterable[int]] = None,
                  **overrides: Any) -> None:
         MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
-        given_one_way(settings, overrides)
+        given = given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
         self.tiers = [os.fspath(t) for t in tiers] if tiers is not None else None
         self.tier_keep = list(tier_keep) if tier_keep is not None else None
@@ -72,7 +72,7 @@ class FastCheckpointIO(CheckpointIO):
             raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
                               "tier; per_rank saving (every rank's part of one path) is not supported with it")
         self.per_rank, self.layerwise = per_rank, layerwise
-        self.named = NamedCheckpoints(settings if settings is not None else overrides, pool=self.pool,
+        self.named = NamedCheckpoints(given, pool=self.pool,
                                       distributed=None if per_rank else False, tiers=self.tiers,
                                       tier_keep=self.tier_keep)
         self.verify = self.named.config.verify

@@ -59,7 +59,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 import torch.utils._pytree as pytree  # torch 2.13 has no public pytree module; DCP itself uses this one
 
 from ..commit.agreement import Agreement, make_agreement
-from ..settings import CheckpointerConfig
+from ..settings import CheckpointerConfig, given_one_way
 from ..errors import CheckpointWriteError, ConfigError, TornSnapshotError
 from ..write.gate import StepGate, storage_key
 from ..write.concurrency import ConcurrencySlots, limit_for, wait_for
@@ -95,12 +95,8 @@ class FastStager(AsyncStager):
 
     def __init__(self, settings: CheckpointerConfig | Mapping[str, Any] | None = None, *,
                  writer: Optional[FastStorageWriter] = None, **kwargs: Any) -> None:
-        if settings is not None and kwargs:
-            raise TypeError("pass the settings either as one object or as keywords, not both")
-        if isinstance(settings, CheckpointerConfig):
-            config = settings  # checked when it was made
-        else:
-            config = CheckpointerConfig.from_dict(dict(settings if settings is not None else kwargs))
+        given = given_one_way(settings, kwargs)
+        config = given if isinstance(given, CheckpointerConfig) else CheckpointerConfig.from_dict(given)
         if config.strategy == "d" and writer is None:
             raise ConfigError("FastStager(strategy='d') stages nothing, the snapshot is the live tensors: pass "
                               "writer=your FastStorageWriter, so that it can refuse a snapshot written in place")

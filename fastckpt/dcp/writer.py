@@ -60,7 +60,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
-from ..settings import CheckpointerConfig, local_place
+from ..settings import CheckpointerConfig, given_one_way, local_place
 from ..workers import Workers
 from ..write.deadline import Deadline
 from . import metadata as md_file
@@ -112,10 +112,8 @@ class FastStorageWriter(StorageWriter):
                  tiers: Optional[Sequence[str | os.PathLike[str]]] = None, tier_keep: Optional[Sequence[int]] = None,
                  **kwargs: Any) -> None:
         super().__init__()
-        if settings is not None and kwargs:
-            raise TypeError("pass the settings either as one object or as keywords, not both")
         self.step = step
-        self.named = NamedCheckpoints(settings if settings is not None else kwargs, tiers=tiers, tier_keep=tier_keep)
+        self.named = NamedCheckpoints(given_one_way(settings, kwargs), tiers=tiers, tier_keep=tier_keep)
         self.config = self.named.config
         self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder

@@ -87,3 +87,22 @@ def test_a_setting_given_by_position_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"\['keep'\] are not settings here"):
         from fastckpt.named import NamedCheckpoints
         NamedCheckpoints({"keep": 3})
+
+
+def test_every_front_door_takes_its_settings_one_way_with_the_same_words(tmp_path):
+    """Checkpointer, FastStager and FastStorageWriter take one CheckpointerConfig or mapping
+    (settings=), or keywords, through one check (settings.given_one_way): both at once, or a
+    setting by position, is the same one-line TypeError at each."""
+    import fastckpt
+    from fastckpt.dcp import FastStager, FastStorageWriter
+    doors = {"Checkpointer": lambda s, **k: fastckpt.Checkpointer(str(tmp_path / "ck"), settings=s, **k),
+             "FastStager": lambda s, **k: FastStager(s, **k),
+             "FastStorageWriter": lambda s, **k: FastStorageWriter(str(tmp_path / "dcp"), settings=s, **k)}
+    for name, door in doors.items():
+        with pytest.raises(TypeError, match="either as one CheckpointerConfig or as keywords, not both"):
+            door({"concurrency": 2}, writers=2)
+        with pytest.raises(TypeError, match="settings= takes a CheckpointerConfig.*by keyword"):
+            door("c")
+        made = door({"concurrency": 2})  # a mapping of settings, as from a plugin's config
+        assert made.config.concurrency == 2, name
+        made.close()
