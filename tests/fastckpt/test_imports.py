@@ -268,3 +268,33 @@ def test_a_framework_reached_through_importlib_or_sys_modules_is_caught():
     assert reached and "'lightning.pytorch" in reached[0], reached
     assert runtime_reaches("import importlib\nimportlib.import_module('json')", banned) == []
     assert runtime_reaches("from importlib.metadata import entry_points", banned) == []
+
+
+# What each plugin reaches of the backend today, module by module. The aim (issue 68) is three
+# each: one front door, the errors and (for DCP) fastckpt.dcp. Until then this list is the ratchet:
+# a plugin that reaches one module more fails here, and one that reaches fewer says so (the list
+# is brought down with it).
+REACH = {
+    "lightning_fastckpt": {
+        "fastckpt", "fastckpt.commit.file_sets", "fastckpt.dcp", "fastckpt.dcp.metadata", "fastckpt.dcp.saved_paths",
+        "fastckpt.errors", "fastckpt.front_ends", "fastckpt.fsutil", "fastckpt.named", "fastckpt.offload",
+        "fastckpt.offload.settings", "fastckpt.preempt", "fastckpt.settings", "fastckpt.training_saves",
+        "fastckpt.tune.auto_interval", "fastckpt.write.layerwise"},
+    "deepspeed_fastckpt": {
+        "fastckpt.checkpointer", "fastckpt.commit.agreement", "fastckpt.commit.committed_under",
+        "fastckpt.commit.file_sets", "fastckpt.commit.record", "fastckpt.commit_info", "fastckpt.errors",
+        "fastckpt.front_ends", "fastckpt.fsutil", "fastckpt.named", "fastckpt.offload", "fastckpt.offload.settings",
+        "fastckpt.pmem.pointer", "fastckpt.preempt", "fastckpt.settings", "fastckpt.store.s3.folder_mirror",
+        "fastckpt.store.s3.place", "fastckpt.store.url_files", "fastckpt.tools.folder_kinds", "fastckpt.tools.folders",
+        "fastckpt.training_saves", "fastckpt.tune.auto_interval", "fastckpt.write.deadline", "fastckpt.write.gate"},
+    "torchtitan_fastckpt": {"fastckpt.dcp", "fastckpt.dcp.committed", "fastckpt.dcp.on_s3", "fastckpt.settings"},
+}
+
+
+def test_each_plugin_reaches_the_backend_modules_listed_and_no_more():
+    graph = import_graph()
+    for plugin, listed in REACH.items():
+        reached = {d for m, deps in graph.items() if m.split(".")[0] == plugin
+                   for d in deps if d.split(".")[0] == "fastckpt"}
+        assert reached <= listed, f"{plugin} reaches further into the backend: {sorted(reached - listed)}"
+        assert reached == listed, f"{plugin} no longer reaches {sorted(listed - reached)}: take them off REACH"
