@@ -62,7 +62,7 @@ class FastckptEngine(CheckpointEngine):
         preempt = preempt_of(entry)  # the handler only notes the signal: at_step_end acts on it
         self.preempt = PreemptSignal(*preempt) if preempt is not None else None
         self.verify = config.verify
-        self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True)
+        self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True, placed=True)
         report = self.named.checkpointer.report_failure
         bucket = bucket_of(entry)
         self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None

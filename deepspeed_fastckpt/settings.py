@@ -20,9 +20,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fastckpt.tune.auto_interval import AutoInterval
-from fastckpt.settings import WRITING, CheckpointerConfig
+from fastckpt.settings import WRITING, CheckpointerConfig, placed_by_path
 from fastckpt.errors import ConfigError
-from fastckpt.named import checkpointer_kwargs as named_checkpointer_kwargs
 from fastckpt.offload.settings import OffloadConfig
 from fastckpt.store.s3.place import S3Place
 
@@ -59,7 +58,8 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
     bucket_of(entry)
     values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT + BUCKET}
     pool = entry.get("pool")
-    return CheckpointerConfig(**named_checkpointer_kwargs(values, pool)), pool
+    tiers, keep = values.pop("tiers", None), values.pop("tier_keep", None)  # the memory tier in front of its files
+    return placed_by_path(values, pool, tiers, keep, distributed=False), pool
 
 
 def bucket_of(entry: Any) -> Optional[tuple[str, int]]:

@@ -19,22 +19,9 @@ import torch
 
 from .checkpointer import Checkpointer
 from .errors import ConfigError
-from .settings import PLACEMENT, WRITING, CheckpointerConfig
+from .settings import PLACEMENT, WRITING, CheckpointerConfig, placed_by_path
 from .pending import Pending
 from .store import ByPath, open_store, path_store
-
-
-def checkpointer_kwargs(settings: dict, pool: Optional[str], tiers=None, tier_keep=None) -> dict:
-    """Checkpointer keyword arguments for checkpoints named by path: the path store (with a memory
-    tier in front when `tiers` names one), or the pool's models named by path."""
-    if pool is not None:
-        if tiers or settings.get("tiers"):
-            raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")
-        return dict(settings, root=os.fspath(pool), store="pmem", model=None)
-    where = dict(store="path")
-    if tiers is not None:
-        where.update(tiers=tuple(os.fspath(t) for t in tiers), tier_keep=tier_keep)
-    return dict(settings, **where)
 
 
 def key_of(path: str) -> str:
@@ -47,8 +34,9 @@ class NamedCheckpoints:
 
     Args:
         settings: Checkpointer settings (fastckpt.settings.CheckpointerConfig's fields but
-            PLACEMENT's), checked here before anything is opened; or a CheckpointerConfig
-            (a plugin's, made where its settings entered), whose PLACEMENT fields are set here.
+            PLACEMENT's), checked before anything is opened; or a CheckpointerConfig (a plugin's,
+            made where its settings entered); either is placed by fastckpt.settings.placed_by_path
+            with the pool, tiers and ranks below, once (placed=True: it was, where it entered).
         pool: a persistent-memory pool; paths then name its models instead of files.
         distributed: as the Checkpointer's (None: every rank saves its part of each path).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
@@ -64,13 +52,12 @@ class NamedCheckpoints:
     """
 
     def __init__(self, settings, pool: Optional[str] = None, distributed: Optional[bool] = False,
-                 pool_pointers: bool = False, tiers=None, tier_keep=None):
+                 pool_pointers: bool = False, tiers=None, tier_keep=None, placed: bool = False):
         self.pool = os.fspath(pool) if pool is not None else None
-        self.tiers, self.tier_keep = tiers, tier_keep
         self.distributed = distributed
-        self.config = self._checked(settings)  # the one object every Checkpointer here opens from
-        if self.tiers is None and self.config.tiers:  # a plugin's CheckpointerConfig named them: kept on reconfigure
-            self.tiers, self.tier_keep = self.config.tiers, self.config.tier_keep
+        # the one object every Checkpointer here opens from; placed: settings.placed_by_path made it
+        # where the settings entered (DeepSpeed's entry), with these pool and ranks: taken as it is
+        self.config = settings if placed else placed_by_path(settings, self.pool, tiers, tier_keep, distributed)
         self.pool_pointers = pool_pointers
         self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
@@ -84,21 +71,6 @@ class NamedCheckpoints:
         # False: a save does not raise a failed earlier one; the caller does (take_errors), at a call every
         # process of its job makes (Lightning's rank 0 saving alone: lightning_fastckpt.watch)
         self.raise_at_save = True
-
-    def _checked(self, settings) -> CheckpointerConfig:
-        """settings: a dict of CheckpointerConfig's fields but PLACEMENT's, or a plugin's
-        CheckpointerConfig; either way its PLACEMENT fields are set here (the copy is checked as made)."""
-        if isinstance(settings, CheckpointerConfig):
-            return dataclasses.replace(settings, distributed=self.distributed,
-                                       **checkpointer_kwargs({"tiers": settings.tiers}, self.pool, self.tiers,
-                                                             self.tier_keep))
-        placed = sorted(set(settings) & set(PLACEMENT))
-        if placed:
-            raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
-                              f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
-        return CheckpointerConfig.from_dict(dict(checkpointer_kwargs(dict(settings), self.pool, self.tiers,
-                                                                     self.tier_keep),
-                                                 distributed=self.distributed))
 
     @property
     def settings(self) -> dict:
@@ -269,7 +241,12 @@ class NamedCheckpoints:
     def reconfigure(self, **changes) -> None:
         """New settings (the tuner's concurrency / writers): checked first, then what is in flight
         lands and the next use opens the Checkpointer with them."""
-        new = self._checked(dict(self.settings, **{k: v for k, v in changes.items() if v is not None}))  # first
+        changes = {k: v for k, v in changes.items() if v is not None}
+        placed = sorted(set(changes) & set(PLACEMENT))
+        if placed:
+            raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they live, "
+                              f"how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+        new = dataclasses.replace(self.config, **changes)  # checked as made, first
         ck, self._ck = self._ck, None
         if ck is not None:
             ck.close()

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
 from .write.deadline import DEFAULT_STALL_S
@@ -291,6 +291,33 @@ def check_seconds(name: str, value) -> None:
 
 
 DEFAULTS = CheckpointerConfig()
+
+
+def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Optional[str] = None,
+                   tiers: Any = None, tier_keep: Any = None,
+                   distributed: Optional[bool] = False) -> "CheckpointerConfig":
+    """The settings of checkpoints named by path (fastckpt.named.NamedCheckpoints), placed: the
+    path store (with a memory tier in front when `tiers` names one), or with `pool` the pool's
+    models named by path; `distributed` as the Checkpointer's. given: a mapping of every setting
+    but PLACEMENT's (a ConfigError names any of those), or a front end's CheckpointerConfig, whose
+    own tiers are kept. The copy is checked as it is made."""
+    def where(have_tiers: Any) -> dict:
+        if pool is not None:
+            if tiers or have_tiers:
+                raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")
+            return dict(root=os.fspath(pool), store="pmem", model=None)
+        out: dict = dict(store="path")
+        if tiers is not None or tier_keep is not None:  # a count without tiers: the config's own check says so
+            out.update(tiers=tuple(os.fspath(t) for t in tiers) if tiers is not None else None, tier_keep=tier_keep)
+        return out
+
+    if isinstance(given, CheckpointerConfig):
+        return dataclasses.replace(given, distributed=distributed, **where(given.tiers))
+    placed = sorted(set(given) & set(PLACEMENT))
+    if placed:
+        raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
+                          f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+    return CheckpointerConfig.from_dict(dict(given, **where(given.get("tiers")), distributed=distributed))
 
 
 def given_one_way(settings: Any, keywords: dict) -> "CheckpointerConfig | dict":
