@@ -16,6 +16,7 @@ bucket holds fetches it first (load_tag).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -62,7 +63,9 @@ class FastckptEngine(CheckpointEngine):
         preempt = preempt_of(entry)  # the handler only notes the signal: at_step_end acts on it
         self.preempt = PreemptSignal(*preempt) if preempt is not None else None
         self.verify = config.verify
-        self.named = NamedCheckpoints(config, pool=self.pool, distributed=False, pool_pointers=True, placed=True)
+        # placed where the entry came in; each rank writes its own files alone (a tag commits across
+        # the ranks through the TagCommitter below)
+        self.named = NamedCheckpoints(dataclasses.replace(config, distributed=False), pool_pointers=True)
         report = self.named.checkpointer.report_failure
         bucket = bucket_of(entry)
         self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None

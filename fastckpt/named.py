@@ -33,31 +33,32 @@ class NamedCheckpoints:
     """Checkpoints saved, loaded and removed by path.
 
     Args:
-        settings: Checkpointer settings (fastckpt.settings.CheckpointerConfig's fields but
-            PLACEMENT's), checked before anything is opened; or a CheckpointerConfig (a plugin's,
-            made where its settings entered); either is placed by fastckpt.settings.placed_by_path
-            with the pool, tiers and ranks below, once (placed=True: it was, where it entered).
-        pool: a persistent-memory pool; paths then name its models instead of files.
-        distributed: as the Checkpointer's (None: every rank saves its part of each path).
+        config: the settings, placed for checkpoints named by path (fastckpt.settings.placed_by_path,
+            where the settings entered: the path store, with a memory tier in front when it names
+            one, or a persistent-memory pool whose models the paths name; its ranks). `by_path`
+            places settings not yet placed: a mapping of CheckpointerConfig's fields but
+            PLACEMENT's, or a plugin's CheckpointerConfig, with `pool`, `distributed`, `tiers`
+            (a memory tier in front of the paths, e.g. ["/dev/shm/run7"]; `tier_keep`: how many it
+            keeps, [1] by default: each save commits there first and is persisted to its path from
+            that copy; a load reads the memory copy of the file at a path when there is one,
+            fastckpt.store.named_tiers).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
             small pointer file `leave_pointer` writes (DeepSpeed, whose own globbing needs
             files there); otherwise every path is read from the pool.
-        tiers: a memory tier in front of the paths, e.g. ["/dev/shm/run7"] (tier_keep: how many
-            it keeps, [1] by default): each save commits there first and is persisted to its path
-            from that copy; a load reads the memory copy of the file at a path when there is one
-            (fastckpt.store.named_tiers).
 
     `free`: how a removed file's blocks are freed, `free(fn)`; None (the default) runs fn at
     once. TrainingSaves sets it to free off the training thread while a run is on.
     """
 
-    def __init__(self, settings, pool: Optional[str] = None, distributed: Optional[bool] = False,
-                 pool_pointers: bool = False, tiers=None, tier_keep=None, placed: bool = False):
-        self.pool = os.fspath(pool) if pool is not None else None
-        self.distributed = distributed
-        # the one object every Checkpointer here opens from; placed: settings.placed_by_path made it
-        # where the settings entered (DeepSpeed's entry), with these pool and ranks: taken as it is
-        self.config = settings if placed else placed_by_path(settings, self.pool, tiers, tier_keep, distributed)
+    def __init__(self, config: CheckpointerConfig, pool_pointers: bool = False):
+        # the one object every Checkpointer here opens from, placed where the settings entered (a
+        # plugin's front door: settings.placed_by_path, or by_path below); its pool and ranks are its own
+        if not isinstance(config, CheckpointerConfig):
+            raise TypeError("NamedCheckpoints takes settings placed by fastckpt.settings.placed_by_path; "
+                            "NamedCheckpoints.by_path(...) places a mapping of settings")
+        self.config = config
+        self.pool = config.root if config.store == "pmem" else None
+        self.distributed = config.distributed
         self.pool_pointers = pool_pointers
         self.free: Optional[Callable[[Callable[[], None]], Any]] = None
         self._ck: Optional[Checkpointer] = None
@@ -71,6 +72,14 @@ class NamedCheckpoints:
         # False: a save does not raise a failed earlier one; the caller does (take_errors), at a call every
         # process of its job makes (Lightning's rank 0 saving alone: lightning_fastckpt.watch)
         self.raise_at_save = True
+
+    @classmethod
+    def by_path(cls, settings: Any, pool: Optional[str] = None, distributed: Optional[bool] = False,
+                pool_pointers: bool = False, tiers: Any = None, tier_keep: Any = None) -> "NamedCheckpoints":
+        """From settings not yet placed (a mapping, or a CheckpointerConfig): placed here by
+        settings.placed_by_path with this pool, memory tier and ranks."""
+        return cls(placed_by_path(settings, os.fspath(pool) if pool is not None else None, tiers, tier_keep,
+                                  distributed), pool_pointers)
 
     @property
     def settings(self) -> dict:

@@ -24,7 +24,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
 from fastckpt.errors import CheckpointWriteError, ConfigError
-from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way
+from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way, placed_by_path
 from fastckpt.named import NamedCheckpoints
 from fastckpt.training_saves import TrainingSaves
 
@@ -72,9 +72,8 @@ class FastCheckpointIO(CheckpointIO):
             raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
                               "tier; per_rank saving (every rank's part of one path) is not supported with it")
         self.per_rank, self.layerwise = per_rank, layerwise
-        self.named = NamedCheckpoints(given, pool=self.pool,
-                                      distributed=None if per_rank else False, tiers=self.tiers,
-                                      tier_keep=self.tier_keep)
+        config = placed_by_path(given, self.pool, self.tiers, self.tier_keep, None if per_rank else False)
+        self.named = NamedCheckpoints(config)
         self.verify = self.named.config.verify
         self._decide: Optional[Callable[[bool], bool]] = None  # see agree_on_errors
         self.stats = {"saves": 0}

@@ -60,7 +60,7 @@ from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
-from ..settings import CheckpointerConfig, given_one_way, local_place
+from ..settings import CheckpointerConfig, given_one_way, local_place, placed_by_path
 from ..workers import Workers
 from ..write.deadline import Deadline
 from . import metadata as md_file
@@ -113,7 +113,8 @@ class FastStorageWriter(StorageWriter):
                  **kwargs: Any) -> None:
         super().__init__()
         self.step = step
-        self.named = NamedCheckpoints(given_one_way(settings, kwargs), tiers=tiers, tier_keep=tier_keep)
+        placed = placed_by_path(given_one_way(settings, kwargs), None, tiers, tier_keep)  # the path store's
+        self.named = NamedCheckpoints(placed)
         self.config = self.named.config
         self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder

@@ -192,7 +192,7 @@ def file_set(root: str) -> None:
     from fastckpt.commit.file_sets import FileSets
     from fastckpt.named import NamedCheckpoints
     from fastckpt.write.deadline import Deadline
-    named = NamedCheckpoints({"concurrency": 4, "chunk_mb": 1, "writers": 2})
+    named = NamedCheckpoints.by_path({"concurrency": 4, "chunk_mb": 1, "writers": 2})
     sets = FileSets(Agreement(), Deadline(60.0), 0.0)
     for step in (1, 2, 3):
         folder = os.path.join(root, f"set-{step}")

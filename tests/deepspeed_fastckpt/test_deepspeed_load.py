@@ -124,7 +124,7 @@ def test_fastckpt_latest_names_a_tag_only_once_its_record_exists(tmp_path):
     from fastckpt.pending import Pending
     from deepspeed_fastckpt.tag_records import LATEST
     from deepspeed_fastckpt.tags import TagCommitter
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     tags = TagCommitter(named)
     latest = tmp_path / LATEST
 

@@ -17,7 +17,7 @@ def state(v: float) -> dict:
 
 
 def test_save_load_and_size_by_path(tmp_path):
-    named = NamedCheckpoints({"concurrency": 2})
+    named = NamedCheckpoints.by_path({"concurrency": 2})
     a = str(tmp_path / "sub" / "a.ckpt")  # its folder is made
     pending = named.save(state(1.0), a, step=1, held=True)
     assert not pending.done() and named.pending(a) is pending
@@ -31,7 +31,7 @@ def test_save_load_and_size_by_path(tmp_path):
 
 
 def test_a_removal_waits_for_a_newer_commit_even_across_a_reconfigure(tmp_path):
-    named = NamedCheckpoints({"concurrency": 2})
+    named = NamedCheckpoints.by_path({"concurrency": 2})
     a, b = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
     named.save(state(1.0), a, step=1).wait()
     named.reconfigure(concurrency=1, writers=2)  # the tuner's N*, p*: a stays tracked
@@ -48,7 +48,7 @@ def test_a_removal_waits_for_a_newer_commit_even_across_a_reconfigure(tmp_path):
 
 
 def test_saving_a_path_again_cancels_its_pending_removal(tmp_path):
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     a, b = str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")
     named.save(state(1.0), a, step=1).wait()
     held = named.save(state(2.0), b, step=2, held=True)
@@ -62,8 +62,8 @@ def test_saving_a_path_again_cancels_its_pending_removal(tmp_path):
 
 def test_bad_settings_are_refused_before_anything_opens():
     with pytest.raises(ConfigError):
-        NamedCheckpoints({"concurrency": 0})
-    named = NamedCheckpoints({})
+        NamedCheckpoints.by_path({"concurrency": 0})
+    named = NamedCheckpoints.by_path({})
     before = named.config
     with pytest.raises(ConfigError):
         named.reconfigure(writers=-1)

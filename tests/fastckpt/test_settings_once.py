@@ -86,7 +86,7 @@ def test_a_setting_given_by_position_is_a_clear_error(tmp_path):
         fastckpt.Checkpointer(str(tmp_path), "c")
     with pytest.raises(ConfigError, match=r"\['keep'\] are not settings here"):
         from fastckpt.named import NamedCheckpoints
-        NamedCheckpoints({"keep": 3})
+        NamedCheckpoints.by_path({"keep": 3})
 
 
 def test_every_front_door_takes_its_settings_one_way_with_the_same_words(tmp_path):

@@ -32,7 +32,7 @@ def save_files(named: NamedCheckpoints, directory, names, step: int) -> list:
 
 
 def test_a_set_commits_with_one_record_naming_every_file_after_they_are_durable(tmp_path):
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     seen = []
 
     def after(info):  # the record is there, and every file it names, when the convention's step runs
@@ -54,7 +54,7 @@ def test_a_set_commits_with_one_record_naming_every_file_after_they_are_durable(
 
 
 def test_counters_go_on_under_the_same_parent_across_reopenings(tmp_path):
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     for n in range(2):
         s = sets()
         s.submit(str(tmp_path / f"t{n}"), save_files(named, tmp_path / f"t{n}", ["x.pt"], n), step=n)
@@ -65,7 +65,7 @@ def test_counters_go_on_under_the_same_parent_across_reopenings(tmp_path):
 
 
 def test_a_failed_file_leaves_no_record_and_the_previous_set_intact(tmp_path):
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     s = sets()
     s.submit(str(tmp_path / "t1"), save_files(named, tmp_path / "t1", ["x.pt"], 1), step=1)
     s.wait()
@@ -98,7 +98,7 @@ def test_a_withdrawn_owner_is_deleted_once_its_sets_land_and_nothing_of_it_is_co
 
 
 def test_a_record_with_a_file_of_the_wrong_size_or_a_rank_out_of_range_is_not_committed(tmp_path):
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     s = sets()
     s.submit(str(tmp_path / "t"), save_files(named, tmp_path / "t", ["x.pt"], 1), step=1)
     s.wait()

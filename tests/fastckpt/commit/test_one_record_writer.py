@@ -34,7 +34,7 @@ def test_a_root_commit_and_a_url_marker_are_the_same_record(tmp_path):
     with Checkpointer(tmp_path / "root") as ck:
         info = ck.save({"w": torch.ones(100)}, step=1).wait()
     assert commit.read(info.path) == info
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     named.save({"w": torch.ones(100)}, "memory://one-record/last.ckpt", step=1).wait()
     named.close()
     fs = fsspec.filesystem("memory")

@@ -47,7 +47,7 @@ def test_a_file_uploaded_by_0_1_loads_checked_against_its_marker():
             fs.pipe_file(f"memory://v01-test/{name}", f.read())
     torch.manual_seed(0)
     expected = torch.randn(64, 8)
-    named = NamedCheckpoints({})
+    named = NamedCheckpoints.by_path({})
     state = named.load("memory://v01-test/last.ckpt")
     assert torch.equal(state["w"], expected) and state["note"] == "fastckpt 0.1"
     fs.pipe_file("memory://v01-test/last.ckpt", fs.cat("memory://v01-test/last.ckpt") + b"\0")

@@ -63,7 +63,7 @@ def mirror_of(url: str, endpoint=None, **kw) -> FolderMirror:
 def tags_into(save_dir, mirror, steps) -> None:
     from fastckpt.named import NamedCheckpoints
     from deepspeed_fastckpt.tags import TagCommitter
-    named = NamedCheckpoints({"chunk_mb": 1})
+    named = NamedCheckpoints.by_path({"chunk_mb": 1})
     tags = TagCommitter(named, committed=mirror.drain, newest_in_bucket=mirror.newest_counter)  # as the engine
     for step in steps:
         folder = os.path.join(save_dir, f"global_step{step}")
