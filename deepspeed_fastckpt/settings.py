@@ -2,8 +2,9 @@
 
 DeepSpeed keeps unknown top-level keys in `engine.config`; this module checks that entry once
 and turns it into the one CheckpointerConfig the engine's saves use, refusing keys it does not
-know, naming the valid ones. DeepSpeed decides paths and which tags exist, so the settings of
-fastckpt.settings.PLACEMENT are not settings here. `pool` (with `pool_mb`, `persist`) puts
+know, naming the valid ones, and places it where it enters (fastckpt.settings.placed_by_path:
+its pool or memory tier, the job's ranks). DeepSpeed decides paths and which tags exist, so
+PLACEMENT's other fields are not settings here. `pool` (with `pool_mb`, `persist`) puts
 the tag's files into a persistent-memory pool as models named by their paths; `tiers` (with
 `tier_keep`) puts a memory tier in front of them (each file committed there first and persisted
 to its path from that copy; loaded from it: fastckpt.store.named_tiers). `offload`

@@ -1,7 +1,7 @@
 """fastckpt: fast, asynchronous, crash-consistent checkpoints for PyTorch.
 
-The shared backend of the Lightning and DeepSpeed plugins. It imports neither
-framework. Public API: Checkpointer, save, load, CommitInfo, Pending, errors, and
+The shared backend of the Lightning, DeepSpeed and torchtitan plugins. It imports none of
+them. Public API: Checkpointer, save, load (Saved), CommitInfo, Pending, errors, and
 reproducible() (what a process does before its first step for runs to repeat bit for bit).
 """
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, FastckptError,

@@ -1,13 +1,15 @@
-"""NamedCheckpoints: checkpoints named by a path or URL, over any store — what the plugins build on.
+"""NamedCheckpoints: checkpoints named by a path or URL — what the plugins build on.
 
-Each `save(state, path)` is one asynchronous checkpoint at exactly `path`: a file written by
-the path store (a local path, a per-rank directory, a URL), or with `pool=...` a model of a
-persistent-memory pool named by the path (the pmem store). This object keeps what is in flight
+`NamedCheckpoints(config)` takes settings placed by fastckpt.settings.placed_by_path where they
+entered (`NamedCheckpoints.by_path(settings, pool=, tiers=, ...)` places a mapping). Each
+`save(state, path)` is one asynchronous checkpoint at exactly `path`: a file written by the path
+store (a local path, a per-rank directory, a URL; a memory tier in front when the settings name
+one), or with a pool a model of a persistent-memory pool named by the path (the pmem store). This object keeps what is in flight
 by path (a load of a path in flight waits for it), loads whatever a path holds (a pool model,
 a URL with its commit marker, a per-rank directory, a plain file), removes a path now or once
 it has landed and a newer checkpoint is committed (`remove`), reports sizes, and reopens its
 Checkpointer with new settings (`reconfigure`). Frameworks decide the paths, retention and
-ranks, so `root`, `store`, `keep`, `distributed` and `model` are never settings here.
+ranks, so fastckpt.settings.PLACEMENT's fields are never settings here.
 """
 from __future__ import annotations
 

@@ -3,10 +3,12 @@
 CheckpointerConfig holds every Checkpointer setting, its default and its doc, and is checked
 once, where it is made (frozen: nothing changes it after; a changed copy,
 dataclasses.replace, is made and checked anew). Nothing else lists the settings' names: a
-front end takes `settings=` (this object) or keywords (`from_dict`, which names the valid ones
-when one is unknown), and `PLACEMENT` — the fields a front end decides itself (where the
-checkpoints live, how many are kept, which ranks take part) — is derived from the fields'
-own metadata. A new setting is one field here, its check in `_check`, and its doc.
+front end takes `settings=` (this object, or a mapping) or keywords (`from_dict`, which names
+the valid ones when one is unknown), checked one way by `given_one_way`; `PLACEMENT` — the
+fields a front end decides itself (where the checkpoints live, how many are kept, which ranks
+take part) — is derived from the fields' own metadata, and `placed_by_path` sets them for
+checkpoints named by path (the path store, a memory tier in front, or a pool's models) where
+their settings enter. A new setting is one field here, its check in `_check`, and its doc.
 flatten(cfg) turns the Hydra layout (groups `strategy` and `store`, optional top-level
 overrides like `concurrency=4`) into its flat kwargs; unknown keys are a ConfigError naming
 the valid ones. What a config builds is fastckpt.config.hydra's. The check asks the layers

@@ -1,7 +1,8 @@
 """The checkpoints committed directly under one parent folder: newest first, the next counter, withdrawal.
 
-A parent folder holds one checkpoint per child folder, each made real by its commit record
-(`COMMIT`, or the name an earlier build gave it: fastckpt.commit.record.present): the Checkpointer's
+A parent folder holds one checkpoint per child folder, each made real by its commit record,
+`COMMIT` (a DeepSpeed tag of fastckpt 0.1 may hold `fastckpt-tag.json` instead: only DeepSpeed's
+`read` takes that one, deepspeed_fastckpt.tag_records): the Checkpointer's
 root (each step-N.cK), DeepSpeed's save_dir (each tag), a DCP folder (each step-N). Every
 front end asks the same three things of such a parent, answered here once:
 - which children are committed, newest (highest commit counter) first — a child without the

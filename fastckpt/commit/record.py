@@ -6,8 +6,9 @@ per-rank folder, a set of files such as a DeepSpeed tag or a DCP checkpoint — 
 checkpoint's folder; a file uploaded to an object store has its record beside it; an object
 store's checkpoint has its record written once as an object, `write_with` its PUT, and read back
 through `parse`), which name a
-folder's record has (`present`, `name_in`: `COMMIT`, or a name earlier builds wrote, still
-read), and the checks that a record and the files it names are intact (sizes; full CRCs are the
+folder's record has (`present`, `name_in`: `COMMIT`, or `fastckpt-tag.json`, the name fastckpt
+0.1 gave a DeepSpeed tag's record: found, and withdrawn with the folder, but `read` refuses it;
+deepspeed_fastckpt.tag_records reads 0.1's format), and the checks that a record and the files it names are intact (sizes; full CRCs are the
 loader's job). What callers see of a committed checkpoint, CommitInfo, is
 fastckpt.commit_info's.
 """

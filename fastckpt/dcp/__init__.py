@@ -2,7 +2,13 @@
 
   layout.py    one rank's write items laid out in one file (each tensor a torch.save archive of
                its own, as DCP's stock reader reads them)
-  names.py     the names of its files (record, data files) and the step a directory's name says
+  names.py     a rank data file's suffix (`.distcp`) and the step a directory's name says
+  check.py     `fastckpt verify` of a DCP checkpoint: every item checked, a damaged one named
+  folders.py   `fastckpt ls` / `verify` of a folder of DCP checkpoints (its entry point)
+  in_place.py  an item stored as the very tensor a load fills, read straight into it
+  on_s3.py     s3:// checkpoints: the spool, the upload and the record object
+  slots.py     FastStager's slots (one snapshot's buffers and state) and SnapshotOwner
+  stock_warning.py  the one warning that a checkpoint is DCP's own (no record to check it by)
   metadata.py  DCP's `.metadata`: written as DCP writes it, read by the restricted unpickler
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no

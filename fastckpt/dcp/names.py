@@ -1,4 +1,4 @@
-"""The names of a DCP checkpoint's files as fastckpt writes them, and the step a directory's name says."""
+"""A rank data file's suffix as fastckpt writes DCP checkpoints, and the step a directory's name says."""
 from __future__ import annotations
 
 import re

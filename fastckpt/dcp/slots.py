@@ -1,5 +1,7 @@
 """FastStager's slots: the place of one snapshot (its reused buffers and where the snapshot
-stands), the future stage() returns for it, and SaveSkipped.
+stands), the future stage() returns for it, SaveSkipped, and SnapshotOwner (what a
+FastStorageWriter asks of the stager it is given: which slot holds a tensor; that its save
+copied a live snapshot).
 
 A slot's state moves one way, FREE -> STAGING -> COPIED -> DELIVERED, and back to FREE when it
 is released (or refused before its snapshot began):

@@ -1,7 +1,9 @@
 """On-disk formats: torch's zip archive (default) and safetensors, planned up front.
 
 plan_file(state, fmt) -> FilePlan for the writer; load_file(path) -> state,
-picking the reader from the file's own bytes (zip or safetensors).
+picking the reader from the file's own bytes (zip or safetensors); with into= (a
+fitting.Destination), a torch-format file's whole storages that destination tensors hold are
+read straight into them (fitting.py: the walk over both structures).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Owns turning a state into a FilePlan (data.pkl, the small records torch
 writes, one 4096-aligned record per storage, the directory) and turning a
 file back into a state: every record read in parallel with its CRC checked,
-then data.pkl unpickled by the restricted unpickler.
+then data.pkl unpickled by the restricted unpickler. With into= (a fitting.Destination), each
+storage a destination tensor holds whole is read straight into that tensor.
 """
 from __future__ import annotations
 
