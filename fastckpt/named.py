@@ -4,11 +4,11 @@
 entered (`NamedCheckpoints.by_path(settings, pool=, tiers=, ...)` places a mapping). Each
 `save(state, path)` is one asynchronous checkpoint at exactly `path`: a file written by the path
 store (a local path, a per-rank directory, a URL; a memory tier in front when the settings name
-one), or with a pool a model of a persistent-memory pool named by the path (the pmem store). This object keeps what is in flight
-by path (a load of a path in flight waits for it), loads whatever a path holds (a pool model,
-a URL with its commit marker, a per-rank directory, a plain file), removes a path now or once
-it has landed and a newer checkpoint is committed (`remove`), reports sizes, and reopens its
-Checkpointer with new settings (`reconfigure`). Frameworks decide the paths, retention and
+one), or with a pool a model of a persistent-memory pool named by the path (the pmem store).
+This object keeps what is in flight by path (a load of a path in flight waits for it), loads
+whatever a path holds (a pool model, a URL with its commit marker, a per-rank directory, a plain
+file), removes a path now or once it has landed and a newer checkpoint is committed (`remove`),
+reports sizes, and reopens its Checkpointer with new settings (`reconfigure`). Frameworks decide the paths, retention and
 ranks, so fastckpt.settings.PLACEMENT's fields are never settings here.
 """
 from __future__ import annotations
@@ -20,8 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .checkpointer import Checkpointer
-from .errors import ConfigError
-from .settings import PLACEMENT, WRITING, CheckpointerConfig, placed_by_path
+from .settings import CheckpointerConfig, placed_by_path, refuse_placement
 from .pending import Pending
 from .store import ByPath, open_store, path_store
 
@@ -253,10 +252,7 @@ class NamedCheckpoints:
         """New settings (the tuner's concurrency / writers): checked first, then what is in flight
         lands and the next use opens the Checkpointer with them."""
         changes = {k: v for k, v in changes.items() if v is not None}
-        placed = sorted(set(changes) & set(PLACEMENT))
-        if placed:
-            raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they live, "
-                              f"how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+        refuse_placement(changes)
         new = dataclasses.replace(self.config, **changes)  # checked as made, first
         ck, self._ck = self._ck, None
         if ck is not None:

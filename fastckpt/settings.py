@@ -295,6 +295,14 @@ def check_seconds(name: str, value) -> None:
 DEFAULTS = CheckpointerConfig()
 
 
+def refuse_placement(settings: Mapping[str, Any]) -> None:
+    """A ConfigError naming any PLACEMENT field among settings given to checkpoints named by path."""
+    placed = sorted(set(settings) & set(PLACEMENT))
+    if placed:
+        raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
+                          f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+
+
 def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Optional[str] = None,
                    tiers: Any = None, tier_keep: Any = None,
                    distributed: Optional[bool] = False) -> "CheckpointerConfig":
@@ -315,10 +323,7 @@ def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Option
 
     if isinstance(given, CheckpointerConfig):
         return dataclasses.replace(given, distributed=distributed, **where(given.tiers))
-    placed = sorted(set(given) & set(PLACEMENT))
-    if placed:
-        raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
-                          f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+    refuse_placement(given)
     return CheckpointerConfig.from_dict(dict(given, **where(given.get("tiers")), distributed=distributed))
 
 

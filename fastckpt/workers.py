@@ -9,8 +9,9 @@ every one is busy (the first saves), and it stays for the next task (for IDLE_S 
 
 Each task gets a `Task` handle that joins as a thread does. A worker takes the task's name while
 it runs it; an exception a task raises goes to threading.excepthook, as a thread's would. A thread
-runs many tasks over time: nothing a task leaves on it (thread-local state) is meant for the next. `retire()` ends the workers (an owner's close, once its tasks are done: no thread of
-it outlives that); tasks handed over afterwards start new ones.
+runs many tasks over time: nothing a task leaves on it (thread-local state) is meant for the next.
+`retire()` ends the workers (an owner's close, once its tasks are done: no thread of it outlives
+that); tasks handed over afterwards start new ones.
 """
 from __future__ import annotations
 

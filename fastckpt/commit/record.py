@@ -8,8 +8,8 @@ store's checkpoint has its record written once as an object, `write_with` its PU
 through `parse`), which name a
 folder's record has (`present`, `name_in`: `COMMIT`, or `fastckpt-tag.json`, the name fastckpt
 0.1 gave a DeepSpeed tag's record: found, and withdrawn with the folder, but `read` refuses it;
-deepspeed_fastckpt.tag_records reads 0.1's format), and the checks that a record and the files it names are intact (sizes; full CRCs are the
-loader's job). What callers see of a committed checkpoint, CommitInfo, is
+deepspeed_fastckpt.tag_records reads 0.1's format), and the checks that a record and the files
+it names are intact (sizes; full CRCs are the loader's job). What callers see of a committed checkpoint, CommitInfo, is
 fastckpt.commit_info's.
 """
 from __future__ import annotations
@@ -140,7 +140,8 @@ def read(ckpt_dir: str, name: Optional[str] = None, size_of: Optional[Callable[[
     name = name or present(ckpt_dir) or COMMIT_NAME
     path = os.path.join(ckpt_dir, name)
     if name in EARLIER_NAMES:
-        raise CorruptCheckpointError(f"{path}: a record under the name fastckpt 0.1 used, not read as a commit record")
+        raise CorruptCheckpointError(f"{path}: a record under the name fastckpt 0.1 used, "
+                                     "not read as a commit record")
     return parse(read_regular(path, MAX_RECORD + 1), path, size_of, every_rank)
 
 

@@ -129,16 +129,7 @@ def _in_place(path: str, idx: ZipIndex, into: Destination) -> dict[int, torch.Te
     """{record offset: the tensor it is read into} (fitting.in_place over the file's structure,
     parsed onto the meta device), or None."""
     keys: dict[int, str] = {}
-
-    def meta_storage(key: str, nbytes: int, location: str) -> torch.UntypedStorage:
-        s = torch.UntypedStorage(nbytes, device="meta")
-        keys[s._cdata] = key
-        return s
-
-    pkl_entry = idx.entries["data.pkl"]
-    with file_bytes(path) as (read, _):
-        pkl = read(pkl_entry.data_off, pkl_entry.size)
-    structure = _unpickle_records(path, pkl, {k: e.size for k, e in idx.entries.items()}, meta_storage, True)
+    structure = check_structure(path, idx, keys=keys)
     placed = in_place(into, structure, lambda t: keys.get(t.untyped_storage()._cdata))
     if not placed:
         return None
@@ -181,13 +172,15 @@ def read_archives(path: str, indexes: list[ZipIndex], map_location=None, verify:
     return states
 
 
-def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None, at: int | None = None):
+def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None, at: int | None = None,
+                    keys: dict | None = None):
     """Everything a load checks but the bytes: data.pkl passes the restricted unpickler with
     every storage it names present at its size and every view inside its storage (the
     storages are on the meta device: nothing is read or allocated). Returns the structure,
     its tensors on the meta device. crcs: data.pkl's CRC-32 is put there under its record's
     file offset, so that a verified read need not read it again. at: where the caller holds the
-    whole file's bytes (data.pkl is read there; the index bounds its record within the file)."""
+    whole file's bytes (data.pkl is read there; the index bounds its record within the file).
+    keys: each meta storage's record key goes there, by the storage's identity (`_cdata`)."""
     entry = idx.entries.get("data.pkl")
     if entry is None:
         raise CorruptCheckpointError(f"{path}: archive has no data.pkl record")
@@ -196,7 +189,13 @@ def check_structure(path: str, idx: ZipIndex, crcs: dict | None = None, at: int 
     if crcs is not None:
         crcs[entry.data_off] = zlib.crc32(pkl)
     sizes = {k: e.size for k, e in idx.entries.items()}
-    return _unpickle_records(path, pkl, sizes, lambda key, n, loc: torch.UntypedStorage(n, device="meta"), True)
+    def meta_storage(key: str, nbytes: int, location: str) -> torch.UntypedStorage:
+        s = torch.UntypedStorage(nbytes, device="meta")
+        if keys is not None:
+            keys[s._cdata] = key
+        return s
+
+    return _unpickle_records(path, pkl, sizes, meta_storage, True)
 
 
 def _unpickle_records(path: str, pkl: bytes, sizes: dict, storage_of, weights_only: bool):
