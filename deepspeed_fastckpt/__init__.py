@@ -13,7 +13,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from fastckpt import front_ends
+from fastckpt.session import front_ends
 
 from .on_import import after_import
 

@@ -16,20 +16,14 @@ bucket holds fetches it first (load_tag).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from fastckpt.errors import CheckpointWriteError, ConfigError
-from fastckpt.named import NamedCheckpoints
-from fastckpt.preempt import PreemptSignal
-from fastckpt.settings import URL
-from fastckpt.store.s3.folder_mirror import FolderMirror
-from fastckpt.store.url_files import Remote
-from fastckpt.training_saves import TrainingSaves
+from fastckpt.session import URL, FolderMirror, PreemptSignal, Remote, TrainingSession
 
 from . import open_engines
 from .group_gate import GroupGate
@@ -64,8 +58,11 @@ class FastckptEngine(CheckpointEngine):
         self.preempt = PreemptSignal(*preempt) if preempt is not None else None
         self.verify = config.verify
         # placed where the entry came in; each rank writes its own files alone (a tag commits across
-        # the ranks through the TagCommitter below)
-        self.named = NamedCheckpoints(dataclasses.replace(config, distributed=False), pool_pointers=True)
+        # the ranks through the TagCommitter below); each group's update waits for its own copies
+        session = TrainingSession(config, own_files=True, pool_pointers=True, scoped=True,
+                                  gate=lambda named: GroupGate(named.checkpointer))
+        self.named, self.saves = session.named, session.saves
+        self.group_gate = cast(GroupGate, session.gate)
         report = self.named.checkpointer.report_failure
         bucket = bucket_of(entry)
         self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None
@@ -75,8 +72,6 @@ class FastckptEngine(CheckpointEngine):
         self._files: list = []
         self._global_steps = -1  # DeepSpeed's global_steps of the tag being saved (-1: not seen)
         self.update_only: frozenset = frozenset()  # storages only the update writes; set by configure()
-        self.group_gate = GroupGate(self.named.checkpointer)
-        self.saves = TrainingSaves(self.named, self.group_gate, scoped=True)
         self._tag_dir: Optional[str] = None  # the folder of the tag being saved (create .. commit)
         self._marked = False  # its open mark left (at its first file)
         self._closed = False

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import torch
 
-from fastckpt.offload import ActivationOffload
+from fastckpt.session import ActivationOffload
 
 
 class EngineHooks:

@@ -10,9 +10,7 @@ from typing import Optional
 
 import torch
 
-from fastckpt.commit.record import file_size
-from fastckpt.tools.folder_kinds import FolderKind
-from fastckpt.tools.folders import Entry
+from fastckpt.session import Entry, FolderKind, file_size
 
 from .safe_types import deepspeed_safe_globals
 from .tag_records import EARLIER_RECORD, LATEST, TAG_OPEN, read_latest, read_record, tag_status

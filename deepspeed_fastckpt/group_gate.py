@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from fastckpt.checkpointer import Checkpointer
-from fastckpt.write.gate import storages_of
+from fastckpt.session import Checkpointer, storages_of
 
 
 def _ptr(t: torch.Tensor) -> int:

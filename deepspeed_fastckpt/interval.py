@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import torch
 
-from fastckpt.tune.auto_interval import AutoInterval
+from fastckpt.session import AutoInterval
 from fastckpt.errors import ConfigError
 
 from .engine import FastckptEngine

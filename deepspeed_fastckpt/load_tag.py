@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from fastckpt.commit.agreement import Agreement
+from fastckpt.session import Agreement
 from fastckpt.errors import CorruptCheckpointError
 
 from .tag_records import SizeOf, newest_committed_tag, read_latest, read_record, tag_status

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from fastckpt.offload import ActivationOffload
-from fastckpt.offload.settings import OffloadConfig
+from fastckpt.session import ActivationOffload, activation_offload
 
 from .engine_hooks import hooks_of, peek
 
@@ -36,7 +35,7 @@ def offload_activations(engine: DeepSpeedEngine, directory: Optional[str] = None
 
 def attach(engine: DeepSpeedEngine, node: Any) -> Optional[ActivationOffload]:
     """Attaches the offload a settings node asks for (None/False/enabled=false: none)."""
-    off = OffloadConfig.from_node(node).build()
+    off = activation_offload(node)
     if off is not None:
         off.close_when_used = True
     hooks = hooks_of(engine)

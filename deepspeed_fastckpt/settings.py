@@ -20,11 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fastckpt.tune.auto_interval import AutoInterval
-from fastckpt.settings import WRITING, CheckpointerConfig, placed_by_path
 from fastckpt.errors import ConfigError
-from fastckpt.offload.settings import OffloadConfig
-from fastckpt.store.s3.place import S3Place
+from fastckpt.session import WRITING, AutoInterval, CheckpointerConfig, OffloadConfig, S3Place, placed
 
 CONFIG_KEY = "fastckpt"
 PREEMPT = ("preempt_signal", "preempt_grace_s")  # deepspeed_fastckpt.at_step_end's, not a save's
@@ -60,7 +57,7 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
     values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT + BUCKET}
     pool = entry.get("pool")
     tiers, keep = values.pop("tiers", None), values.pop("tier_keep", None)  # the memory tier in front of its files
-    return placed_by_path(values, pool, tiers, keep, distributed=None), pool  # the job's ranks (its bucket's)
+    return placed(values, pool=pool, tiers=tiers, tier_keep=keep, distributed=None), pool  # the job's ranks (its bucket's)
 
 
 def bucket_of(entry: Any) -> Optional[tuple[str, int]]:

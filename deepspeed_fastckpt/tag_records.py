@@ -32,13 +32,10 @@ import json
 import os
 from typing import Callable, Optional
 
-from fastckpt.commit import record as commit
-from fastckpt.commit.committed_under import CommittedUnder
-from fastckpt.commit.record import file_size
-from fastckpt.commit_info import CommitInfo, FileEntry
 from fastckpt.errors import CorruptCheckpointError
-from fastckpt.fsutil import makedirs_durable, read_regular, write_atomic
-from fastckpt.pmem.pointer import is_pool_pointer
+from fastckpt.session import (CommitInfo, CommittedUnder, FileEntry, file_size, is_pool_pointer, makedirs_durable,
+                              read_regular, write_atomic)
+from fastckpt.session import record as commit
 
 SizeOf = Callable[[str], Optional[int]]
 

@@ -15,10 +15,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-from fastckpt.commit.agreement import make_agreement
-from fastckpt.commit.file_sets import FileSets
-from fastckpt.named import NamedCheckpoints
-from fastckpt.write.deadline import Deadline
+from fastckpt.session import Deadline, FileSets, NamedCheckpoints, make_agreement
 
 from .tag_records import name_in_deepspeeds_latest, newest_counter, write_latest
 

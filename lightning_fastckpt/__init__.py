@@ -59,7 +59,7 @@ def callbacks() -> list[Callback]:
     nothing that says which Trainer: lightning_fastckpt.watch's callback while a FastCheckpointIO
     exists in this process or the DeepSpeed plugin was imported (what the callback serves), else
     nothing — a Trainer of a process that uses neither gets no callback and no log line."""
-    from fastckpt import front_ends
+    from fastckpt.session import front_ends
 
     from .checkpoint_io import MADE
     if not (len(MADE) or front_ends.is_started("deepspeed")):

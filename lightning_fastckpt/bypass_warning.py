@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from fastckpt.dcp import metadata as md_file
+from fastckpt.dcp import METADATA
 
 BYPASS = ("with PyTorch DCP, not through FastCheckpointIO: Lightning's ModelParallelStrategy and "
           "FSDPStrategy(state_dict_type='sharded') never call their CheckpointIO for distributed checkpoints. "
@@ -28,4 +28,4 @@ def say_bypassed(what: str) -> None:
 
 def is_dcp_folder(path: str) -> bool:
     """A directory PyTorch DCP saved (its .metadata is there)."""
-    return os.path.isfile(os.path.join(path, md_file.NAME))
+    return os.path.isfile(os.path.join(path, METADATA))

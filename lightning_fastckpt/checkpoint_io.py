@@ -3,7 +3,7 @@
 Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt, path)`
 is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
 reads) by the `path` store; it returns once the snapshot is issued, the optimizer update
-waiting for the copies it would overwrite (fastckpt.training_saves). Outside a training
+waiting for the copies it would overwrite (fastckpt.session's TrainingSession). Outside a training
 run, or called off the training thread, a save is durable when it returns.
 `load_checkpoint` of an in-flight path waits for it; `remove_checkpoint` never blocks: a
 path still in flight, or whose removal would leave no valid checkpoint, is deleted once it
@@ -24,9 +24,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
 from fastckpt.errors import CheckpointWriteError, ConfigError
-from fastckpt.settings import DEFAULTS, PLACEMENT, CheckpointerConfig, flatten, given_one_way, placed_by_path
-from fastckpt.named import NamedCheckpoints
-from fastckpt.training_saves import TrainingSaves
+from fastckpt.session import DEFAULTS, PLACEMENT, CheckpointerConfig, TrainingSession, flatten
 
 from .bypass_warning import is_dcp_folder, say_bypassed
 
@@ -64,7 +62,6 @@ class FastCheckpointIO(CheckpointIO):
                  tier_keep: Optional[Iterable[int]] = None,
                  **overrides: Any) -> None:
         MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
-        given = given_one_way(settings, overrides)
         self.pool = os.fspath(pool) if pool is not None else None
         self.tiers = [os.fspath(t) for t in tiers] if tiers is not None else None
         self.tier_keep = list(tier_keep) if tier_keep is not None else None
@@ -72,12 +69,12 @@ class FastCheckpointIO(CheckpointIO):
             raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
                               "tier; per_rank saving (every rank's part of one path) is not supported with it")
         self.per_rank, self.layerwise = per_rank, layerwise
-        config = placed_by_path(given, self.pool, self.tiers, self.tier_keep, None if per_rank else False)
-        self.named = NamedCheckpoints(config)
+        session = TrainingSession.of(settings, overrides, pool=self.pool, tiers=self.tiers, tier_keep=self.tier_keep,
+                                     distributed=None if per_rank else False)
+        self.named, self.saves = session.named, session.saves
         self.verify = self.named.config.verify
         self._decide: Optional[Callable[[bool], bool]] = None  # see agree_on_errors
         self.stats = {"saves": 0}
-        self.saves = TrainingSaves(self.named, self.named.gate)
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self.named.settings.items() if getattr(DEFAULTS, k) != v}

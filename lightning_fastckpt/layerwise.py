@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.hooks import RemovableHandle
 
-from fastckpt.write.layerwise import layerwise_comm_hook
+from fastckpt.session import layerwise_comm_hook
 
 from .checkpoint_io import FastCheckpointIO
 

@@ -37,11 +37,9 @@ import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.optim import Optimizer
 
-import fastckpt
-from fastckpt.settings import CheckpointerConfig
+from fastckpt.session import CheckpointerConfig, load, save
 from fastckpt.errors import ConfigError
-from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter
-from fastckpt.dcp.saved_paths import SavedPaths, recover
+from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, SavedPaths, recover
 
 
 _METADATA_FILENAME = "meta.pt"  # the rest of a Lightning checkpoint, the name Lightning's own loader reads
@@ -78,7 +76,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
         into = self.paths.prepare(path)
         self.paths.remove_due()
         if self.global_rank == 0:
-            fastckpt.save(checkpoint_rest(checkpoint), into / _METADATA_FILENAME)
+            save(checkpoint_rest(checkpoint), into / _METADATA_FILENAME)
         into = Path(self.broadcast(str(into)))  # rank 0 decided where this save is written
         self.barrier("fastckpt-dcp-save")  # nobody writes into the directory before it is ready
         state = {"state_dict": checkpoint.pop("state_dict")}
@@ -144,7 +142,7 @@ class FastModelParallelStrategy(ModelParallelStrategy):
             dcp.load(osd, storage_reader=FastStorageReader(path))
             set_optimizer_state_dict(module, optimizer, optim_state_dict=osd[key],
                                      options=StateDictOptions(cpu_offload=True))
-        return fastckpt.load(path / _METADATA_FILENAME, weights_only=True if weights_only is None else weights_only)
+        return load(path / _METADATA_FILENAME, weights_only=True if weights_only is None else weights_only)
 
     # -- what is saved ------------------------------------------------------
     def lightning_module_state_dict(self) -> dict[str, Any]:

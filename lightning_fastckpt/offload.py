@@ -18,8 +18,7 @@ from torch import Tensor
 from torch.autograd.graph import saved_tensors_hooks
 from typing_extensions import override
 
-from fastckpt.offload import ActivationOffload
-from fastckpt.offload.settings import OffloadConfig
+from fastckpt.session import ActivationOffload, OffloadConfig, activation_offload
 
 
 class TensorOffload(Callback):
@@ -29,7 +28,9 @@ class TensorOffload(Callback):
     TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""
 
     def __init__(self, directory: Optional[str] = None, **settings: Any) -> None:
-        self.offload: ActivationOffload = OffloadConfig.from_node(dict(settings, directory=directory)).offload()
+        offload = activation_offload(dict(settings, directory=directory, enabled=True))
+        assert offload is not None  # enabled: the callback is there to offload
+        self.offload: ActivationOffload = offload
         self.io = self.offload.io
         self._hooks: Optional[saved_tensors_hooks] = None
 

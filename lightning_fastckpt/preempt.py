@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 
-from fastckpt.preempt import PreemptSignal, signal_number
+from fastckpt.session import PreemptSignal, fsync_dir, signal_number
 
 log = logging.getLogger("fastckpt")
 
@@ -97,7 +97,6 @@ def point_last_at(trainer: "pl.Trainer", path: str) -> None:
     made beside it, renamed over it) and durably (its folder synced). Lightning resolves "last" by
     modification time among those files, so the link (the preemption checkpoint's time, the newest)
     is what a resume reads; the next `last` ModelCheckpoint saves replaces the link itself."""
-    from fastckpt.fsutil import fsync_dir
     for link in last_links(trainer):
         if os.path.abspath(link) == os.path.abspath(path):
             continue

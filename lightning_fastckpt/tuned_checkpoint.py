@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
-from fastckpt.tune.auto_interval import AutoInterval
+from fastckpt.session import AutoInterval
 
 from .checkpoint_io import FastCheckpointIO
 

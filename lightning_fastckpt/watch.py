@@ -36,7 +36,7 @@ from typing import Any, Optional
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from fastckpt.commit.file_sets import withdraw_anywhere
+from fastckpt.session import withdraw_anywhere
 
 from .bypass_warning import say_bypassed
 

@@ -56,11 +56,10 @@ from torchtitan.components.checkpointer import MODEL, AsyncMode
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager
 from torchtitan.tools.utils import GarbageCollection
 
-from fastckpt.settings import DEFAULTS as D
-from fastckpt.settings import CheckpointerConfig
-from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, newest_committed, resumable
-from fastckpt.dcp.committed import committed, cut_short_below, withdraw
-from fastckpt.dcp.on_s3 import is_s3
+from fastckpt.session import DEFAULTS as D
+from fastckpt.session import CheckpointerConfig
+from fastckpt.dcp import (FastStager, FastStorageReader, FastStorageWriter, committed, cut_short_below, is_s3,
+                          newest_committed, resumable, withdraw)
 
 logger = logging.getLogger("fastckpt")
 

@@ -100,7 +100,7 @@ def write(info: CommitInfo, name: str = COMMIT_NAME, fs=None) -> None:
         fs.pipe_file(f"{info.path}/{name}", encode(info))
 
 
-def write_with(info: CommitInfo, put: Callable[[bytes], None]) -> None:
+def write_with(info: CommitInfo, put: Callable[[bytes], object]) -> None:
     """Commits info where no file is written (an object store): put(the record's bytes) writes it
     (once, after every object it names is complete: the caller's PUT with If-None-Match: *)."""
     put(encode(info))

@@ -23,14 +23,18 @@
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
                them (fastckpt's committed ones and DCP's own): where to resume
 
-DCP is torch, which the backend may know: this package imports no framework but torch.
+The names above are this package's API, what a plugin imports of it. DCP is torch, which the backend may know: this package imports no framework but torch.
 """
-from .committed import Resumable, committed, newest_committed, resumable
+from .committed import Resumable, committed, cut_short_below, newest_committed, resumable, withdraw
 from .groups import save_group
+from .metadata import NAME as METADATA
+from .on_s3 import is_s3
 from .preempt import Preemption
 from .reader import FastStorageReader
+from .saved_paths import SavedPaths, recover
 from .stager import FastStager, SaveSkipped
 from .writer import FastStorageWriter
 
-__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "Preemption", "Resumable", "SaveSkipped",
-           "committed", "newest_committed", "resumable", "save_group"]
+__all__ = ["FastStager", "FastStorageReader", "FastStorageWriter", "METADATA", "Preemption", "Resumable", "SaveSkipped",
+           "SavedPaths", "committed", "cut_short_below", "is_s3", "newest_committed", "recover", "resumable",
+           "save_group", "withdraw"]

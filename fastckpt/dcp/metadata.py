@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import pickle
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import metadata as md
@@ -25,7 +26,7 @@ WRITTEN_BY = "fastckpt"  # in storage_meta.modules: a reader knows a commit reco
 
 # the types a .metadata pickle is made of (dataclasses of torch.distributed.checkpoint.metadata,
 # the filesystem's per-item storage info; two of them private to DCP, which pickles them); torch.Size, dtypes and layouts are allowed anyway
-_TYPES = [md.Metadata, md.MetadataIndex, md.TensorStorageMetadata, md.BytesStorageMetadata,
+_TYPES: list[Any] = [md.Metadata, md.MetadataIndex, md.TensorStorageMetadata, md.BytesStorageMetadata,
           md.ChunkStorageMetadata, md.TensorProperties, md._MEM_FORMAT_ENCODING, md.StorageMeta,
           dcp_files._StorageInfo,
           pathlib.PosixPath, pathlib.PurePosixPath]  # the stock writer's checkpoint_id is a Path
@@ -43,7 +44,7 @@ def write(path: str, metadata: md.Metadata) -> bytes:
 
 
 def decode(raw: bytes, path: str) -> md.Metadata:
-    def no_storage(pid):
+    def no_storage(pid: object) -> None:
         raise CorruptCheckpointError(f"{path}: DCP metadata refers to a storage")
 
     with torch.serialization.safe_globals(_TYPES):

@@ -166,7 +166,7 @@ def committed_at(parent: S3Place, problems: Optional[list] = None, endpoint: Opt
     return sorted(found, key=lambda i: i.counter, reverse=True)
 
 
-def newest_committed_at(parent_url: str):
+def newest_committed_at(parent_url: str) -> Optional[tuple[str, int, int]]:
     """(URL, step, counter) of the newest committed checkpoint under an s3:// prefix, or None."""
     found = committed_at(S3Place.parse(parent_url.rstrip("/"), "the folder of DCP checkpoints"))
     if not found:

@@ -44,7 +44,7 @@ class SavedPaths:
         self._deferred: list[tuple[str, int]] = []  # (path, the saves issued before its removal)
 
     # -- saving ------------------------------------------------------------
-    def prepare(self, path) -> Path:
+    def prepare(self, path: str | os.PathLike[str]) -> Path:
         """Where the next save into `path` is written (the coordinator decides; the caller hands
         that to the other ranks). Its previous save must have landed (land())."""
         path = Path(path)
@@ -64,7 +64,7 @@ class SavedPaths:
         withdraw(str(path))
         return path
 
-    def issued(self, path, into, response) -> None:
+    def issued(self, path: str | os.PathLike[str], into: str | os.PathLike[str], response: Any) -> None:
         """The save into `path` (written into `into`) was issued: `response` is DCP's AsyncSaveResponse."""
         self._saving[str(Path(path))] = (self._saves, response, Path(into))
         self._saves += 1
@@ -76,7 +76,7 @@ class SavedPaths:
     def in_flight(self) -> list[str]:
         return list(self._saving)
 
-    def land(self, path) -> None:
+    def land(self, path: str | os.PathLike[str]) -> None:
         """Waits for the save into `path` (if one is in flight) and raises its error; a save
         committed beside the old checkpoint takes its place."""
         key = str(Path(path))
@@ -90,7 +90,7 @@ class SavedPaths:
         self._committed = max(self._committed, number)
 
     # -- removing ----------------------------------------------------------
-    def remove(self, path) -> None:
+    def remove(self, path: str | os.PathLike[str]) -> None:
         """The caller no longer keeps `path`: deleted now if it may go, else once it may (never blocks)."""
         if self.coordinator:
             self._deferred.append((str(Path(path)), self._saves))
@@ -125,7 +125,7 @@ def swap_in(path: Path, new: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def recover(path) -> Optional[Path]:
+def recover(path: str | os.PathLike[str]) -> Optional[Path]:
     """Finishes what a crash cut short around `path` (the coordinator, with no save into it in
     flight): a committed new sibling whose swap did not happen takes the place; an old one whose
     place is empty goes back; leftovers go. Returns what took the place, if anything did."""
