@@ -56,8 +56,7 @@ def checkpointer_config(entry: Any) -> tuple[CheckpointerConfig, Optional[str]]:
     bucket_of(entry)
     values = {k: v for k, v in entry.items() if k not in ("pool", "offload", "interval", "tune") + PREEMPT + BUCKET}
     pool = entry.get("pool")
-    tiers, keep = values.pop("tiers", None), values.pop("tier_keep", None)  # the memory tier in front of its files
-    return placed(values, pool=pool, tiers=tiers, tier_keep=keep, distributed=None), pool  # the job's ranks (its bucket's)
+    return placed(values, pool=pool, distributed=None), pool  # the job's ranks (its bucket's)
 
 
 def bucket_of(entry: Any) -> Optional[tuple[str, int]]:

@@ -143,7 +143,7 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------
     def save(self, state: Any, step: int, meta: dict | None = None, path: str | None = None,
-             held: bool = False, watch: Optional[SnapshotWatch] = None) -> Pending:
+             held: bool = False, watch: Optional[SnapshotWatch] = None, strategy: Optional[str] = None) -> Pending:
         """Issues a checkpoint of `state` at `step`; returns once the snapshot is issued.
 
         state: a state dict, or a FilePlan its caller laid out itself (fastckpt.dcp: DCP's items).
@@ -153,8 +153,11 @@ class Checkpointer:
         watch: a fastckpt.write.watch.SnapshotWatch over the tensors the snapshot copies after
         save() returns; if one was written in place meanwhile, the checkpoint is dropped
         (TornSnapshotError, always warned about: the training state itself is intact).
+        strategy: this save's, in place of the settings' ('d' for a state that is already a
+        private copy of its own, as a DCP snapshot its stager staged: a second copy costs time).
         """
         t0 = time.monotonic()
+        strategy = strategy or self.strategy
         clock = Timings()
         self._check_open()
         if (path is not None) != self._named_paths:
@@ -176,7 +179,6 @@ class Checkpointer:
         with clock.phase("slot"):
             slot = self._take_slot()
         self._slot_waited(step, clock.as_dict()["slot"])
-        strategy = self.strategy
         got = slot is not None
         try:
             if isinstance(state, FilePlan) and self.store.layout_format not in (None, state.format):
@@ -192,8 +194,8 @@ class Checkpointer:
                 assert staging is not None  # made by _start_writing, before the first save goes on
                 with clock.phase("staging"):
                     chunk = self._engine.pool.chunk_bytes
-                    need = staging_chunks(plan, self.store.sink_kind, self.strategy, chunk)
-                    strategy = self._while_staging_grows(staging, plan, need, held)
+                    need = staging_chunks(plan, self.store.sink_kind, strategy, chunk)
+                    strategy = self._while_staging_grows(staging, plan, need, held, strategy)
                     got = staging.ensure(need)
                 self.stats["pinned"] = staging.pinned
         except BaseException:
@@ -255,16 +257,16 @@ class Checkpointer:
             log.warning("fastckpt: %s", note)
             warnings.warn(f"fastckpt: {note}", stacklevel=4)
 
-    def _while_staging_grows(self, staging: Staging, plan: FilePlan, need: int, held: bool) -> str:
+    def _while_staging_grows(self, staging: Staging, plan: FilePlan, need: int, held: bool, strategy: str) -> str:
         """The strategy of this write: 'c' on a stream-read device (CUDA) whose save finds staging
         short (the first one, unless reserve() ran long enough before) copies into spare device
         memory first, as 'g' does, so the gate waits for a device-to-device copy rather than for
         staging being faulted in and pinned; 'g' falls back to 'c' itself when the device is short.
         Never for a held write: it may read a tensor only once the caller released it."""
-        if held or self.strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
-            return self.strategy
+        if held or strategy != "c" or self.policy != "wait" or not reads_through_stream(plan):
+            return strategy
         if not staging.short(need):
-            return self.strategy
+            return strategy
         self.stats["spare_first"] += 1
         log.info("fastckpt: staging is still growing (%d of %d chunks free); this checkpoint is copied into "
                  "spare device memory first", self._engine.pool.free_count, need)

@@ -1,7 +1,7 @@
 """NamedCheckpoints: checkpoints named by a path or URL — what the plugins build on.
 
 `NamedCheckpoints(config)` takes settings placed by fastckpt.settings.placed_by_path where they
-entered (`NamedCheckpoints.by_path(settings, pool=, tiers=, ...)` places a mapping). Each
+entered (`NamedCheckpoints.by_path(settings, pool=, ...)` places a mapping). Each
 `save(state, path)` is one asynchronous checkpoint at exactly `path`: a file written by the path
 store (a local path, a per-rank directory, a URL; a memory tier in front when the settings name
 one), or with a pool a model of a persistent-memory pool named by the path (the pmem store).
@@ -38,11 +38,11 @@ class NamedCheckpoints:
             where the settings entered: the path store, with a memory tier in front when it names
             one, or a persistent-memory pool whose models the paths name; its ranks). `by_path`
             places settings not yet placed: a mapping of CheckpointerConfig's fields but
-            PLACEMENT's, or a plugin's CheckpointerConfig, with `pool`, `distributed`, `tiers`
-            (a memory tier in front of the paths, e.g. ["/dev/shm/run7"]; `tier_keep`: how many it
-            keeps, [1] by default: each save commits there first and is persisted to its path from
-            that copy; a load reads the memory copy of the file at a path when there is one,
-            fastckpt.store.named_tiers).
+            PLACEMENT's others, or a plugin's CheckpointerConfig, with `pool` and `distributed`.
+            Their `tiers` (e.g. ["/dev/shm/run7"]; `tier_keep`: how many it keeps, [1] by default)
+            put a memory tier in front of the paths: each save commits there first and is
+            persisted to its path from that copy; a load reads the memory copy of the file at a
+            path when there is one (fastckpt.store.named_tiers).
         pool_pointers: with a pool, a path is read from the pool only where it holds the
             small pointer file `leave_pointer` writes (DeepSpeed, whose own globbing needs
             files there); otherwise every path is read from the pool.
@@ -76,11 +76,11 @@ class NamedCheckpoints:
 
     @classmethod
     def by_path(cls, settings: Any, pool: Optional[str] = None, distributed: Optional[bool] = False,
-                pool_pointers: bool = False, tiers: Any = None, tier_keep: Any = None) -> "NamedCheckpoints":
+                pool_pointers: bool = False) -> "NamedCheckpoints":
         """From settings not yet placed (a mapping, or a CheckpointerConfig): placed here by
-        settings.placed_by_path with this pool, memory tier and ranks."""
-        return cls(placed_by_path(settings, os.fspath(pool) if pool is not None else None, tiers, tier_keep,
-                                  distributed), pool_pointers)
+        settings.placed_by_path with this pool and ranks."""
+        return cls(placed_by_path(settings, os.fspath(pool) if pool is not None else None, distributed),
+                   pool_pointers)
 
     @property
     def settings(self) -> dict:
@@ -126,15 +126,16 @@ class NamedCheckpoints:
             reader.close()
 
     # -- saving ----------------------------------------------------------
-    def save(self, state, path: str, step: int, held: bool = False, watch=None) -> Pending:
-        """One asynchronous checkpoint at exactly `path`; a pending removal of it is cancelled,
-        the other deferred removals that may go now are done."""
+    def save(self, state, path: str, step: int, held: bool = False, watch=None,
+             strategy: Optional[str] = None) -> Pending:
+        """One asynchronous checkpoint at exactly `path` (strategy: this save's, Checkpointer.save's);
+        a pending removal of it is cancelled, the other deferred removals that may go now are done."""
         path = os.fspath(path)
         key = key_of(path)
         self._deferred.pop(key, None)  # saving again under a name cancels its pending removal
         self.remove_deferred()
         self.checkpointer.store.prepare_path(path)
-        pending = self.checkpointer.save(state, step=step, path=path, held=held, watch=watch)
+        pending = self.checkpointer.save(state, step=step, path=path, held=held, watch=watch, strategy=strategy)
         self._saves += 1
         self._by_path[key], self._order[key] = pending, self._saves
         return pending
@@ -252,7 +253,7 @@ class NamedCheckpoints:
         """New settings (the tuner's concurrency / writers): checked first, then what is in flight
         lands and the next use opens the Checkpointer with them."""
         changes = {k: v for k, v in changes.items() if v is not None}
-        refuse_placement(changes)
+        refuse_placement(changes, given=())
         new = dataclasses.replace(self.config, **changes)  # checked as made, first
         ck, self._ck = self._ck, None
         if ck is not None:

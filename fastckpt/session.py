@@ -1,6 +1,6 @@
 """The front door every plugin builds on: a training's checkpoints, made from one settings object.
 
-`TrainingSession.of(settings, keywords, pool=, tiers=, tier_keep=, distributed=)` checks what a
+`TrainingSession.of(settings, keywords, pool=, distributed=)` checks what a
 front end was given once (settings.given_one_way: one CheckpointerConfig or mapping, or
 keywords), places the checkpoints once (settings.placed_by_path: files by path, a pool's models,
 a memory tier in front; which ranks save) and builds what the plugin runs them with:
@@ -37,7 +37,8 @@ from .offload.settings import OffloadConfig, offload_from
 from .pmem.pointer import is_pool_pointer
 from .preempt import PreemptSignal, signal_number
 from .save_load import load, save
-from .settings import DEFAULTS, PLACEMENT, URL, WRITING, CheckpointerConfig, flatten, given_one_way, placed_by_path
+from .settings import (BY_PATH, DEFAULTS, PLACEMENT, URL, WRITING, CheckpointerConfig, flatten, given_one_way,
+                       placed_by_path)
 from .store.s3.folder_mirror import FolderMirror
 from .store.s3.place import S3Place
 from .store.url_files import Remote
@@ -52,7 +53,7 @@ from .write.layerwise import layerwise_comm_hook
 __all__ = [
     "TrainingSession", "placed", "activation_offload",
     # settings
-    "CheckpointerConfig", "DEFAULTS", "PLACEMENT", "URL", "WRITING", "flatten",
+    "BY_PATH", "CheckpointerConfig", "DEFAULTS", "PLACEMENT", "URL", "WRITING", "flatten",
     # preemption, the interval, offload, layer-wise
     "PreemptSignal", "signal_number", "AutoInterval", "ActivationOffload", "OffloadConfig",
     "layerwise_comm_hook",
@@ -67,13 +68,12 @@ __all__ = [
 
 
 def placed(settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywords: Optional[dict] = None, *,
-           pool: Optional[str] = None, tiers: Any = None, tier_keep: Any = None,
-           distributed: Optional[bool] = False) -> CheckpointerConfig:
+           pool: Optional[str] = None, distributed: Optional[bool] = False) -> CheckpointerConfig:
     """What a front end was given (one CheckpointerConfig or mapping, or keywords), checked once and
-    placed: the path store, a pool's models (`pool`) or a memory tier in front (`tiers`,
-    `tier_keep`); `distributed` as the Checkpointer's (False: each process's own checkpoints;
-    None: every rank saves its part)."""
-    return placed_by_path(given_one_way(settings, dict(keywords or {})), pool, tiers, tier_keep, distributed)
+    placed: the path store (with a memory tier in front where the settings' `tiers` name one), or
+    a pool's models (`pool`); `distributed` as the Checkpointer's (False: each process's own
+    checkpoints; None: every rank saves its part)."""
+    return placed_by_path(given_one_way(settings, dict(keywords or {})), pool, distributed)
 
 
 def activation_offload(node: Any) -> Optional[ActivationOffload]:
@@ -105,11 +105,9 @@ class TrainingSession:
 
     @classmethod
     def of(cls, settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywords: Optional[dict] = None, *,
-           pool: Optional[str] = None, tiers: Any = None, tier_keep: Any = None, distributed: Optional[bool] = False,
-           **how: Any) -> "TrainingSession":
+           pool: Optional[str] = None, distributed: Optional[bool] = False, **how: Any) -> "TrainingSession":
         """Settings as a front end was given them, checked and placed once (`placed`), then the session."""
-        return cls(placed(settings, keywords, pool=pool, tiers=tiers, tier_keep=tier_keep, distributed=distributed),
-                   **how)
+        return cls(placed(settings, keywords, pool=pool, distributed=distributed), **how)
 
     def close(self) -> None:
         """The run is over: no optimizer step reaches these saves, and every save in flight lands

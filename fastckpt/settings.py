@@ -295,36 +295,37 @@ def check_seconds(name: str, value) -> None:
 DEFAULTS = CheckpointerConfig()
 
 
-def refuse_placement(settings: Mapping[str, Any]) -> None:
-    """A ConfigError naming any PLACEMENT field among settings given to checkpoints named by path."""
-    placed = sorted(set(settings) & set(PLACEMENT))
+BY_PATH = ("tiers", "tier_keep")  # PLACEMENT's settings that checkpoints named by path take as given
+
+
+def refuse_placement(settings: Mapping[str, Any], given: tuple[str, ...] = BY_PATH) -> None:
+    """A ConfigError naming any PLACEMENT field among settings given to checkpoints named by path,
+    but those they take as `given` (the memory tier in front, where they are first placed)."""
+    placed = sorted(set(settings) & set(PLACEMENT) - set(given))
     if placed:
         raise ConfigError(f"{placed} are not settings here: checkpoints named by path decide where they "
-                          f"live, how many are kept and which ranks save; the settings are {sorted(WRITING)}")
+                          f"live, how many are kept and which ranks save; the settings are "
+                          f"{sorted(WRITING + given)}")
 
 
 def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Optional[str] = None,
-                   tiers: Any = None, tier_keep: Any = None,
                    distributed: Optional[bool] = False) -> "CheckpointerConfig":
     """The settings of checkpoints named by path (fastckpt.named.NamedCheckpoints), placed: the
-    path store (with a memory tier in front when `tiers` names one), or with `pool` the pool's
-    models named by path; `distributed` as the Checkpointer's. given: a mapping of every setting
-    but PLACEMENT's (a ConfigError names any of those), or a front end's CheckpointerConfig, whose
-    own tiers are kept. The copy is checked as it is made."""
-    def where(have_tiers: Any) -> dict:
-        if pool is not None:
-            if tiers or have_tiers:
-                raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")
-            return dict(root=os.fspath(pool), store="pmem", model=None)
-        out: dict = dict(store="path")
-        if tiers is not None or tier_keep is not None:  # a count without tiers: the config's own check says so
-            out.update(tiers=tuple(os.fspath(t) for t in tiers) if tiers is not None else None, tier_keep=tier_keep)
-        return out
-
+    path store (with a memory tier in front when the settings' `tiers` name one), or with `pool`
+    the pool's models named by path; `distributed` as the Checkpointer's. given: a mapping of
+    every setting but PLACEMENT's others (a ConfigError names any of those), or a front end's
+    CheckpointerConfig. The copy is checked as it is made."""
+    tiers = given.tiers if isinstance(given, CheckpointerConfig) else given.get("tiers")
+    if pool is not None:
+        if tiers:
+            raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")
+        where: dict = dict(root=os.fspath(pool), store="pmem", model=None)
+    else:  # a tier_keep without tiers: the config's own check says so
+        where = dict(store="path", tiers=tuple(os.fspath(t) for t in tiers) if tiers is not None else None)
     if isinstance(given, CheckpointerConfig):
-        return dataclasses.replace(given, distributed=distributed, **where(given.tiers))
+        return dataclasses.replace(given, distributed=distributed, **where)
     refuse_placement(given)
-    return CheckpointerConfig.from_dict(dict(given, **where(given.get("tiers")), distributed=distributed))
+    return CheckpointerConfig.from_dict(dict(given, **where, distributed=distributed))
 
 
 def given_one_way(settings: Any, keywords: dict) -> "CheckpointerConfig | dict":

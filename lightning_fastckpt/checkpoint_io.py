@@ -18,13 +18,13 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
 from fastckpt.errors import CheckpointWriteError, ConfigError
-from fastckpt.session import DEFAULTS, PLACEMENT, CheckpointerConfig, TrainingSession, flatten
+from fastckpt.session import BY_PATH, DEFAULTS, PLACEMENT, CheckpointerConfig, TrainingSession, flatten
 
 from .bypass_warning import is_dcp_folder, say_bypassed
 
@@ -50,46 +50,47 @@ class FastCheckpointIO(CheckpointIO):
         pool: a persistent-memory pool (/dev/daxN.M, a file on an fsdax mount or on /dev/shm):
             each checkpoint path becomes a model of the pool instead of a file (with the settings
             pool_mb and persist, docs/pmem.md).
-        tiers: a memory tier in front of Lightning's paths, e.g. ["/dev/shm/run7"] (tier_keep:
-            how many copies it keeps, [1] by default): each save commits there at memory speed and
-            is persisted to its path from that copy; loading a path reads the memory copy of the
-            file there when one verifies (docs/tiers.md). Not with per_rank or pool.
+
+    The settings' `tiers` put a memory tier in front of Lightning's paths, e.g.
+    `FastCheckpointIO(tiers=["/dev/shm/run7"])` (`tier_keep`: how many copies it keeps, [1] by
+    default): each save commits there at memory speed and is persisted to its path from that copy;
+    loading a path reads the memory copy of the file there when one verifies (docs/tiers.md). Not
+    with per_rank or pool.
     """
 
     def __init__(self, settings: Optional[Union[CheckpointerConfig, Mapping[str, Any]]] = None, *,
                  per_rank: bool = False, layerwise: bool = False, pool: Optional[str] = None,
-                 tiers: Optional[Iterable[Union[str, os.PathLike[str]]]] = None,
-                 tier_keep: Optional[Iterable[int]] = None,
                  **overrides: Any) -> None:
         MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
         self.pool = os.fspath(pool) if pool is not None else None
-        self.tiers = [os.fspath(t) for t in tiers] if tiers is not None else None
-        self.tier_keep = list(tier_keep) if tier_keep is not None else None
-        if self.tiers and per_rank:
+        self.per_rank, self.layerwise = per_rank, layerwise
+        session = TrainingSession.of(settings, overrides, pool=self.pool, distributed=None if per_rank else False)
+        if session.config.tiers and per_rank:
             raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
                               "tier; per_rank saving (every rank's part of one path) is not supported with it")
-        self.per_rank, self.layerwise = per_rank, layerwise
-        session = TrainingSession.of(settings, overrides, pool=self.pool, tiers=self.tiers, tier_keep=self.tier_keep,
-                                     distributed=None if per_rank else False)
         self.named, self.saves = session.named, session.saves
         self.verify = self.named.config.verify
         self._decide: Optional[Callable[[bool], bool]] = None  # see agree_on_errors
         self.stats = {"saves": 0}
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self.named.settings.items() if getattr(DEFAULTS, k) != v}
+        changed = {k: v for k, v in self._settings().items() if getattr(DEFAULTS, k) != v}
         changed.update({k: v for k, v in self._own().items() if v})
         return f"FastCheckpointIO({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
+    def _settings(self) -> dict:
+        """The settings it writes with (its memory tier's included)."""
+        config = self.named.config
+        return dict(self.named.settings, **{k: getattr(config, k) for k in BY_PATH if getattr(config, k) is not None})
+
     def _own(self) -> dict:
         """This plugin's own arguments (not Checkpointer settings)."""
-        return {"per_rank": self.per_rank, "layerwise": self.layerwise, "pool": self.pool, "tiers": self.tiers,
-                "tier_keep": self.tier_keep}
+        return {"per_rank": self.per_rank, "layerwise": self.layerwise, "pool": self.pool}
 
     def __getstate__(self) -> dict:
         """Pickled (ddp_spawn sends the trainer to its processes, torch.save(trainer)) as its
         settings: the copy is a fresh plugin; saves in flight stay with the original."""
-        return {"settings": self.named.settings, **self._own()}
+        return {"settings": self._settings(), **self._own()}
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
@@ -100,9 +101,8 @@ class FastCheckpointIO(CheckpointIO):
         """From a Hydra/OmegaConf config or dict with fastckpt's field names (fastckpt.settings.PLACEMENT's
         are Lightning's here and ignored, but tiers and tier_keep: the memory tier in front of its
         paths); per_rank, layerwise and pool are this plugin's own."""
-        flat = {k: v for k, v in flatten(cfg).items() if k not in PLACEMENT}
+        flat = {k: v for k, v in flatten(cfg).items() if k not in PLACEMENT or (k in BY_PATH and v is not None)}
         own: dict[str, Any] = {k: flat.pop(k) for k in ("per_rank", "layerwise", "pool") if k in flat}
-        own.update({k: v for k, v in flatten(cfg).items() if k in ("tiers", "tier_keep") and v is not None})
         return cls(**flat, **own)
 
     # -- saving ----------------------------------------------------------

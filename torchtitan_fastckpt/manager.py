@@ -95,16 +95,12 @@ class CheckpointManager(TitanCheckpointManager):
         def __post_init__(self) -> None:
             TitanCheckpointManager.Config.__post_init__(self)
             self.fastckpt_settings()  # a bad value: one line (fastckpt.errors.ConfigError)
-            if self.tiers is not None:
-                tiers, keep = self.tiers, self.tier_keep  # lists made tuples, as CheckpointerConfig itself does
-                CheckpointerConfig(store="path", tiers=tuple(tiers) if isinstance(tiers, list) else tiers,
-                                   tier_keep=tuple(keep) if isinstance(keep, list) else keep)
 
         def fastckpt_settings(self) -> CheckpointerConfig:
-            """The fields this Config adds to torchtitan's but the tiers: fastckpt settings (defaults
-            from fastckpt.settings)."""
+            """The fields this Config adds to torchtitan's: fastckpt settings (defaults from
+            fastckpt.settings), of checkpoints named by their folders."""
             ours = {f.name for f in dataclasses.fields(self)} - {f.name for f in dataclasses.fields(TitanCheckpointManager.Config)}
-            return CheckpointerConfig.from_dict({name: getattr(self, name) for name in ours - {"tiers", "tier_keep"}})
+            return CheckpointerConfig.from_dict(dict({name: getattr(self, name) for name in ours}, store="path"))
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -112,7 +108,7 @@ class CheckpointManager(TitanCheckpointManager):
             return
         settings = config.fastckpt_settings()
         self.tiers = config.tiers
-        self.writer = FastStorageWriter(self.folder, settings=settings, tiers=config.tiers, tier_keep=config.tier_keep)
+        self.writer = FastStorageWriter(self.folder, settings=settings)
         self.reads: list[tuple[str, str]] = []  # with tiers: where each file of the last load came from
         # torchtitan's _save makes a DefaultStager only while self.stager is None
         self.stager = FastStager(settings, writer=self.writer) if self.async_mode != AsyncMode.DISABLED else None

@@ -43,7 +43,7 @@ import shutil
 import uuid
 import weakref
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, cast
 
 import torch
 from torch.distributed.checkpoint import filesystem as dcp_files
@@ -99,8 +99,8 @@ class FastStorageWriter(StorageWriter):
             ends with, as torchtitan's step-12, else none); per save: expect().
         settings: the Checkpointer's settings (fastckpt.settings.CheckpointerConfig's fields
             but root, store, keep, distributed and model), checked here, e.g. strategy="c",
-            writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig.
-        tiers: a memory tier in front of the checkpoint's files, e.g. ["/dev/shm/run7"] (tier_keep:
+            writers=4, chunk_mb=64, stall_timeout_s=120; or a CheckpointerConfig. Their `tiers`
+            put a memory tier in front of the checkpoint's files, e.g. ["/dev/shm/run7"] (tier_keep:
             how many files each rank keeps there, [1] by default): each rank's file commits there
             and is persisted to its path from that copy; the commit record is written once every
             file is on disk; FastStorageReader(tiers=...) reads each file from its memory copy
@@ -108,12 +108,10 @@ class FastStorageWriter(StorageWriter):
     """
 
     def __init__(self, path: str | os.PathLike[str], step: int = -1,
-                 settings: CheckpointerConfig | Mapping[str, Any] | None = None, *,
-                 tiers: Optional[Sequence[str | os.PathLike[str]]] = None, tier_keep: Optional[Sequence[int]] = None,
-                 **kwargs: Any) -> None:
+                 settings: CheckpointerConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.step = step
-        placed = placed_by_path(given_one_way(settings, kwargs), None, tiers, tier_keep)  # the path store's
+        placed = placed_by_path(given_one_way(settings, kwargs))  # the path store's
         self.named = NamedCheckpoints(placed)
         self.config = self.named.config
         self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
@@ -121,7 +119,6 @@ class FastStorageWriter(StorageWriter):
         self._spool = Spool()  # where s3:// checkpoints' files are written before their upload
         weakref.finalize(self, self._spool.close)  # a writer never closed leaves no folder on /dev/shm
         self.path = self._place(path)
-        self._direct: Optional[NamedCheckpoints] = None  # strategy 'd', for a FastStager's snapshot
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
         self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
         self._this: tuple[int, list[str]] = (step, [])  # the save in progress's (taken at reset)
@@ -255,14 +252,14 @@ class FastStorageWriter(StorageWriter):
             items.append(item)
         file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
-        named = self._named_for(slots)
-        if (named is not self.named and file_plan.devices() <= {"cpu"}
+        strategy = self._strategy_for(slots)
+        if (strategy == "d" and file_plan.devices() <= {"cpu"}
                 and any(getattr(ref(), "hands_on_live", False) for ref in self._stagers)):
             # the stager copied everything itself this time (its run has not yet earned trust); its
             # next saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then
             self.named.checkpointer.reserve(file_plan.file_size)
-        pending = named.save(file_plan, path, self._this[0])
+        pending = self.named.save(file_plan, path, self._this[0], strategy=strategy)
         self._tell_when_copied(pending, [s for s in slots if s is not None and s.writer_copies])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
@@ -352,17 +349,15 @@ class FastStorageWriter(StorageWriter):
                              "what the record and fastckpt verify check)")
         return FileEntry(name, 0, os.path.getsize(path), idx.file_crc)
 
-    def _named_for(self, slots: set[Optional[Slot]]) -> NamedCheckpoints:
+    def _strategy_for(self, slots: set[Optional[Slot]]) -> Optional[str]:
         """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
         'd': its buffers are private and page-aligned, a second copy would only cost time. One
         that holds live tensors for this writer to copy (FastStager 'c' on the host) is written
-        with the writer's own strategy."""
+        with the writer's own strategy (None)."""
         if (self.config.strategy == "d" or not slots or None in slots
                 or any(s.writer_copies for s in cast("set[Slot]", slots))):  # None in slots: returned
-            return self.named
-        if self._direct is None:
-            self._direct = NamedCheckpoints(dataclasses.replace(self.config, strategy="d"))
-        return self._direct
+            return None
+        return "d"
 
     def _tell_when_copied(self, pending: Pending, slots: list[Slot]) -> None:
         """Once this save has copied the live tensors of those FastStager snapshots, their stagers'
@@ -435,9 +430,5 @@ class FastStorageWriter(StorageWriter):
             self._remotes.clear()
             self._spool.close()
         finally:
-            try:
-                if self._direct is not None:
-                    self._direct.close()
-            finally:
-                self._workers.retire()
-                self._agree.close()
+            self._workers.retire()
+            self._agree.close()

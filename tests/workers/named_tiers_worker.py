@@ -25,7 +25,7 @@ def main() -> None:
     memory, folder = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     os.makedirs(folder, exist_ok=True)
-    named = NamedCheckpoints.by_path({"concurrency": 2}, tiers=[memory], tier_keep=[3])
+    named = NamedCheckpoints.by_path({"concurrency": 2, "tiers": [memory], "tier_keep": [3]})
     last = os.path.join(folder, "last.ckpt")
     try:
         got = named.load(last)

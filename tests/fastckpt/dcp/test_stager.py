@@ -194,7 +194,7 @@ def test_buffers_are_reused_at_most_concurrency_snapshots_exist_and_each_checkpo
             assert run.writer.named.opened and run.stager.stats["handed_on"] > 0
             assert run.stager.stats["copied_by_writer"] == run.stager.stats["handed_on"]
         if strategy == "g":  # staged snapshots written as they lie: no second copy
-            assert run.writer._direct is not None and not run.writer.named.opened
+            assert set(run.writer.named.checkpointer.stats["modes"]) == {"direct"}
     finally:
         run.close()
 
@@ -294,7 +294,7 @@ def test_a_stager_not_given_the_writer_is_written_as_a_plain_state_dict(tmp_path
             run.save(f"s{i}").upload_completion.result()
         for i in range(3):
             assert equal(loaded(tmp_path / f"s{i}", want[i]), want[i]), i
-        assert run.writer._direct is None and run.writer.named.opened  # written through its own staging
+        assert set(run.writer.named.checkpointer.stats["modes"]) == {"staged"}  # written through its own staging
     finally:
         run.close()
 

@@ -44,7 +44,7 @@ def memory(shm):
 
 def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, memory, monkeypatch):
     url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}"
-    named = NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=[2])
+    named = NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": [2]})
     for step in (1, 2):
         pending = named.save(state(step), f"{url}/last.ckpt", step)
         assert pending.wait_placed(120) and pending.placed_error is None, pending.placed_error
@@ -58,7 +58,7 @@ def test_a_save_to_an_s3_path_lands_in_the_bucket_from_its_memory_copy(s3_env, m
     # a later run without the tier saves the path again: the memory copy never stands in for it
     plain.save(state(7), f"{url}/last.ckpt", 7).wait()
     plain.close()
-    again = NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=[2])
+    again = NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": [2]})
     assert again.load(f"{url}/last.ckpt")["step"] == 7 and again.reads[-1].tier == "disk"
 
     # a removal takes the object, its record and the memory copies
@@ -77,7 +77,7 @@ def test_an_object_without_a_record_saved_in_the_second_of_the_memory_copy_is_re
     import fsspec
     from fastckpt.store.s3.client import Bucket
     url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}/last.ckpt"
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     assert named.save(state(2), url, 2).wait_placed(120)
     fs = fsspec.filesystem("s3")
     fs.rm(url + ".fastckpt-commit")
@@ -100,7 +100,7 @@ def test_while_a_copy_is_on_its_way_the_memory_copy_is_read(s3_env, memory, monk
     from fastckpt.store.s3 import object_path
     from fastckpt.store.s3.client import Bucket
     url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}/last.ckpt"
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     assert named.save(state(1), url, 1).wait_placed(120)
     started, go, real = threading.Event(), threading.Event(), object_path.upload_part
 
@@ -134,7 +134,7 @@ def test_a_damaged_memory_copy_never_reaches_the_bucket(s3_env, memory, monkeypa
             f.write(bytes([byte[0] ^ 0xFF]))
         return real(bucket, key, src, entry, *a)
     monkeypatch.setattr("fastckpt.store.s3.object_path.upload_part", flipped)
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     pending = named.save(state(1), url, 1)
     assert pending.wait_placed(120)
     assert isinstance(pending.placed_error, fastckpt.CorruptCheckpointError), pending.placed_error
@@ -149,7 +149,7 @@ def test_a_path_removed_while_its_copy_uploads_is_left_without_object_or_record(
     copy finds its path removed and deletes the object again; no record is put."""
     from fastckpt.store.s3 import object_path
     url = f"s3://{s3_env.bucket}/named-{uuid.uuid4().hex[:8]}/epoch=0.ckpt"
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     real = object_path.upload_part
 
     def removed_meanwhile(*a):
@@ -173,7 +173,7 @@ def test_the_endpoint_setting_reaches_every_request_on_an_s3_path(s3_env, memory
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     prefix = f"named-{uuid.uuid4().hex[:8]}"
     url = f"s3://{s3_env.bucket}/{prefix}"
-    named = NamedCheckpoints.by_path({"endpoint": endpoint}, tiers=[memory], tier_keep=[3])
+    named = NamedCheckpoints.by_path({"endpoint": endpoint, "tiers": [memory], "tier_keep": [3]})
     for step, name in ((1, "a"), (2, "b")):
         assert named.save(state(step), f"{url}/{name}.ckpt", step).wait_placed(120)
     named.remove(f"{url}/a.ckpt")

@@ -43,7 +43,7 @@ def saved(named: NamedCheckpoints, tmp_path, steps_and_names) -> None:
 
 
 def test_a_path_is_read_from_the_memory_copy_of_the_file_there(tmp_path, memory):
-    named = NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=[2])
+    named = NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": [2]})
     saved(named, tmp_path, [(1, "a.ckpt"), (2, "b.ckpt"), (3, "last.ckpt")])
     assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt", "last.ckpt"]  # every path reached its disk
     for step, name in [(3, "last.ckpt"), (2, "b.ckpt"), (1, "a.ckpt")]:
@@ -56,7 +56,7 @@ def test_a_path_is_read_from_the_memory_copy_of_the_file_there(tmp_path, memory)
 def test_a_state_loaded_from_a_memory_copy_never_changes_when_later_saves_recycle_its_file(tmp_path, memory):
     """A load maps the memory copy (zero-copy views); later saves remove it and recycle part files.
     The loaded tensors keep their bytes: a lent copy's file is deleted, never written over."""
-    named = NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=[1])
+    named = NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": [1]})
     named.save(state(1), str(tmp_path / "last.ckpt"), 1)
     named.wait()
     loaded = named.load(str(tmp_path / "last.ckpt"))
@@ -77,7 +77,7 @@ def test_a_save_is_placed_once_persisted_to_its_path_not_when_committed_in_memor
     from fastckpt.store import path_tier
     go, real = threading.Event(), path_tier.copy_part
     monkeypatch.setattr(path_tier, "copy_part", lambda *a, **k: (go.wait(60), real(*a, **k)))
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     pending = named.save(state(1), str(tmp_path / "last.ckpt"), 1)
     assert pending.wait() is not None  # committed in memory
     assert not pending.wait_placed(0.3) and not os.path.exists(tmp_path / "last.ckpt")
@@ -93,7 +93,7 @@ def test_a_save_whose_memory_copy_is_gone_before_its_copy_to_the_path_is_a_loud_
     reported (a write error naming the path), never counted away as a superseded copy."""
     from fastckpt.store import named_tiers
     monkeypatch.setattr(named_tiers, "record_present", lambda folder: None)  # the copy vanished meanwhile
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     target = str(tmp_path / "epoch=1-step=9.ckpt")
     pending = named.save(state(1), target, 1)
     assert pending.wait_placed(60)
@@ -105,7 +105,7 @@ def test_a_save_whose_memory_copy_is_gone_before_its_copy_to_the_path_is_a_loud_
 
 
 def test_a_damaged_memory_copy_is_named_and_the_path_is_read(tmp_path, memory):
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     saved(named, tmp_path, [(1, "last.ckpt")])
     (info, file), = named._store.copies_of(str(tmp_path / "last.ckpt"))
     with open(file, "r+b") as f:
@@ -122,14 +122,14 @@ def test_a_damaged_memory_copy_is_named_and_the_path_is_read(tmp_path, memory):
 
 
 def test_a_path_saved_again_by_another_writer_is_read_from_the_path(tmp_path, memory):
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     saved(named, tmp_path, [(1, "last.ckpt")])
     torch.save(state(7), str(tmp_path / "last.ckpt"))  # Lightning's own IO, a later run without tiers
     assert named.load(str(tmp_path / "last.ckpt"))["step"] == 7 and named.reads[-1].tier == "disk"
 
 
 def test_removing_a_path_removes_its_memory_copies(tmp_path, memory):
-    named = NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=[3])
+    named = NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": [3]})
     saved(named, tmp_path, [(1, "a.ckpt"), (2, "b.ckpt")])
     named.remove(str(tmp_path / "a.ckpt"))
     assert not os.path.exists(tmp_path / "a.ckpt")
@@ -146,7 +146,7 @@ path, memory = sys.argv[1], sys.argv[2]
 def state(step):
     g = torch.Generator().manual_seed(step)
     return {"w": torch.randn(300, 1000, generator=g), "step": step}
-named = NamedCheckpoints.by_path({}, tiers=[memory])
+named = NamedCheckpoints.by_path({"tiers": [memory]})
 named.save(state(1), path, 1)
 named.close()  # step 1: in memory and on disk
 named.checkpointer.store.persist_unit = lambda *a, **k: None  # step 2's copy to the path never starts
@@ -162,7 +162,7 @@ def test_after_a_kill_before_its_copy_the_newest_save_of_a_path_is_read_from_mem
                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     assert child.returncode == -signal.SIGKILL and "committed" in child.stdout, child.stderr[-3000:]
     assert fastckpt.load(path)["step"] == 1  # the disk holds the older save
-    named = NamedCheckpoints.by_path({}, tiers=[memory])
+    named = NamedCheckpoints.by_path({"tiers": [memory]})
     assert_same(state(2), named.load(path))
     assert named.reads[-1].tier == "memory"
 
@@ -171,7 +171,7 @@ def test_after_a_kill_before_its_copy_the_newest_save_of_a_path_is_read_from_mem
     (lambda m: fastckpt.Checkpointer(store="path", tiers=[m, "/d"]), "one place"),
     (lambda m: fastckpt.Checkpointer(store="path", tiers=[m], replicas=1), "replicas need store='root'"),
     (lambda m: fastckpt.Checkpointer(store="path", tiers=[m], tier_keep=[0]), "tier_keep"),
-    (lambda m: NamedCheckpoints.by_path({}, pool="/dev/shm/p.pool", tiers=[m]), "tiers and pool"),
+    (lambda m: NamedCheckpoints.by_path({"tiers": [m]}, pool="/dev/shm/p.pool"), "tiers and pool"),
     (lambda m: __import__("lightning_fastckpt").FastCheckpointIO(tiers=[m], per_rank=True), "per_rank"),
 ])
 def test_bad_settings_are_one_line_errors(memory, make, says):

@@ -395,7 +395,7 @@ FRONT_ENDS = {
     "settings": (lambda tiers, keep: fastckpt.Checkpointer(settings=CheckpointerConfig(tiers=tiers, tier_keep=keep)),
                  True),
     "hydra": (_hydra, True),
-    "NamedCheckpoints": (lambda memory, keep: NamedCheckpoints.by_path({}, tiers=[memory], tier_keep=keep), False),
+    "NamedCheckpoints": (lambda memory, keep: NamedCheckpoints.by_path({"tiers": [memory], "tier_keep": keep}), False),
     "FastCheckpointIO": (_lightning, False),
     "deepspeed": (_deepspeed_entry, False),
     "FastStorageWriter": (_dcp, False),
