@@ -15,7 +15,6 @@ being written last, the previous tag stays the newest, never a torn one.
 """
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING, Union
 
@@ -27,7 +26,6 @@ from .engine import FastckptEngine
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-log = logging.getLogger("fastckpt")
 TAG = "preempted_step{step}"
 
 
@@ -38,20 +36,14 @@ def at_step_end(engine: DeepSpeedEngine, save_dir: Union[str, os.PathLike[str]])
     p = ours.preempt if isinstance(ours, FastckptEngine) else None
     if p is None:
         return
-    if not p.anyone(lambda came: _any_rank(came, _device(engine))):
-        return
-    p.watch()  # the grace period runs (from now, if another rank got the signal)
     tag = TAG.format(step=engine.global_steps)
-    log.warning("fastckpt: preempted (signal %d): saving tag %s in %s, then exiting (%.1f s of grace left)",
-                p.signum, tag, save_dir, p.left_s())
-    try:
+
+    def save() -> None:
         engine.save_checkpoint(save_dir, tag=tag)
         ours.wait()  # the tag committed: every file durable, then its record
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
-    except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous tag stands
-        log.error("fastckpt: the preemption tag %s failed: %s", tag, e)
-    p.exit()
+    p.at_step_end(lambda came: _any_rank(came, _device(engine)), f"the tag {tag} in {os.fspath(save_dir)}", save)
 
 
 def _any_rank(came: bool, device: torch.device) -> bool:

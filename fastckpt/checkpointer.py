@@ -382,23 +382,15 @@ class Checkpointer:
         a second signal comes, the process ends at once and the previous checkpoint stays the
         latest. Without a signal it returns at once (after the collective). Nothing when
         preempt_signal is None."""
-        p = self._preempt
-        if p is None:
+        if self._preempt is None:
             return
-        if not p.anyone(lambda came: not self._agree.all_ok(not came)):
-            return
-        p.watch()  # the grace period runs (from now, if another rank got the signal)
-        log.warning("fastckpt: preempted (signal %d): checkpointing step %s, then exiting (%.1f s of grace left)",
-                    p.signum, step, p.left_s())
-        try:
+
+        def save() -> None:
             if self._saved_step != step:
                 self.store.hurry()  # straight to the last tier: no copy behind memory to wait for
                 self.save(state, step)
             self.close()  # every save durable on the last tier
-        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
-            log.error("fastckpt: the checkpoint of step %s on preemption failed: %s; the previous one stays "
-                      "the latest", step, e)
-        p.exit()
+        self._preempt.at_step_end(lambda came: not self._agree.all_ok(not came), f"step {step}", save)
 
     # -- waiting ---------------------------------------------------------
     def gate(self, timeout: float | None = None) -> None:

@@ -7,16 +7,20 @@ the main thread was doing, a save included), and leaves the signal's default act
 the next. A second signal, or the grace period running out, ends the process at once (its status:
 killed by that signal), even inside a collective: whatever was in flight is
 abandoned, and since a checkpoint's record is written last, the previous one stays the latest —
-never a torn one. Agreeing on the step and saving it are the Checkpointer's
-(Checkpointer.at_step_end).
+never a torn one. `at_step_end` is the sequence every front end runs after a training step (the
+Checkpointer's, DeepSpeed's, DCP's Preemption, Lightning's callback): the agreement, the grace
+period, the checkpoint, the exit; each front end says how its ranks agree and how it saves.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
+
+log = logging.getLogger("fastckpt")
 
 
 def signal_number(value) -> Optional[int]:
@@ -98,6 +102,24 @@ class PreemptSignal:
     def exit(self) -> None:
         """The checkpoint is durable: the process ends with the signal's status."""
         _die(self.signum)
+
+    def at_step_end(self, any_rank: Callable[[bool], bool], what: str, save: Callable[[], object]) -> None:
+        """Every rank, after a training step: nothing unless the signal came to some rank
+        (any_rank(came here) -> came anywhere: one collective). Then the grace period runs,
+        `save()` checkpoints `what` (durable, the ranks met, when it returns) and the process ends
+        with the signal's status; a save that fails is logged, and the previous checkpoint stays
+        the latest."""
+        if not self.anyone(any_rank):
+            return
+        self.watch()  # the grace period runs (from now, if another rank got the signal)
+        log.warning("fastckpt: preempted (signal %d): checkpointing %s, then exiting (%.1f s of grace left)",
+                    self.signum, what, self.left_s())
+        try:
+            save()
+        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
+            log.error("fastckpt: the checkpoint of %s on preemption failed: %s; the previous one stays the latest",
+                      what, e)
+        self.exit()
 
     def uninstall(self) -> None:
         """The signal's previous handler back (not once the signal came: the process is ending)."""

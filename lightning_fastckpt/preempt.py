@@ -58,22 +58,18 @@ class PreemptCheckpoint(pl.Callback):
 
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: STEP_OUTPUT,
                            batch: Any, batch_idx: int) -> None:
-        p = self._signal
-        if p is None or not p.anyone(lambda came: trainer.strategy.reduce_boolean_decision(came, all=False)):
+        if self._signal is None:
             return
-        p.watch()  # the grace period runs (from now, if another rank got the signal)
         path = os.path.join(self.dirpath, self.filename.format(step=trainer.global_step))
-        log.warning("fastckpt: preempted (signal %d): checkpointing step %d to %s, then exiting (%.1f s of grace "
-                    "left)", p.signum, trainer.global_step, path, p.left_s())
-        try:
+
+        def save() -> None:
             trainer.save_checkpoint(path)
             trainer.strategy.checkpoint_io.teardown()  # what it has in flight, durable
             if trainer.is_global_zero:
                 point_last_at(trainer, path)
             trainer.strategy.barrier("fastckpt-preempted")
-        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
-            log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", trainer.global_step, e)
-        p.exit()
+        self._signal.at_step_end(lambda came: trainer.strategy.reduce_boolean_decision(came, all=False),
+                                 f"step {trainer.global_step} to {path}", save)
 
     def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if self._signal is not None and self._signal.arrived is None:

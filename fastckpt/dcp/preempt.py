@@ -17,7 +17,6 @@ record being written last, the previous checkpoint stays the newest, never a tor
 """
 from __future__ import annotations
 
-import logging
 import signal as signals
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, cast
@@ -31,8 +30,6 @@ from ..settings import CheckpointerConfig
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-
-log = logging.getLogger("fastckpt")
 
 
 class Preemption:
@@ -48,21 +45,13 @@ class Preemption:
         """Every rank, after every step: nothing unless the signal came to some rank; then the
         saves in flight (futures) finished, `save(step)` (blocking, committed when it returns),
         the ranks met, and exit."""
-        p = self._signal
-        if not p.anyone(self._any_rank):
-            return
-        p.watch()  # the grace period runs (from now, if another rank got the signal)
-        log.warning("fastckpt: preempted (signal %d): saving step %d, then exiting (%.1f s of grace left)",
-                    p.signum, step, p.left_s())
-        try:
+        def save_now() -> None:
             for future in in_flight:
                 future.result()
             save(step)
             if self.group is not None:
                 dist.barrier(group=self.group)
-        except BaseException as e:  # noqa: BLE001 - the process ends either way; the previous checkpoint stands
-            log.error("fastckpt: the checkpoint of step %d on preemption failed: %s", step, e)
-        p.exit()
+        self._signal.at_step_end(self._any_rank, f"step {step}", save_now)
 
     def _any_rank(self, came: bool) -> bool:
         got = torch.tensor([1 if came else 0])

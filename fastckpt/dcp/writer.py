@@ -111,9 +111,7 @@ class FastStorageWriter(StorageWriter):
                  settings: CheckpointerConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.step = step
-        placed = placed_by_path(given_one_way(settings, kwargs))  # the path store's
-        self.named = NamedCheckpoints(placed)
-        self.config = self.named.config
+        self.config = placed_by_path(given_one_way(settings, kwargs))  # the path store's
         self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder
         self._spool = Spool()  # where s3:// checkpoints' files are written before their upload
@@ -131,6 +129,7 @@ class FastStorageWriter(StorageWriter):
         # the FastStagers given this writer (FastStager(writer=...)), weakly
         self._stagers: list[weakref.ReferenceType[SnapshotOwner]] = []
         self._workers = Workers("fastckpt-dcp")  # each save's waits, on warm threads (fastckpt.workers)
+        self.named = NamedCheckpoints(self.config)  # every file of every save goes through it
 
     def meet(self, stager: SnapshotOwner) -> None:
         """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers,
