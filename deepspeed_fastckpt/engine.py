@@ -61,8 +61,8 @@ class FastckptEngine(CheckpointEngine):
         # the ranks through the TagCommitter below); each group's update waits for its own copies
         session = TrainingSession(config, own_files=True, pool_pointers=True, scoped=True,
                                   gate=lambda named: GroupGate(named.checkpointer))
-        self.named, self.saves = session.named, session.saves
-        self.group_gate = cast(GroupGate, session.gate)
+        self.named, self.saves = session.named, session
+        self.group_gate = cast(GroupGate, session.before_update)
         report = self.named.checkpointer.report_failure
         bucket = bucket_of(entry)
         self.mirror = FolderMirror(bucket[0], Remote.of(config), config, bucket[1], report) if bucket else None

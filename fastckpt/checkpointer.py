@@ -40,7 +40,7 @@ from .restore.newest import Loaded, newest_loadable, newest_record
 from .store import open_store
 from .store.tiers import Tiers
 from .timings import Timings, summed
-from .write import Deadline, reads_through_stream, staging_chunks, stages, start_write
+from .write import STRATEGIES, Deadline, reads_through_stream, staging_chunks, stages, start_write
 from .write.concurrency import ConcurrencySlots
 from .write.native_engine import new_engine
 from .write.staging import Staging
@@ -157,6 +157,8 @@ class Checkpointer:
         private copy of its own, as a DCP snapshot its stager staged: a second copy costs time).
         """
         t0 = time.monotonic()
+        if strategy is not None and strategy not in STRATEGIES:  # before a slot or a counter is taken
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
         strategy = strategy or self.strategy
         clock = Timings()
         self._check_open()

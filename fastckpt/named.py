@@ -48,7 +48,7 @@ class NamedCheckpoints:
             files there); otherwise every path is read from the pool.
 
     `free`: how a removed file's blocks are freed, `free(fn)`; None (the default) runs fn at
-    once. TrainingSaves sets it to free off the training thread while a run is on.
+    once. fastckpt.session's TrainingSession sets it to free off the training thread while a run is on.
     """
 
     def __init__(self, config: CheckpointerConfig, pool_pointers: bool = False):
@@ -79,8 +79,8 @@ class NamedCheckpoints:
                 pool_pointers: bool = False) -> "NamedCheckpoints":
         """From settings not yet placed (a mapping, or a CheckpointerConfig): placed here by
         settings.placed_by_path with this pool and ranks."""
-        return cls(placed_by_path(settings, os.fspath(pool) if pool is not None else None, distributed),
-                   pool_pointers)
+        return cls(placed_by_path(settings, pool=os.fspath(pool) if pool is not None else None,
+                                  distributed=distributed), pool_pointers)
 
     @property
     def settings(self) -> dict:

@@ -1,25 +1,37 @@
 """The front door every plugin builds on: a training's checkpoints, made from one settings object.
 
-`TrainingSession.of(settings, keywords, pool=, distributed=)` checks what a
-front end was given once (settings.given_one_way: one CheckpointerConfig or mapping, or
-keywords), places the checkpoints once (settings.placed_by_path: files by path, a pool's models,
-a memory tier in front; which ranks save) and builds what the plugin runs them with:
-  named     NamedCheckpoints: checkpoints saved, loaded and removed by path
-  saves     TrainingSaves: those saves inside the training loop, behind the optimizer-step gate
-            (the plugin's own gate, made from `named`, or the Checkpointer's)
-A DeepSpeed entry is placed where it is checked (`placed`), then `TrainingSession(config)`.
+`TrainingSession.of(settings, keywords, pool=, distributed=)` checks what a front end was given
+once (settings.given_one_way: one CheckpointerConfig or mapping, or keywords), places the
+checkpoints once (settings.placed_by_path: files by path, behind a memory tier where the
+settings' `tiers` name one, or a pool's models; which ranks save) and makes the session: its
+checkpoints named by path (`named`, NamedCheckpoints) saved from inside the training loop. A
+DeepSpeed entry is placed where it is checked (`placed`), then `TrainingSession(config)`.
+
+The part of a save that depends on training going on around it is the session's. Before any
+optimizer step nothing changes the state, so a save is durable when it returns. Once steps run,
+a save copies at once every tensor the optimizer update does not write and leaves the update's
+own tensors to the background copy; the next update waits for those copies (write.gate.StepGate
+calls the plugin's gate, `before_update`, first). Until the run has shown that nothing else
+writes those tensors between a save and the next step (write.watch), a save waits for its copy
+before returning. At the second step (optimizer state exists by then) staging is faulted in for
+the first save, in the background, by the front end in use last (StepGate.newest), unless it was
+last used by a save outside any run (reserve_ahead): steps it sees then may be another trainer's,
+and nothing would free what it reserved. Layer-wise, a save's copies of the update's tensors are
+held until each DDP bucket is final (write.layerwise). During a run a removed file's blocks are
+freed off the training thread; nothing of this outlives end_run().
 
 Beside it, the rest of what a plugin needs of the backend, by concern, so that a plugin imports
 this module, fastckpt.errors and (for DCP) fastckpt.dcp, and nothing deeper
-(tests/fastckpt/test_imports.py, REACH): the settings' names; preemption (PreemptSignal: the
-handler notes the signal, Checkpointer.at_step_end agrees and saves); the checkpoint interval
-(AutoInterval); activation offload (`activation_offload`); the layer-wise release; a folder
-withdrawn wherever it is saved; DeepSpeed's tag commit (file sets, records, the agreement, the
-bucket mirror); what `fastckpt ls` lists; which front ends started.
+(tests/fastckpt/test_imports.py, REACH): the settings' names; preemption (PreemptSignal: its
+at_step_end agrees, saves and exits); the checkpoint interval (AutoInterval); activation offload
+(`activation_offload`); the layer-wise release; a folder withdrawn wherever it is saved;
+DeepSpeed's tag commit (file sets, records, the agreement, the bucket mirror); what `fastckpt ls`
+lists; which front ends started.
 """
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
 from . import front_ends
@@ -34,6 +46,7 @@ from .fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
 from .named import NamedCheckpoints
 from .offload import ActivationOffload
 from .offload.settings import OffloadConfig, offload_from
+from .pending import Pending
 from .pmem.pointer import is_pool_pointer
 from .preempt import PreemptSignal, signal_number
 from .save_load import load, save
@@ -44,11 +57,10 @@ from .store.s3.place import S3Place
 from .store.url_files import Remote
 from .tools.folder_kinds import FolderKind
 from .tools.folders import Entry
-from .training_saves import TrainingSaves
 from .tune.auto_interval import AutoInterval
 from .write.deadline import Deadline
-from .write.gate import storages_of
-from .write.layerwise import layerwise_comm_hook
+from .write.gate import StepGate, storages_of
+from .write.layerwise import HeldSnapshots, layerwise_comm_hook
 
 __all__ = [
     "TrainingSession", "placed", "activation_offload",
@@ -73,7 +85,7 @@ def placed(settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywo
     placed: the path store (with a memory tier in front where the settings' `tiers` name one), or
     a pool's models (`pool`); `distributed` as the Checkpointer's (False: each process's own
     checkpoints; None: every rank saves its part)."""
-    return placed_by_path(given_one_way(settings, dict(keywords or {})), pool, distributed)
+    return placed_by_path(given_one_way(settings, dict(keywords or {})), pool=pool, distributed=distributed)
 
 
 def activation_offload(node: Any) -> Optional[ActivationOffload]:
@@ -89,8 +101,9 @@ class TrainingSession:
         config: placed settings (`placed`, or a DeepSpeed entry's).
         own_files: each rank saves its own files alone, whatever `config.distributed` says of the
             job (DeepSpeed: a tag commits across the ranks through its own commit).
-        gate: makes the plugin's optimizer-step gate from the NamedCheckpoints (None: theirs).
-        scoped: the gate is called with the optimizer that steps (it may wait for that one's alone).
+        gate: makes the plugin's own gate from the NamedCheckpoints (None: theirs), called before
+            every optimizer update (with the optimizer when scoped=True: it may wait only for what
+            that step writes).
         pool_pointers: a pool's model leaves a pointer file at its path (DeepSpeed reads them).
     """
 
@@ -100,17 +113,73 @@ class TrainingSession:
         self.config = config
         self.named = NamedCheckpoints(dataclasses.replace(config, distributed=False) if own_files else config,
                                       pool_pointers=pool_pointers)
-        self.gate = gate(self.named) if gate is not None else self.named.gate
-        self.saves = TrainingSaves(self.named, self.gate, scoped=scoped)
+        self.before_update = gate(self.named) if gate is not None else self.named.gate
+        self.gate = StepGate(self._gate, scoped=scoped)
+        self.gate.install()
+        self.held = HeldSnapshots(self.gate)
+        self.active = False  # from the first save or update of a run to end_run()
+        # off while the gate was armed again by a save outside any run (trainer.save_checkpoint
+        # after fit): see the module's docstring
+        self.reserve_ahead = True
+        self.synchronous = False  # the caller saves off the training thread: nothing left behind
+        self._freer: Optional[ThreadPoolExecutor] = None
+        self.named.free = self._free
+
+    @property
+    def running(self) -> bool:
+        """An optimizer step has run since the start (or the last end_run)."""
+        return self.gate.steps_seen > 0
+
+    def save(self, state: Any, path: str, step: int, held: bool = False,
+             also_owned: frozenset = frozenset()) -> Pending:
+        """One checkpoint of `state` at `path`. held: layer-wise, the update's own tensors are
+        copied bucket by bucket as `held` releases them (not before any step, nor while the
+        save must copy before returning). also_owned: storages that only the update writes
+        beyond the optimizers' own."""
+        self.active = self.active or self.running
+        view = self.gate.snapshot_view(state, also_owned)
+        held = held and self.running and not view.copy_now
+        pending = self.named.save(view.state, path, step=step, held=held, watch=view.watch)
+        if held and not pending.skipped:
+            self.held.hold(pending, view.owned)
+        if not self.running:
+            pending.wait()
+        elif view.copy_now:
+            pending.release_all()
+            pending.wait_copied()
+        return pending
+
+    def _gate(self, *optimizer: Any) -> None:
+        self.active = True
+        self.held.clear()  # whatever a bucket did not release goes now
+        self.before_update(*optimizer)
+        if self.gate.steps_seen == 2 and self.reserve_ahead and self.gate.newest():
+            self.named.reserve(self.gate.owned_bytes(), self.gate.owned_device())
+
+    def _free(self, job: Callable[[], None]) -> None:
+        """Frees a removed file's blocks: off the training thread during a run (joined at
+        end_run), otherwise at once."""
+        if not self.active or self.synchronous:
+            job()
+            return
+        if self._freer is None:
+            self._freer = ThreadPoolExecutor(1, thread_name_prefix="fastckpt-remove")
+        self._freer.submit(job)
+
+    def end_run(self) -> None:
+        """No optimizer step of anyone reaches these saves any more, frees in flight are done;
+        a next run starts afresh."""
+        self.held.clear()
+        self.gate.remove()
+        self.gate.steps_seen = 0
+        self.gate.trust.reset()
+        self.active = False
+        freer, self._freer = self._freer, None
+        if freer is not None:
+            freer.shutdown(wait=True)
 
     @classmethod
     def of(cls, settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywords: Optional[dict] = None, *,
            pool: Optional[str] = None, distributed: Optional[bool] = False, **how: Any) -> "TrainingSession":
         """Settings as a front end was given them, checked and placed once (`placed`), then the session."""
         return cls(placed(settings, keywords, pool=pool, distributed=distributed), **how)
-
-    def close(self) -> None:
-        """The run is over: no optimizer step reaches these saves, and every save in flight lands
-        (the first write error raised, as on_error says)."""
-        self.saves.end_run()
-        self.named.close()

@@ -308,7 +308,7 @@ def refuse_placement(settings: Mapping[str, Any], given: tuple[str, ...] = BY_PA
                           f"{sorted(WRITING + given)}")
 
 
-def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Optional[str] = None,
+def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", *, pool: Optional[str] = None,
                    distributed: Optional[bool] = False) -> "CheckpointerConfig":
     """The settings of checkpoints named by path (fastckpt.named.NamedCheckpoints), placed: the
     path store (with a memory tier in front when the settings' `tiers` name one), or with `pool`
@@ -316,6 +316,8 @@ def placed_by_path(given: "CheckpointerConfig | Mapping[str, Any]", pool: Option
     every setting but PLACEMENT's others (a ConfigError names any of those), or a front end's
     CheckpointerConfig. The copy is checked as it is made."""
     tiers = given.tiers if isinstance(given, CheckpointerConfig) else given.get("tiers")
+    if tiers is not None and not isinstance(tiers, (list, tuple)):
+        raise ConfigError(f"tiers is a list of paths (e.g. ['/dev/shm/run7']), got {tiers!r}")
     if pool is not None:
         if tiers:
             raise ConfigError("tiers and pool both name where checkpoints go first: give one of them")

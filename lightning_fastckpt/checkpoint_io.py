@@ -3,7 +3,7 @@
 Owns the mapping from Lightning's calls to fastckpt: each `save_checkpoint(ckpt, path)`
 is one checkpoint written at exactly `path` (an ordinary `.ckpt` file `torch.load`
 reads) by the `path` store; it returns once the snapshot is issued, the optimizer update
-waiting for the copies it would overwrite (fastckpt.session's TrainingSession). Outside a training
+waiting for the copies it would overwrite (fastckpt.session.TrainingSession). Outside a training
 run, or called off the training thread, a save is durable when it returns.
 `load_checkpoint` of an in-flight path waits for it; `remove_checkpoint` never blocks: a
 path still in flight, or whose removal would leave no valid checkpoint, is deleted once it
@@ -24,7 +24,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from typing_extensions import override
 
 from fastckpt.errors import CheckpointWriteError, ConfigError
-from fastckpt.session import BY_PATH, DEFAULTS, PLACEMENT, CheckpointerConfig, TrainingSession, flatten
+from fastckpt.session import BY_PATH, DEFAULTS, PLACEMENT, CheckpointerConfig, TrainingSession, flatten, placed
 
 from .bypass_warning import is_dcp_folder, say_bypassed
 
@@ -64,11 +64,12 @@ class FastCheckpointIO(CheckpointIO):
         MADE.add(self)  # Trainers made from now on get lightning_fastckpt.watch's callback
         self.pool = os.fspath(pool) if pool is not None else None
         self.per_rank, self.layerwise = per_rank, layerwise
-        session = TrainingSession.of(settings, overrides, pool=self.pool, distributed=None if per_rank else False)
-        if session.config.tiers and per_rank:
+        config = placed(settings, overrides, pool=self.pool, distributed=None if per_rank else False)
+        if config.tiers and per_rank:
             raise ConfigError("FastCheckpointIO(tiers=...) keeps each process's own checkpoints in its memory "
                               "tier; per_rank saving (every rank's part of one path) is not supported with it")
-        self.named, self.saves = session.named, session.saves
+        session = TrainingSession(config)  # checked and placed first: nothing installed for a refused one
+        self.named, self.saves = session.named, session
         self.verify = self.named.config.verify
         self._decide: Optional[Callable[[bool], bool]] = None  # see agree_on_errors
         self.stats = {"saves": 0}
@@ -131,7 +132,7 @@ class FastCheckpointIO(CheckpointIO):
             # returns and nothing of it outlives it — its Checkpointer is closed (threads, staging;
             # the next save opens one) and the removals that waited for a newer checkpoint are done
             pending.release_all()
-            self.saves.reserve_ahead = running  # armed again by this save: see TrainingSaves
+            self.saves.reserve_ahead = running  # armed again by this save: see TrainingSession
             try:
                 self.named.wait()
                 pending.wait()

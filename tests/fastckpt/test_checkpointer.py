@@ -118,6 +118,17 @@ def test_wait_policy_blocks_until_a_slot_frees(tmp_path):
         assert b.wait().step == 2
 
 
+def test_a_save_of_its_own_strategy_is_written_so_and_a_bad_one_takes_nothing(tmp_path):
+    """save(strategy=...) (a DCP snapshot that is already a private copy: 'd'): written with it; an
+    unknown one is refused before a slot is taken (concurrency 1: the next save still goes)."""
+    with fastckpt.Checkpointer(tmp_path, concurrency=1, policy="skip", strategy="c") as ck:
+        with pytest.raises(ValueError, match="unknown strategy 'x'"):
+            ck.save(model_state(1), step=1, strategy="x")
+        assert ck.save(model_state(2), step=2, strategy="d").wait().step == 2
+        assert ck.save(model_state(3), step=3).wait().step == 3
+        assert ck.stats["modes"] == {"direct": 1, "staged": 1} and ck.stats["skipped"] == 0
+
+
 def test_load_falls_back_past_a_corrupt_newest(tmp_path):
     with fastckpt.Checkpointer(tmp_path) as ck:
         ck.save(model_state(1), step=1).wait()

@@ -111,7 +111,7 @@ LAYERS = (
     ("offload",),                    # tensor offload (its own settings read the Hydra layout as settings does)
     ("checkpointer", "save_load"),   # the API
     ("named", "tune"),
-    ("training_saves", "tools", "config"),  # config: what a Hydra config builds, above all it builds
+    ("tools", "config"),             # config: what a Hydra config builds, above all it builds
     ("dcp", "demo"),
     ("session",),                    # the front door every plugin builds on
 )

@@ -68,3 +68,21 @@ def test_bad_settings_are_refused_before_anything_opens():
     with pytest.raises(ConfigError):
         named.reconfigure(writers=-1)
     assert named.config is before and not named.opened
+
+
+def test_reconfigure_changes_how_checkpoints_are_written_never_where(tmp_path):
+    """The tuner's concurrency / writers, yes; a placement field, the memory tier's included, no:
+    where checkpoints live was decided where the settings entered."""
+    named = NamedCheckpoints.by_path({"concurrency": 2})
+    for change in ({"tiers": ["/dev/shm/elsewhere"]}, {"tier_keep": [3]}, {"root": str(tmp_path)}):
+        with pytest.raises(ConfigError, match="not settings here"):
+            named.reconfigure(**change)
+    assert named.config.tiers is None and named.config.store == "path"
+    named.close()
+
+
+@pytest.mark.parametrize("tiers", ["/dev/shm/run7", 7])
+def test_tiers_that_are_not_a_list_of_paths_are_refused_in_one_line(tiers):
+    with pytest.raises(ConfigError, match="tiers is a list of paths"):
+        NamedCheckpoints.by_path({"tiers": tiers})
+

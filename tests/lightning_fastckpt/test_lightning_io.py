@@ -356,6 +356,22 @@ def test_a_file_this_plugin_did_not_write_is_removed_at_once(tmp_path):
     assert not os.path.exists(foreign) and files(tmp_path) == []
 
 
+def test_its_memory_tier_is_a_setting_kept_by_pickle_and_read_from_a_config(shm):
+    """tiers and tier_keep are settings: as keywords, or in the config Hydra gives from_config (whose
+    other placement fields are Lightning's and dropped); a pickled copy keeps them."""
+    import pickle
+    memory = os.path.join(shm, "memory")
+    io = FastCheckpointIO(tiers=[memory], tier_keep=[2], concurrency=3)
+    assert io.named.config.tiers == (memory,) and io.named.config.tier_keep == (2,)
+    copy = pickle.loads(pickle.dumps(io))
+    assert copy.named.config == io.named.config and repr(copy) == repr(io)
+    assert "tiers=('" in repr(io)
+    made = FastCheckpointIO.from_config({"tiers": [memory], "tier_keep": [2], "concurrency": 3, "root": "ignored"})
+    assert made.named.config == io.named.config
+    with pytest.raises(TypeError, match="not both"):
+        FastCheckpointIO(settings={"concurrency": 3}, tiers=[memory])
+
+
 def test_the_plugin_pickles_as_its_settings_for_ddp_spawn(tmp_path):
     """ddp_spawn (and torch.save(trainer)) pickle the trainer with its plugins."""
     import pickle

@@ -1,7 +1,7 @@
 """One process of the named-tiers kill campaign (tests/fastckpt/tiers/test_named_tiers_campaign.py).
 
 Usage: named_tiers_worker.py MEMORY DIR
-  Resumes DIR/last.ckpt through NamedCheckpoints(tiers=[MEMORY]) (its memory copy or the file),
+  Resumes DIR/last.ckpt through NamedCheckpoints.by_path({"tiers": [MEMORY]}) (its memory copy or the file),
   checks it bit-exact against its step's state and prints "resumed STEP WHERE" ("resumed 0 none"
   when neither holds it); then saves step after step, as Lightning's ModelCheckpoint with
   save_last does: DIR/step-N.ckpt, then DIR/last.ckpt, removing step-(N-2).ckpt; prints
