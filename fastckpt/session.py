@@ -73,8 +73,8 @@ __all__ = [
     "save", "load", "fsync_dir", "makedirs_durable", "read_regular", "write_atomic", "withdraw_anywhere",
     # DeepSpeed's tags: committed as file sets, read back, mirrored to a bucket, listed
     "Agreement", "make_agreement", "CommittedUnder", "FileSets", "record", "file_size", "CommitInfo", "FileEntry",
-    "is_pool_pointer", "Deadline", "Checkpointer", "NamedCheckpoints", "storages_of", "FolderMirror", "S3Place", "Remote",
-    "FolderKind", "Entry",
+    "is_pool_pointer", "Deadline", "Checkpointer", "NamedCheckpoints", "storages_of", "FolderMirror", "S3Place",
+    "Remote", "FolderKind", "Entry",
     "front_ends",
 ]
 

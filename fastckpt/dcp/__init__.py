@@ -23,7 +23,8 @@
   committed.py which checkpoints of a folder a run can resume from, newest first, whoever wrote
                them (fastckpt's committed ones and DCP's own): where to resume
 
-Its __all__ is what a front end imports of it (the plugins import nothing deeper). DCP is torch, which the backend may know: this package imports no framework but torch.
+Its __all__ is what a front end imports of it (the plugins import nothing deeper). DCP is torch,
+which the backend may know: this package imports no framework but torch.
 """
 from .committed import Resumable, committed, cut_short_below, newest_committed, resumable, withdraw
 from .groups import save_group

@@ -11,9 +11,9 @@ it and writes what it holds. What happens between:
   slot taken waits for one (policy='wait', up to commit_timeout_s), or raises SaveSkipped
   (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or refused after
   that wait, is so on every rank. `staging_mb` bounds the slots' memory as well.
-- The copy. As a TrainingSession (fastckpt.session) saves: before any optimizer step has run, and until the run has
-  shown that nothing but the optimizer writes the saved tensors between a save and the next
-  step (write.watch.Trust), stage() copies everything before it returns. Then, tensors no
+- The copy. As a TrainingSession (fastckpt.session) saves: before any optimizer step has run,
+  and until the run has shown that nothing but the optimizer writes the saved tensors between a
+  save and the next step (write.watch.Trust), stage() copies everything before it returns. Then, tensors no
   optimizer owns (buffers that the next forward pass changes) are copied at once and the
   optimizers' own are copied on the stager's thread, while training goes on. Strategy 'c':
   into host buffers (page-locked for CUDA tensors; O_DIRECT-ready) — but with its
