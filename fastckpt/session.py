@@ -1,11 +1,11 @@
 """The front door every plugin builds on: a training's checkpoints, made from one settings object.
 
-`TrainingSession.of(settings, keywords, pool=, distributed=)` checks what a front end was given
-once (settings.given_one_way: one CheckpointerConfig or mapping, or keywords), places the
+`placed(settings, keywords, pool=, distributed=)` checks what a front end was given once
+(settings.given_one_way: one CheckpointerConfig or mapping, or keywords) and places the
 checkpoints once (settings.placed_by_path: files by path, behind a memory tier where the
-settings' `tiers` name one, or a pool's models; which ranks save) and makes the session: its
-checkpoints named by path (`named`, NamedCheckpoints) saved from inside the training loop. A
-DeepSpeed entry is placed where it is checked (`placed`), then `TrainingSession(config)`.
+settings' `tiers` name one, or a pool's models; which ranks save); `TrainingSession(config)` is
+then the session: its checkpoints named by path (`named`, NamedCheckpoints) saved from inside the
+training loop. A DeepSpeed entry is placed where it is checked, by the same `placed`.
 
 The part of a save that depends on training going on around it is the session's. Before any
 optimizer step nothing changes the state, so a save is durable when it returns. Once steps run,
@@ -45,7 +45,8 @@ from .commit_info import CommitInfo, FileEntry
 from .fsutil import fsync_dir, makedirs_durable, read_regular, write_atomic
 from .named import NamedCheckpoints
 from .offload import ActivationOffload
-from .offload.settings import OffloadConfig, offload_from
+from .offload.settings import OffloadConfig
+from .offload.settings import offload_from as activation_offload  # None where its settings say off
 from .pending import Pending
 from .pmem.pointer import is_pool_pointer
 from .preempt import PreemptSignal, signal_number
@@ -88,14 +89,8 @@ def placed(settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywo
     return placed_by_path(given_one_way(settings, dict(keywords or {})), pool=pool, distributed=distributed)
 
 
-def activation_offload(node: Any) -> Optional[ActivationOffload]:
-    """Activation offload made from its settings (OffloadConfig's fields, unknown ones a ConfigError);
-    None where they say off (None, False, enabled=False)."""
-    return offload_from(node)
-
-
 class TrainingSession:
-    """A training's checkpoints by path, from settings already placed (`of` places them).
+    """A training's checkpoints by path, from settings already placed (`placed` places them).
 
     Args:
         config: placed settings (`placed`, or a DeepSpeed entry's).
@@ -177,9 +172,3 @@ class TrainingSession:
         freer, self._freer = self._freer, None
         if freer is not None:
             freer.shutdown(wait=True)
-
-    @classmethod
-    def of(cls, settings: CheckpointerConfig | Mapping[str, Any] | None = None, keywords: Optional[dict] = None, *,
-           pool: Optional[str] = None, distributed: Optional[bool] = False, **how: Any) -> "TrainingSession":
-        """Settings as a front end was given them, checked and placed once (`placed`), then the session."""
-        return cls(placed(settings, keywords, pool=pool, distributed=distributed), **how)

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.autograd.graph import saved_tensors_hooks
 from typing_extensions import override
 
-from fastckpt.session import ActivationOffload, OffloadConfig, activation_offload
+from fastckpt.session import ActivationOffload, OffloadConfig
 
 
 class TensorOffload(Callback):
@@ -28,9 +28,7 @@ class TensorOffload(Callback):
     TensorOffload.from_config(cfg.offload) takes the Hydra group's node."""
 
     def __init__(self, directory: Optional[str] = None, **settings: Any) -> None:
-        offload = activation_offload(dict(settings, directory=directory, enabled=True))
-        assert offload is not None  # enabled: the callback is there to offload
-        self.offload: ActivationOffload = offload
+        self.offload: ActivationOffload = OffloadConfig.from_node(dict(settings, directory=directory)).offload()
         self.io = self.offload.io
         self._hooks: Optional[saved_tensors_hooks] = None
 
