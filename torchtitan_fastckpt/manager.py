@@ -10,10 +10,9 @@ safetensors. What changes:
 - Saving. Every save goes through one `FastStorageWriter` (fastckpt's commit: every rank's file
   durable, `.metadata`, then the record), made with the manager and closed with it. In the
   `async` and `async_with_pinned_mem` modes, `dcp.async_save` stages through one `FastStager`
-  (on torchtitan's own gloo group for checkpoints): the snapshot is copied off the training
-  thread into staging reused from save to save (pinned for CUDA tensors), and the step before
-  the optimizer's waits only for that copy (torchtitan's `maybe_wait_for_staging`, fastckpt's
-  gate). The two modes differ only in what torchtitan waits on; DCP's process-based upload of
+  (on torchtitan's own gloo group for checkpoints): the optimizer's tensors are handed on to the
+  writer's save, which copies them as any fastckpt save does, and the step before the
+  optimizer's waits only for that copy (torchtitan's `maybe_wait_for_staging`, fastckpt's gate). The two modes differ only in what torchtitan waits on; DCP's process-based upload of
   `async_with_pinned_mem` is not used (the writer is native threads).
 - Concurrency. torchtitan waits for the previous save before each new one. Here, in the async
   modes, that wait is the stager's own: up to `concurrency` saves are staged or being written at

@@ -7,15 +7,15 @@
   folders.py   `fastckpt ls` / `verify` of a folder of DCP checkpoints (its entry point)
   in_place.py  an item stored as the very tensor a load fills, read straight into it
   on_s3.py     s3:// checkpoints: the spool, the upload and the record object
-  slots.py     FastStager's slots (one snapshot's buffers and state) and SnapshotOwner
+  slots.py     FastStager's slots (one snapshot in flight) and SnapshotOwner
   stock_warning.py  the one warning that a checkpoint is DCP's own (no record to check it by)
   metadata.py  DCP's `.metadata`: written as DCP writes it, read by the restricted unpickler
   writer.py    FastStorageWriter: DCP's StorageWriter; finish() is fastckpt's commit
   reader.py    FastStorageReader: DCP's StorageReader; every item's CRC checked, no
                uncommitted checkpoint loaded
-  staged.py    how a leaf (a tensor, a DTensor's shard) is copied into its buffer
-               (the buffers: fastckpt.write.snapshot_buffers)
-  stager.py    FastStager: DCP's AsyncStager — bounded staging, N saves in flight, the gate
+  staged.py    the copy of a leaf (a tensor, a DTensor's shard) made at stage()
+  stager.py    FastStager: DCP's AsyncStager over the write path — snapshots handed on to
+               the writer's save, N saves in flight, the gate
   groups.py    save_group(): a gloo group for async saves' own collectives, made once
   saved_paths.py  SavedPaths: saves into paths a caller names, saved into again and removed
                (a committed one swapped out only once the new one is committed)

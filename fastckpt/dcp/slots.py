@@ -1,30 +1,22 @@
-"""FastStager's slots: the place of one snapshot (its reused buffers and where the snapshot
-stands), the future stage() returns for it, SaveSkipped, and SnapshotOwner (what a
+"""FastStager's slots: one snapshot in flight (what it holds, who took it, whether its save is
+done with it), the future stage() returns for it, SaveSkipped, and SnapshotOwner (what a
 FastStorageWriter asks of the stager it is given: which slot holds a tensor; that its save
-copied a live snapshot).
+copied a snapshot's live tensors).
 
-A slot's state moves one way, FREE -> STAGING -> COPIED -> DELIVERED, and back to FREE when it
-is released (or refused before its snapshot began):
-  FREE       no snapshot; its buffers wait for the next one
-  STAGING    stage() took it; copies of the caller's tensors may still run
-  COPIED     no copy reads the caller's tensors any more (what the step gate waits for)
-  DELIVERED  its future is resolved: the snapshot is DCP's save's, or the save failed
 The slots themselves are drawn from write.concurrency's ConcurrencySlots, the bound a
-Checkpointer's checkpoints are drawn from too: a Slot is one of its slots, TAKEN there while
-its state here is not FREE. What moves the state is FastStager's (fastckpt.dcp.stager), through
-`to()`, which refuses any other move; a Slot itself only answers whether its save is done with it.
+Checkpointer's checkpoints are drawn from too: a Slot is one of its slots, TAKEN there while it
+is busy here. A slot holds no memory of its own: a snapshot is the caller's tensors handed on
+live (copied by the writer's save) and copies made when stage() ran, which go with it.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import threading
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
 from ..errors import FastckptError
-from ..write.snapshot_buffers import SnapshotBuffers
 from ..write.watch import SnapshotWatch
 
 
@@ -32,64 +24,52 @@ class SaveSkipped(FastckptError):
     """policy='skip': every staging slot was taken on some rank, so no rank saved this time."""
 
 
-class SlotState(enum.IntEnum):
-    FREE = 0
-    STAGING = 1
-    COPIED = 2
-    DELIVERED = 3
-
-
 class Slot:
-    """One snapshot's place: its buffers, its state, and what its snapshot needs to know."""
+    """One snapshot in flight: what it holds and what its save needs to know."""
 
-    def __init__(self, buffers: SnapshotBuffers, index: int):
+    def __init__(self, index: int, strategy: str):
         self.index = index
-        self.buffers = buffers
-        self.state = SlotState.FREE
+        self.strategy = strategy  # the stager's: how the writer copies the live tensors
         self.seq = -1
-        self.error: Optional[BaseException] = None
+        self._clear()
+
+    def _clear(self) -> None:
+        self.busy = False
+        self.staging = False  # stage() has not yet returned it
         self.staged_by: Optional[threading.Thread] = None  # the thread that called stage()
         self.taken_by: Optional[threading.Thread] = None  # the save thread that took the snapshot
         self.tensors = 0  # tensor leaves of this snapshot
         self.taken_here = False  # the thread that staged it took the snapshot (a plain dcp.save)
-        self.alive = 0  # staged tensor objects of this snapshot (seq) still referenced
+        self.alive = 0  # its tensor objects still referenced
         self.refs: list = []  # weak references to them, whose callbacks count them down
-        self.live: list[int] = []  # strategy 'd' (or copied by the writer): the caller's storages the snapshot is
-        self.writer_copies = False  # 'c' with its writer: the live tensors are copied by the writer's save
-        self.copied_by_writer = False  # ... and that copy is done: the gate lets the optimizer step go
-        self.watch: Optional[SnapshotWatch] = None  # the versions of the tensors copied late ('d': never copied)
-        self.unwinding = False  # the stager's thread has not yet returned from this snapshot's work
+        self.copies: set[int] = set()  # storages of the copies made at stage()
+        self.live: set[int] = set()  # storages of the caller's tensors, handed on to the writer
+        self.copied_by_writer = False  # the writer's save has copied those: the gate lets the step go
+        self.watch: Optional[SnapshotWatch] = None  # the versions of the live tensors at stage()
 
-    def to(self, state: SlotState) -> None:
-        """Moves the slot on: to FREE from any state, from FREE only to STAGING; else forward, or
-        where it is already (a copy made at once and none left for later is COPIED twice)."""
-        legal = (state is SlotState.FREE or (state is SlotState.STAGING and self.state is SlotState.FREE)
-                 or (self.state is not SlotState.FREE and state >= self.state and state is not SlotState.STAGING))
-        if not legal:
-            raise RuntimeError(f"fastckpt: a staging slot cannot go from {self.state.name} to {state.name}")
-        self.state = state
+    def begin(self, seq: int, by: threading.Thread) -> None:
+        """A new snapshot in this slot (the stager's lock held)."""
+        self._clear()
+        self.busy, self.staging, self.seq, self.staged_by = True, True, seq, by
 
-    @property
-    def busy(self) -> bool:
-        return self.state is not SlotState.FREE
-
-    @property
-    def copied(self) -> bool:
-        return self.state >= SlotState.COPIED
-
-    @property
-    def delivered(self) -> bool:
-        return self.state is SlotState.DELIVERED
+    def end(self) -> None:
+        """Its save is done with it: the slot holds nothing (the stager's lock held)."""
+        self._clear()
 
     def holds(self, address: int) -> bool:
         """Whether the snapshot staged here now lies (in part) in the storage at `address`."""
-        return self.busy and (self.buffers.holds(address) or address in self.live)
+        return self.busy and (address in self.copies or address in self.live)
+
+    @property
+    def waits_for_writer(self) -> bool:
+        """Live tensors the writer has not yet copied: what the optimizer step waits for."""
+        return self.busy and bool(self.live) and not self.copied_by_writer and not self.finished()
 
     def finished(self) -> bool:
         """The save that staged here no longer needs the snapshot."""
         if not self.busy:
             return True
-        if not self.delivered or self.unwinding:  # unwinding: that thread's frames still hold it
+        if self.staging:
             return False
         ended = self.taken_by is not None and not self.taken_by.is_alive()
         if self.tensors == 0:  # nothing to count: the save thread's end, or taken by the caller itself
@@ -97,21 +77,23 @@ class Slot:
         return self.alive == 0 or ended
 
     def torn(self) -> str:
-        """'' when no tensor of the snapshot was written in place before it was copied (with 'd':
-        before it was written); else the first one's path. Decided once."""
+        """'' when no live tensor of the snapshot was written in place before the writer copied
+        it (with 'd': before it was written); else the first one's path. Decided once."""
         return self.watch.check() if self.watch is not None else ""
 
 
 class StagedFuture(concurrent.futures.Future):
-    """The future stage() returns. A save thread taking its result waits for the earlier saves
-    (saves stay in order) and takes the snapshot over: the future lets go of it then, so the
-    slot is free the moment that save is done with it (not once DCP drops the future too)."""
+    """The future stage() returns, resolved at once. A save thread taking its result waits for
+    the earlier saves (saves stay in order) and takes the snapshot over: the future lets go of it
+    then, so the slot is free the moment that save is done with it (not once DCP drops the future
+    too)."""
 
-    def __init__(self, stager, slot: Slot, seq: int):
+    def __init__(self, stager: Any, slot: Slot, seq: int, snapshot: Any):
         super().__init__()
         self._stager, self._slot, self._seq = stager, slot, seq
+        self.set_result([snapshot])
 
-    def result(self, timeout=None):
+    def result(self, timeout: Optional[float] = None) -> Any:
         handed_over = self._stager._taken(self._slot, self._seq)
         box = super().result(timeout)  # [snapshot] until a save thread took it
         if handed_over:

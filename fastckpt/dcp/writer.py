@@ -132,8 +132,9 @@ class FastStorageWriter(StorageWriter):
         self.named = NamedCheckpoints(self.config)  # every file of every save goes through it
 
     def meet(self, stager: SnapshotOwner) -> None:
-        """FastStager(writer=this) calls it: that stager's snapshots are written from its buffers,
-        or (its tensors handed on live) copied here, the stager told when (writer_copied)."""
+        """FastStager(writer=this) calls it: that stager's snapshots are written as they lie when
+        copied at stage(), or (its tensors handed on live) copied here with its strategy, the
+        stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
 
     def _snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
@@ -254,12 +255,12 @@ class FastStorageWriter(StorageWriter):
         strategy = self._strategy_for(slots)
         if (strategy == "d" and file_plan.devices() <= {"cpu"}
                 and any(getattr(ref(), "hands_on_live", False) for ref in self._stagers)):
-            # the stager copied everything itself this time (its run has not yet earned trust); its
-            # next saves hand the optimizer's tensors on live, to be copied into this writer's own
+            # the stager copied this snapshot whole (its run has not yet earned trust); its next
+            # saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then
             self.named.checkpointer.reserve(file_plan.file_size)
         pending = self.named.save(file_plan, path, self._this[0], strategy=strategy)
-        self._tell_when_copied(pending, [s for s in slots if s is not None and s.writer_copies])
+        self._tell_when_copied(pending, [s for s in slots if s is not None and s.live])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]
@@ -349,14 +350,14 @@ class FastStorageWriter(StorageWriter):
         return FileEntry(name, 0, os.path.getsize(path), idx.file_crc)
 
     def _strategy_for(self, slots: set[Optional[Slot]]) -> Optional[str]:
-        """A FastStager's snapshot (every tensor staged) is written as it lies, with strategy
-        'd': its buffers are private and page-aligned, a second copy would only cost time. One
-        that holds live tensors for this writer to copy (FastStager 'c' on the host) is written
-        with the writer's own strategy (None)."""
-        if (self.config.strategy == "d" or not slots or None in slots
-                or any(s.writer_copies for s in cast("set[Slot]", slots))):  # None in slots: returned
+        """A FastStager's snapshot copied whole at stage() is written as it lies, with strategy
+        'd': the copy is private and page-aligned, a second one would only cost time. One that
+        holds live tensors is copied here with its stager's strategy. Anything else: the
+        writer's own (None)."""
+        if not slots or None in slots:
             return None
-        return "d"
+        live = [s for s in cast("set[Slot]", slots) if s.live]
+        return live[0].strategy if live else "d"
 
     def _tell_when_copied(self, pending: Pending, slots: list[Slot]) -> None:
         """Once this save has copied the live tensors of those FastStager snapshots, their stagers'

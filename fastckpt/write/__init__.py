@@ -14,7 +14,6 @@
   layerwise.py     held snapshots released per DDP bucket (LightCheck §III-B)
   watch.py         SnapshotWatch (a tensor written in place before its copy: a torn snapshot) and Trust
   staging.py       a Checkpointer's staging: grown in the background, bounded by staging_mb
-  snapshot_buffers.py  FastStager's reused host / device buffers of one snapshot
   native_engine.py the native engine (copy and writer threads, staging chunks) a write runs on
 """
 from .deadline import Deadline, WriteStalled

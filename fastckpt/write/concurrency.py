@@ -1,11 +1,9 @@
 """Concurrency slots: at most `concurrency` saves staged or in flight at once — the one bound
 every fastckpt front end draws from: the Checkpointer (a slot per checkpoint, given back when
-it commits) and DCP's FastStager (a slot per snapshot, with its reused buffers, given back once
-DCP's save is done with it).
+it commits) and DCP's FastStager (a slot per snapshot, given back once DCP's save is done with it).
 
 A slot is an object made by the owner's `make(index)` the first time fewer than the bound
-exist, and reused from then on (a FastStager slot keeps its buffers from snapshot to
-snapshot). Each is FREE or TAKEN; `take()` moves one FREE -> TAKEN, `give_back()` TAKEN ->
+exist, and reused from then on. Each is FREE or TAKEN; `take()` moves one FREE -> TAKEN, `give_back()` TAKEN ->
 FREE, and nothing else moves them. When every slot is taken:
   policy 'skip'   take() returns None at once;
   policy 'wait'   take() waits, through the caller's own wait (a Deadline's, or a plain

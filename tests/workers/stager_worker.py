@@ -9,10 +9,10 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          as skip, with policy 'wait' and commit_timeout_s 3: rank 1 waits 3 s for a slot in vain;
          the save is refused on *both* ranks ("refused"), then the next one commits ("saved 3").
        stager_worker.py fail CKPT
-         rank 1's background copy of the third save fails (an injected error: the stager's own
-         thread copies, it is not given the writer); that save fails on
-         both ranks, before DCP's collectives ("failed <error type>"), nothing of it is committed,
-         and the next save commits ("saved N").
+         rank 1's copy of the third save fails (an injected error: a stager not given the writer
+         copies every snapshot whole at stage()); that save fails on both ranks, before DCP's
+         collectives ("failed <error type>"), nothing of it is committed, and the next save
+         commits ("saved N").
 """
 import os
 import sys
@@ -36,8 +36,8 @@ def main() -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     group = dist.new_group(backend="gloo")
     writer = FastStorageWriter(ckpt, chunk_mb=1)
-    # 'fail': a stager not given the writer, so that its own thread copies the optimizer's tensors
-    # (one given its writer on the host hands them to the writer's save, which copies them)
+    # 'fail': a stager not given the writer, so that it copies the optimizer's tensors itself
+    # (one given its writer hands them to the writer's save, which copies them)
     stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
                         writer=writer if mode != "fail" else None, commit_timeout_s=3 if mode == "wait" else 600)
 
@@ -72,10 +72,10 @@ def main() -> None:
         real = staged.copy_leaf
         fail = threading.Event()
 
-        def failing_copy(src, buf, stream=None):
-            if fail.is_set() and rank == 1 and threading.current_thread().name.startswith("fastckpt-dcp-stage"):
-                raise RuntimeError("injected: this rank's background copy failed")
-            real(src, buf, stream)
+        def failing_copy(src, buf):
+            if fail.is_set() and rank == 1:
+                raise RuntimeError("injected: this rank's copy failed")
+            real(src, buf)
 
         staged.copy_leaf = failing_copy
         for n in (1, 2):

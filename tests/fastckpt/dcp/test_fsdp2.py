@@ -79,7 +79,7 @@ def test_every_step_saved_with_two_in_flight_equals_the_state_at_that_step(unint
         assert equal(got, want), step
     for out in said:  # each rank printed its stager's counts; some copies ran after async_save returned
         stats = json.loads(out.split("stager ", 1)[1].splitlines()[0])
-        assert stats["staged"] == STEPS and stats["failed"] == 0 and stats["copied_later"] > 0, stats
+        assert stats["staged"] == STEPS and stats["failed"] == 0 and stats["handed_on"] > 0, stats
 
 
 def killed_run(ckpt, seed: int) -> None:
