@@ -46,6 +46,7 @@ class Slot:
         self.live: set[int] = set()  # storages of the caller's tensors, handed on to the writer
         self.copied_by_writer = False  # the writer's save has copied those: the gate lets the step go
         self.watch: Optional[SnapshotWatch] = None  # the versions of the live tensors at stage()
+        self.after: list = []  # CUDA events recorded at stage() on the streams the live tensors were written on
 
     def begin(self, seq: int, by: threading.Thread) -> None:
         """A new snapshot in this slot (the stager's lock held)."""
@@ -55,6 +56,12 @@ class Slot:
     def end(self) -> None:
         """Its save is done with it: the slot holds nothing (the stager's lock held)."""
         self._clear()
+
+    def order_after_stage(self) -> None:
+        """On the thread that copies the live tensors (DCP's save thread): its streams wait for
+        what the training thread had queued when it staged them, whatever stream that was."""
+        for device, event in self.after:
+            torch.cuda.current_stream(device).wait_event(event)
 
     def holds(self, address: int) -> bool:
         """Whether the snapshot staged here now lies (in part) in the storage at `address`."""

@@ -225,11 +225,13 @@ class FastStager(AsyncStager):
         watched; the rest copied now), its live tensors as new objects (the slot is free once
         they are gone)."""
         leaves, spec = pytree.tree_flatten(view.state)
+        devices = set()
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 key = storage_key(leaf)
                 if key in view.owned:
                     slot.live.add(key)
+                    devices.add(st.local_tensor(leaf).device)
                     leaf = leaf.detach()
                 else:  # copied now (freeze_unowned)
                     slot.copies.add(key)
@@ -238,6 +240,11 @@ class FastStager(AsyncStager):
             elif not isinstance(leaf, IMMUTABLE):
                 leaves[i] = copy.deepcopy(leaf)
         slot.watch = view.watch
+        for device in devices:
+            if device.type == "cuda":  # the writer's copy, on another thread, waits for this point
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+                slot.after.append((device, event))
         self.stats["handed_on"] += 1
         return pytree.tree_unflatten(leaves, spec)
 

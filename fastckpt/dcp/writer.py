@@ -259,6 +259,9 @@ class FastStorageWriter(StorageWriter):
             # saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then
             self.named.checkpointer.reserve(file_plan.file_size)
+        for slot in slots:
+            if slot is not None:
+                slot.order_after_stage()
         pending = self.named.save(file_plan, path, self._this[0], strategy=strategy)
         self._tell_when_copied(pending, [s for s in slots if s is not None and s.live])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
