@@ -64,8 +64,10 @@ class Slot:
             torch.cuda.current_stream(device).wait_event(event)
 
     def holds(self, address: int) -> bool:
-        """Whether the snapshot staged here now lies (in part) in the storage at `address`."""
-        return self.busy and (address in self.copies or address in self.live)
+        """Whether the snapshot staged here, still in use, lies (in part) in the storage at
+        `address` (0: an empty storage, nobody's)."""
+        return (self.busy and address != 0 and (address in self.copies or address in self.live)
+                and not self.finished())
 
     @property
     def waits_for_writer(self) -> bool:
@@ -113,6 +115,9 @@ class SnapshotOwner(Protocol):
 
     def snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
         """The slot whose snapshot, staged now, holds t's memory; None when none of its own does."""
+
+    def taken_by(self, thread: threading.Thread) -> Optional[Slot]:
+        """The slot whose snapshot that save thread took; None when none of its own."""
 
     def writer_copied(self, slot: Slot, seq: int) -> None:
         """The writer's save copied the live tensors of snapshot seq, staged in slot."""

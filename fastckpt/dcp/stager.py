@@ -23,17 +23,18 @@ happens between:
   finds every slot taken waits for one (policy='wait', up to commit_timeout_s), or raises
   SaveSkipped (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or
   refused after that wait, is so on every rank. `staging_mb` bounds the slots as well.
-- A whole copy. A snapshot staged before trust, while an earlier one is still being saved (its
-  save's turn to copy comes only after the earlier one is written), or with no FastStorageWriter
-  to hand it to, is copied before stage() returns (fastckpt.dcp.staged): training waits for that copy, not for
-  the earlier save. Whether every rank's copy succeeded is agreed before stage() returns, so a
+- A whole copy. A snapshot staged before trust, while an earlier one is still being saved on
+  any rank (its save's turn to copy comes only after the earlier one is written), or with no
+  FastStorageWriter to hand it to, is copied before stage() returns (fastckpt.dcp.staged, into
+  memory of its own each time): training waits for that copy, not for the earlier save. Whether every rank's copy succeeded is agreed before stage() returns, so a
   failure fails that save on every rank, before DCP's collectives.
 - Order. DCP runs each async_save on a thread of its own; two saves' collectives on one
   process group must not interleave. A save's thread, taking its snapshot (the future's
   result()), first waits until every earlier save of this stager is finished.
 
 A slot is free again once its snapshot is no longer referenced (DCP drops it when the save ends)
-or the thread that took it has ended (a failed save whose traceback still holds it). With a plain
+or the thread that took it has ended (a failed save whose traceback still holds it); it is given
+back when the next stage() looks. With a plain
 `dcp.save`, pass the snapshot on without keeping it: `dcp.save(stager.stage(sd).result(), ...)`.
 Construct a FastStager on every rank (it makes gloo groups when torch.distributed is up); call
 close() at the end.
@@ -109,7 +110,9 @@ class FastStager(AsyncStager):
                                                                 lambda i: Slot(i, config.strategy),
                                                                 reclaim=self._reclaim)
         self._cond = self._slots.changed  # also guards the slots' fields
-        self._count_lock = threading.Lock()  # only the staged-tensor counts: weakref callbacks run anywhere
+        # only the staged-tensor counts: weakref callbacks run anywhere, also in a garbage collection
+        # that runs while this thread holds it
+        self._count_lock = threading.RLock()
         self._seq = 0
         self._gate = StepGate(self._before_update)
         self._gate.install()
@@ -138,18 +141,23 @@ class FastStager(AsyncStager):
         with self._cond, self._count_lock:
             slot.begin(seq, threading.current_thread())
         self.stats["staged"] += 1
-        error: Optional[Exception] = None
+        error: Optional[BaseException] = None
         snapshot = None
         try:
-            earlier = any(s is not slot and s.busy and not s.finished() for s in self._slots.taken())
+            with self._cond:  # the snapshots whose saves are done give their slots back first
+                self._reclaim()
+                earlier = any(s is not slot and s.busy for s in self._slots.every())
+            # on every rank alike: a rank that hands on live must not wait, through DCP's collectives,
+            # for another rank's earlier save
+            alone = self._agree.all_ok(not earlier)
             view = None
-            if self._hands_on and not earlier and self._gate.steps_seen > 0:
+            if self._hands_on and alone and self._gate.steps_seen > 0:
                 view = self._gate.snapshot_view(state_dict)  # watched, also when copied whole: trust is earned so
             if view is not None and not view.copy_now:
                 snapshot = self._handed_on(slot, view)
             else:
                 snapshot = self._copied_whole(slot, state_dict)
-        except Exception as e:  # noqa: BLE001 - agreed below, raised on every rank
+        except BaseException as e:  # noqa: BLE001 - agreed below, raised on every rank
             error = e
         everyone = False
         try:
@@ -175,9 +183,20 @@ class FastStager(AsyncStager):
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return None
         address = st.local_tensor(t).untyped_storage().data_ptr()
-        # one slot at most: a snapshot is handed on live only when no earlier one is in flight,
-        # and a finished one is given back before its slot (or another) is taken again
-        return next((s for s in self._slots.every() if s.holds(address)), None)
+        holders = [s for s in self._slots.every() if s.holds(address)]
+        # a snapshot is handed on live only when no earlier one is in flight, but one may finish
+        # just then: the one this save's thread took (DCP writes on the thread that took the
+        # snapshot), else the one still in use
+        me = threading.current_thread()
+        return next((s for s in holders if s.taken_by is me), None) or \
+            next((s for s in holders if not s.finished()), None)
+
+    def taken_by(self, thread: threading.Thread) -> Optional[Slot]:
+        """The slot whose snapshot that save thread took (None: none of this stager's): the writer
+        credits its copy to it though DCP planned none of its live tensors on this rank (a
+        replicated tensor another rank writes)."""
+        with self._cond:
+            return next((s for s in self._slots.every() if s.busy and s.taken_by is thread), None)
 
     @property
     def hands_on_live(self) -> bool:
@@ -223,15 +242,16 @@ class FastStager(AsyncStager):
     def _handed_on(self, slot: Slot, view: SnapshotView) -> Any:
         """The snapshot as the write path's view of the state (the optimizers' tensors left live,
         watched; the rest copied now), its live tensors as new objects (the slot is free once
-        they are gone)."""
+        they are gone). CUDA events mark what the training thread had queued: the writer reads
+        the tensors on its own thread, after them (Slot.order_after_stage)."""
         leaves, spec = pytree.tree_flatten(view.state)
         devices = set()
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 key = storage_key(leaf)
+                devices.add(st.local_tensor(leaf).device)
                 if key in view.owned:
                     slot.live.add(key)
-                    devices.add(st.local_tensor(leaf).device)
                     leaf = leaf.detach()
                 else:  # copied now (freeze_unowned)
                     slot.copies.add(key)
@@ -241,7 +261,7 @@ class FastStager(AsyncStager):
                 leaves[i] = copy.deepcopy(leaf)
         slot.watch = view.watch
         for device in devices:
-            if device.type == "cuda":  # the writer's copy, on another thread, waits for this point
+            if device.type == "cuda":  # the writer, on another thread, reads them after this point
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(device))
                 slot.after.append((device, event))
@@ -286,8 +306,7 @@ class FastStager(AsyncStager):
 
     # -- slots ----------------------------------------------------------------
     def _bytes_of(self, leaves: list[Any]) -> int:
-        if self.strategy == "d":
-            return 0
+        """A snapshot's bytes (a whole copy's, also with 'd': staged beside an earlier save)."""
         return sum(st.local_tensor(t).numel() * st.local_tensor(t).element_size()
                    for t in leaves if isinstance(t, torch.Tensor))
 

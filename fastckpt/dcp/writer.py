@@ -40,6 +40,7 @@ import io
 import logging
 import os
 import shutil
+import threading
 import uuid
 import weakref
 import zlib
@@ -136,6 +137,16 @@ class FastStorageWriter(StorageWriter):
         copied at stage(), or (its tensors handed on live) copied here with its strategy, the
         stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
+
+    def _taken_here(self) -> Optional[Slot]:
+        """The slot whose snapshot this save's thread took from a stager given this writer."""
+        me = threading.current_thread()
+        for ref in self._stagers:
+            stager = ref()
+            slot = stager.taken_by(me) if stager is not None else None
+            if slot is not None:
+                return slot
+        return None
 
     def _snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
         """The slot of a stager given this writer whose snapshot holds t's memory, or None."""
@@ -250,8 +261,11 @@ class FastStorageWriter(StorageWriter):
             else:
                 values.append(cast(torch.Tensor, data).detach())  # not BYTE_IO: a tensor
             items.append(item)
-        file_plan, places = plan_items(values)
         slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
+        taken = self._taken_here()  # this save's own snapshot, though none of its tensors is planned here
+        for slot in {s for s in slots | {taken} if s is not None}:
+            slot.order_after_stage()  # before anything here reads a tensor (plan_items clones some views)
+        file_plan, places = plan_items(values)
         strategy = self._strategy_for(slots)
         if (strategy == "d" and file_plan.devices() <= {"cpu"}
                 and any(getattr(ref(), "hands_on_live", False) for ref in self._stagers)):
@@ -259,11 +273,8 @@ class FastStorageWriter(StorageWriter):
             # saves hand the optimizer's tensors on live, to be copied into this writer's own
             # staging: grown in the background now, not on the training thread's gate then
             self.named.checkpointer.reserve(file_plan.file_size)
-        for slot in slots:
-            if slot is not None:
-                slot.order_after_stage()
         pending = self.named.save(file_plan, path, self._this[0], strategy=strategy)
-        self._tell_when_copied(pending, [s for s in slots if s is not None and s.live])
+        self._tell_when_copied(pending, [s for s in slots | {taken} if s is not None and s.live])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]

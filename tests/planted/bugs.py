@@ -198,10 +198,20 @@ BUGS = (
         (("fastckpt/store/root_store.py", "        ahead.clear(self.root)\n        for _, _, path in self._dirs():",
           "        for _, _, path in self._dirs():"),),
         ("tests/fastckpt/store/test_ahead.py",)),
+    Bug("dcp-live-snapshot-credited-to-a-finished-one",
+        "a snapshot whose save ended while the next was staged still holds the live tensors: the next one is "
+        "handed on live too, and the writer, asking which snapshot holds them, is told the finished one (its "
+        "torn verdict, its credit), not its own",
+        (("fastckpt/dcp/stager.py", "                self._reclaim()\n                earlier = any(s is not slot and s.busy for s in",
+          "                earlier = any(s is not slot and s.busy and not s.finished() for s in"),
+         ("fastckpt/dcp/slots.py", "                and not self.finished())", "                and True)  # planted"),
+         ("fastckpt/dcp/stager.py", "        return next((s for s in holders if s.taken_by is me), None) or \\\n",
+          "        return (holders[0] if holders else None) or \\\n")),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "not_credited_with_its_copy")),
     Bug("dcp-overlapping-snapshot-handed-on-live",
         "FastStager hands a snapshot on live while an earlier one is still being saved: the optimizer step then "
         "waits for the earlier save's whole write before this one's copy, instead of for a copy made at stage()",
-        (("fastckpt/dcp/stager.py", "            if self._hands_on and not earlier and self._gate.steps_seen > 0:",
+        (("fastckpt/dcp/stager.py", "            if self._hands_on and alone and self._gate.steps_seen > 0:",
           "            if self._hands_on and self._gate.steps_seen > 0:  # planted"),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "copied_whole")),
     Bug("tier-keep-length-unchecked",

@@ -217,6 +217,7 @@ def test_a_snapshot_staged_while_an_earlier_one_is_saved_is_copied_whole(tmp_pat
         first = run.save("first")
         assert held.waiting.wait(30)
         handed_on, whole = run.stager.stats["handed_on"], run.stager.stats["copied_whole"]
+        direct = run.writer.named.checkpointer.stats["modes"].get("direct", 0)
         second = run.save("second")
         assert run.stager.stats["handed_on"] == handed_on and run.stager.stats["copied_whole"] == whole + 1
         held.release()
@@ -224,7 +225,7 @@ def test_a_snapshot_staged_while_an_earlier_one_is_saved_is_copied_whole(tmp_pat
             saving.upload_completion.result()
         for name in ("first", "second"):
             assert equal(loaded(tmp_path / name, want), want), name
-        assert "direct" in run.writer.named.checkpointer.stats["modes"]  # the copy written as it lies
+        assert run.writer.named.checkpointer.stats["modes"].get("direct", 0) == direct + 1  # the copy, as it lies
     finally:
         run.close()
 
@@ -257,8 +258,50 @@ def test_asked_from_a_saves_thread_snapshot_of_names_that_saves_own_snapshot(tmp
         run.close()
 
 
-def test_a_snapshot_copied_whole_is_page_aligned_and_a_storage_of_its_own(tmp_path):
-    run = Run(tmp_path, linked=False)
+def test_a_snapshot_finished_while_the_next_is_staged_is_not_credited_with_its_copy(tmp_path, monkeypatch):
+    """Snapshot A's save ends while B's stage() waits in its agreement across ranks: B is handed on
+    live, and asked from B's save thread, snapshot_of names B, not A (A's would give B's writer
+    A's torn verdict and credit A with B's copy, and B's gate would wait for B's whole save)."""
+    run = Run(tmp_path, concurrency=2)
+    try:
+        run.trained_and_trusted()
+        run.step()
+        weight, let_go, found = run.model[0].weight, threading.Event(), {}
+
+        def take(name: str, future, keep: bool) -> None:
+            snapshot = future.result()  # this thread takes the snapshot over, as DCP's save thread does
+            slot = run.stager.snapshot_of(weight)
+            found[name] = (slot.seq, bool(slot.live)) if slot is not None else None
+            if keep:
+                assert let_go.wait(30)
+            del snapshot
+
+        seq_a = run.stager._seq
+        a = threading.Thread(target=take, args=("a", run.stager.stage(run.state()), True))
+        a.start()
+        real = run.stager._agree.all_ok
+
+        def all_ok(ok: bool, background: bool = False) -> bool:
+            if a.is_alive():  # A's save ends now, in B's first agreement
+                let_go.set()
+                a.join(30)
+            return real(ok, background)
+
+        monkeypatch.setattr(run.stager._agree, "all_ok", all_ok)
+        handed_on, seq_b = run.stager.stats["handed_on"], run.stager._seq
+        b = threading.Thread(target=take, args=("b", run.stager.stage(run.state()), False))
+        b.start()
+        b.join(30)
+        assert run.stager.stats["handed_on"] == handed_on + 1
+        assert found == {"a": (seq_a, True), "b": (seq_b, True)}
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("linked", [True, False], ids=["for-its-writer", "for-another"])
+def test_a_snapshot_copied_whole_is_page_aligned_and_a_storage_of_its_own(tmp_path, linked):
+    """Copied whole (before trust): into memory O_DIRECT moves fastest for its writer, else plain pages."""
+    run = Run(tmp_path, linked=linked)
     try:
         run.step()
         snapshot = run.stager.stage(run.state()).result()
