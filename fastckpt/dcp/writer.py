@@ -138,21 +138,11 @@ class FastStorageWriter(StorageWriter):
         stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
 
-    def _taken_here(self) -> Optional[Slot]:
-        """The slot whose snapshot this save's thread took from a stager given this writer."""
-        me = threading.current_thread()
+    def _slot_of_a_stager(self, ask: Callable[[SnapshotOwner], Optional[Slot]]) -> Optional[Slot]:
+        """The first slot a stager given this writer answers `ask` with, or None."""
         for ref in self._stagers:
             stager = ref()
-            slot = stager.taken_by(me) if stager is not None else None
-            if slot is not None:
-                return slot
-        return None
-
-    def _snapshot_of(self, t: torch.Tensor) -> Optional[Slot]:
-        """The slot of a stager given this writer whose snapshot holds t's memory, or None."""
-        for ref in self._stagers:
-            stager = ref()
-            slot = stager.snapshot_of(t) if stager is not None else None
+            slot = ask(stager) if stager is not None else None
             if slot is not None:
                 return slot
         return None
@@ -261,8 +251,10 @@ class FastStorageWriter(StorageWriter):
             else:
                 values.append(cast(torch.Tensor, data).detach())  # not BYTE_IO: a tensor
             items.append(item)
-        slots = {self._snapshot_of(v) for v in values if isinstance(v, torch.Tensor)}
-        taken = self._taken_here()  # this save's own snapshot, though none of its tensors is planned here
+        slots = {self._slot_of_a_stager(lambda stager: stager.snapshot_of(v))  # the one holding each tensor
+                 for v in values if isinstance(v, torch.Tensor)}
+        me = threading.current_thread()  # this save's own snapshot, though none of its tensors is planned here
+        taken = self._slot_of_a_stager(lambda stager: stager.taken_by(me))
         for slot in {s for s in slots | {taken} if s is not None}:
             slot.order_after_stage()  # before anything here reads a tensor (plan_items clones some views)
         file_plan, places = plan_items(values)
