@@ -208,6 +208,12 @@ BUGS = (
          ("fastckpt/dcp/stager.py", "        return next((s for s in holders if s.taken_by is me), None) or \\\n",
           "        return (holders[0] if holders else None) or \\\n")),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "not_credited_with_its_copy")),
+    Bug("dcp-unplanned-snapshot-never-credited",
+        "a rank whose DCP plan holds none of its snapshot's live tensors (a replicated tensor another rank "
+        "writes) never credits that snapshot with its save's copy: its optimizer step waits for the whole save",
+        (("fastckpt/dcp/writer.py", "        taken = self._slot_of_a_stager(lambda stager: stager.taken_by(me))",
+          "        taken = None  # planted"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "writes_none_of_its_live_tensors")),
     Bug("dcp-overlapping-snapshot-handed-on-live",
         "FastStager hands a snapshot on live while an earlier one is still being saved: the optimizer step then "
         "waits for the earlier save's whole write before this one's copy, instead of for a copy made at stage()",

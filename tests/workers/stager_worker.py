@@ -13,6 +13,11 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          copies every snapshot whole at stage()); that save fails on both ranks, before DCP's
          collectives ("failed <error type>"), nothing of it is committed, and the next save
          commits ("saved N").
+       stager_worker.py replicated CKPT
+         one replicated tensor (a bias-free Linear under SGD without momentum): DCP plans it on one
+         rank only, whose save is slowed (2 s before it begins). The other rank's save copies
+         nothing of its snapshot, handed on live: its optimizer step goes on at once, before the
+         save ends ("stepped before the save ended"), not once the whole save is over.
 """
 import os
 import sys
@@ -32,8 +37,9 @@ def main() -> None:
     from fastckpt.errors import CheckpointWriteError
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.Linear(32, 32)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model = torch.nn.Linear(32, 32, bias=mode != "replicated")
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2) if mode != "replicated" else \
+        torch.optim.SGD(model.parameters(), lr=1e-2)
     group = dist.new_group(backend="gloo")
     writer = FastStorageWriter(ckpt, chunk_mb=1)
     # 'fail': a stager not given the writer, so that it copies the optimizer's tensors itself
@@ -93,6 +99,29 @@ def main() -> None:
         save(4).upload_completion.result()
         print("saved 4", flush=True)
         print(f"stats {stager.stats}", flush=True)
+    elif mode == "replicated":
+        import time
+        planned: list = []
+        real_begin = FastStorageWriter._begin_file
+
+        def begin(self, plan, planner, name, path):
+            tensors = any(item.type.name != "BYTE_IO" for item in plan.items)
+            planned.append(tensors)
+            if tensors and len(planned) > 3:  # the save measured: the rank that writes the tensor is slow
+                time.sleep(2)
+            return real_begin(self, plan, planner, name, path)
+
+        FastStorageWriter._begin_file = begin
+        for n in (1, 2, 3):  # the run earns trust: the next snapshot is handed on live
+            step(n)
+            save(n).upload_completion.result()
+        model(torch.full((4, 32), 4.0)).sum().backward()
+        saving = save(4)
+        optim.step()  # waits for this rank's own copy only
+        ended = saving.upload_completion.done()
+        saving.upload_completion.result()
+        print(f"planned tensors {planned[-1]}; stepped {'after' if ended else 'before'} the save ended; "
+              f"handed on {stager.stats['handed_on']}", flush=True)
     stager.close()
     writer.close()
     dist.barrier()

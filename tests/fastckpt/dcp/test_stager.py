@@ -397,6 +397,15 @@ def test_a_save_without_a_slot_on_one_rank_is_skipped_or_refused_on_every_rank(t
     assert sorted(os.listdir(tmp_path)) == ["step-3"]
 
 
+def test_a_rank_that_writes_none_of_its_live_tensors_lets_its_step_go_once_its_own_save_copied(tmp_path):
+    """DCP plans a replicated tensor on one rank only: the other rank's writer copies nothing of
+    its snapshot, and credits it all the same, so that rank's step does not wait for the whole save."""
+    outs = two_ranks("replicated", tmp_path)
+    idle = [out for out in outs if "planned tensors False" in out]
+    assert len(idle) == 1 and all("handed on 3" in out for out in outs), outs
+    assert "stepped before the save ended" in idle[0], idle[0]
+
+
 def test_a_copy_failing_on_one_rank_fails_that_save_on_both_before_dcps_collectives(tmp_path):
     outs = two_ranks("fail", tmp_path)
     assert "failed RuntimeError: injected" in outs[1], outs[1]
