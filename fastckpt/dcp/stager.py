@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -244,48 +244,53 @@ class FastStager(AsyncStager):
         watched; the rest copied now), its live tensors as new objects (the slot is free once
         they are gone). CUDA events mark what the training thread had queued: the writer reads
         the tensors on its own thread, after them (Slot.order_after_stage)."""
-        leaves, spec = pytree.tree_flatten(view.state)
-        devices = set()
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                key = storage_key(leaf)
-                devices.add(st.local_tensor(leaf).device)
-                if key in view.owned:
-                    slot.live.add(key)
-                    leaf = leaf.detach()
-                else:  # copied now (freeze_unowned)
-                    slot.copies.add(key)
-                    self.stats["copied_now"] += 1
-                leaves[i] = self._track(slot, leaf)
-            elif not isinstance(leaf, IMMUTABLE):
-                leaves[i] = copy.deepcopy(leaf)
+        def tensor(leaf: torch.Tensor) -> torch.Tensor:
+            key = storage_key(leaf)
+            if key in view.owned:
+                slot.live.add(key)
+                return leaf.detach()
+            slot.copies.add(key)  # copied now (freeze_unowned)
+            self.stats["copied_now"] += 1
+            return leaf
+
+        snapshot, cuda = self._snapshot(slot, view.state, tensor)
         slot.watch = view.watch
-        for device in devices:
-            if device.type == "cuda":  # the writer, on another thread, reads them after this point
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(device))
-                slot.after.append((device, event))
+        for device in cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            slot.after.append((device, event))
         self.stats["handed_on"] += 1
-        return pytree.tree_unflatten(leaves, spec)
+        return snapshot
 
     def _copied_whole(self, slot: Slot, state_dict: STATE_DICT_TYPE) -> Any:
         """The snapshot as a copy of every tensor, made now (fastckpt.dcp.staged)."""
-        leaves, spec = pytree.tree_flatten(state_dict)
-        devices = set()
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                staged = st.copy_of(leaf, self.strategy, direct_io=self._hands_on)
-                slot.copies.add(storage_key(staged))
-                devices.add(st.local_tensor(leaf).device)
-                leaves[i] = self._track(slot, staged)
-            elif not isinstance(leaf, IMMUTABLE):
-                leaves[i] = copy.deepcopy(leaf)
-        for device in devices:
-            if device.type == "cuda":
-                torch.cuda.current_stream(device).synchronize()
+        def tensor(leaf: torch.Tensor) -> torch.Tensor:
+            staged = st.copy_of(leaf, self.strategy, direct_io=self._hands_on)
+            slot.copies.add(storage_key(staged))
+            return staged
+
+        snapshot, cuda = self._snapshot(slot, state_dict, tensor)
+        for device in cuda:
+            torch.cuda.current_stream(device).synchronize()
         self.stats["copied_whole"] += 1
         self.stats["copied_now"] += slot.tensors
-        return pytree.tree_unflatten(leaves, spec)
+        return snapshot
+
+    def _snapshot(self, slot: Slot, state: Any,
+                  tensor: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, set[torch.device]]:
+        """(state with each tensor leaf replaced by tensor(leaf), counted in the slot, and every
+        other mutable leaf deep-copied; the CUDA devices of its tensors)."""
+        leaves, spec = pytree.tree_flatten(state)
+        cuda: set[torch.device] = set()
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                device = st.local_tensor(leaf).device
+                if device.type == "cuda":
+                    cuda.add(device)
+                leaves[i] = self._track(slot, tensor(leaf))
+            elif not isinstance(leaf, IMMUTABLE):
+                leaves[i] = copy.deepcopy(leaf)
+        return pytree.tree_unflatten(leaves, spec), cuda
 
     def _track(self, slot: Slot, t: torch.Tensor) -> torch.Tensor:
         with self._count_lock:
