@@ -262,7 +262,7 @@ class Replay:
 
     # -- one disk ---------------------------------------------------------------------------
     def disk(self, metas: frozenset, datas: frozenset) -> dict:
-        """rel path -> None (a directory) or bytes, for the chosen survivors."""
+        """rel path -> None (a directory) or a File, for the chosen survivors."""
         names = {k: dict(v) for k, v in self.initial_names.items()}
         for m in self.meta:
             if m.seq not in metas:
@@ -277,18 +277,6 @@ class Replay:
             elif names.get(m.dir, {}).get(m.name) == m.ino:  # a rename of a name that survived
                 del names[m.dir][m.name]
                 names.setdefault(m.dir2, {})[m.name2] = m.ino
-        content: dict[int, bytearray] = {ino: bytearray(b) for ino, b in self.initial_data.items()}
-        for d in sorted(self.data, key=lambda d: d.seq):
-            if d.seq not in datas:
-                continue
-            buf = content.setdefault(d.ino, bytearray())
-            if d.kind == "size":
-                del buf[d.off:]
-                buf.extend(bytes(d.off - len(buf)))
-            else:
-                if len(buf) < d.off:
-                    buf.extend(bytes(d.off - len(buf)))
-                buf[d.off:d.off + len(d.data)] = d.data
         out: dict = {}
 
         def walk(ino: int, rel: str, seen: set) -> None:
@@ -300,17 +288,65 @@ class Replay:
                     out[path] = None
                     walk(child, path, seen | {child})
                 else:
-                    out[path] = bytes(content.get(child, b""))
+                    out[path] = File(self, child, tuple(d.seq for d in self._changes_of(child) if d.seq in datas))
 
         walk(self.top, "", {self.top})
         return out
+
+    def _changes_of(self, ino: int) -> list[Data]:
+        """A file's changes of its bytes, in the order they were made."""
+        if not hasattr(self, "_by_ino"):
+            self._by_ino: dict[int, list[Data]] = {}
+            for d in sorted(self.data, key=lambda d: d.seq):
+                self._by_ino.setdefault(d.ino, []).append(d)
+        return self._by_ino.get(ino, [])
+
+    def content(self, ino: int, kept: tuple) -> bytes:
+        """A file's bytes once the changes `kept` (seqs) are made to what it held before."""
+        buf = bytearray(self.initial_data.get(ino, b""))
+        survived = set(kept)
+        for d in self._changes_of(ino):
+            if d.seq not in survived:
+                continue
+            if d.kind == "size":
+                del buf[d.off:]
+                buf.extend(bytes(d.off - len(buf)))
+            else:
+                if len(buf) < d.off:
+                    buf.extend(bytes(d.off - len(buf)))
+                buf[d.off:d.off + len(d.data)] = d.data
+        return bytes(buf)
+
+    def digest(self, ino: int, kept: tuple) -> bytes:
+        """The SHA-256 of content(ino, kept), computed once: most disks share most of their files."""
+        if not hasattr(self, "_digests"):
+            self._digests: dict[tuple, bytes] = {}
+        key = (ino, kept)
+        if key not in self._digests:
+            self._digests[key] = hashlib.sha256(self.content(ino, kept)).digest()
+        return self._digests[key]
+
+
+@dataclass(frozen=True)
+class File:
+    """A file on one disk: its node and which of its changes survived; its bytes are built when
+    asked (many disks are alike, and only one of each kind is written out)."""
+    replay: Replay
+    ino: int
+    kept: tuple
+
+    def bytes(self) -> bytes:
+        return self.replay.content(self.ino, self.kept)
+
+    def digest(self) -> bytes:
+        return self.replay.digest(self.ino, self.kept)
 
 
 def fingerprint(disk: dict) -> str:
     h = hashlib.sha256()
     for path in sorted(disk):
         h.update(path.encode() + b"\0")
-        h.update(b"D" if disk[path] is None else hashlib.sha256(disk[path]).digest())
+        h.update(b"D" if disk[path] is None else disk[path].digest())
     return h.hexdigest()
 
 
@@ -323,4 +359,4 @@ def materialize(disk: dict, into: str) -> None:
         else:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "wb") as f:
-                f.write(disk[path])
+                f.write(disk[path].bytes())
