@@ -93,6 +93,8 @@ def main() -> None:
                 if rank == 0:
                     keep(full, os.path.join(ref, f"step-{step}.pt"))
             msd, osd = get_state_dict(model, optim)
+            if step == steps and ref is not None:
+                report(saves, wait=True)  # none in flight: the last save's snapshot is handed on live
             saving = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt, f"step-{step}"),
                                     storage_writer=writer, async_stager=stager, process_group=ckpt_group)
             saves.append((step, saving))
