@@ -13,7 +13,6 @@ What is in flight: fastckpt.commit.in_flight; reading back: fastckpt.restore.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import os
 import threading
@@ -29,7 +28,7 @@ from .commit.in_flight import InFlight
 from .commit.ordered import OrderedCommits
 from .commit.persisting import Persisting
 from .commit_info import CommitInfo
-from .settings import CheckpointerConfig, given_one_way
+from .settings import CheckpointerConfig, given_one_way, with_root
 from .errors import CheckpointWriteError
 from .format import plan_file
 from .format.fitting import Destination
@@ -65,24 +64,7 @@ class Checkpointer:
         fastckpt.settings.CheckpointerConfig's fields, each with its default and doc there:
         given as keywords (`Checkpointer(root, strategy="c", concurrency=4)`; an unknown one is
         a ConfigError naming the valid ones), or as one CheckpointerConfig or mapping (`settings=`)."""
-        given = given_one_way(settings, overrides)
-        if not isinstance(given, CheckpointerConfig):
-            config = CheckpointerConfig.from_dict(dict(given, root=root if root is not None else given.get("root")))
-        elif root is not None and root != given.root:
-            config = dataclasses.replace(given, root=os.fspath(root))
-        else:
-            config = given
-        self._open(config)
-
-    @classmethod
-    def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
-        """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a
-        plugin's settings make it, checked when made): every part of the Checkpointer reads it."""
-        return cls(settings=config)
-
-    def _open(self, config: CheckpointerConfig) -> None:
-        self.config = config
-        c = config
+        self.config = c = with_root(given_one_way(settings, overrides), root)
         self.strategy, self.concurrency, self.writers = c.strategy, c.concurrency, c.writers
         self.chunk_mb, self.staging_mb, self.format = c.chunk_mb, c.staging_mb, c.format
         self.keep, self.verify, self.policy, self.direct_io = c.keep, c.verify, c.policy, c.direct_io
@@ -96,7 +78,7 @@ class Checkpointer:
         # False: this process checkpoints alone (e.g. Lightning's rank 0 under DDP).
         self._agree = make_agreement(c.commit_timeout_s) if c.distributed is not False else Agreement()
         self.rank, self.world_size = self._agree.rank, self._agree.world_size
-        self.store = open_store(config, self.rank, self.world_size)
+        self.store = open_store(c, self.rank, self.world_size)
         self.store.join(self._agree)
         note = self.store.strategy_note(c.strategy)
         if note is not None:
@@ -135,6 +117,12 @@ class Checkpointer:
                       "persist_superseded": 0, "persist_skipped": 0, "loaded_from": None}
         self._refused_at: str | None = None  # where O_DIRECT was first refused, until a caller is told
         _open_checkpointers.add(self)
+
+    @classmethod
+    def from_config(cls, config: CheckpointerConfig) -> "Checkpointer":
+        """A Checkpointer of one settings object (a CheckpointerConfig, as a Hydra config or a
+        plugin's settings make it, checked when made): every part of the Checkpointer reads it."""
+        return cls(settings=config)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._inflight)} in flight"

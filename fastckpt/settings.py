@@ -345,6 +345,16 @@ def given_one_way(settings: Any, keywords: dict) -> "CheckpointerConfig | dict":
     return dict(settings if settings is not None else keywords)
 
 
+def with_root(given: "CheckpointerConfig | dict", root: Any) -> "CheckpointerConfig":
+    """The settings a Checkpointer(root, ...) runs with: given_one_way's, their root replaced by
+    `root` where one is given (None: the settings' own)."""
+    if not isinstance(given, CheckpointerConfig):
+        return CheckpointerConfig.from_dict(dict(given, root=root if root is not None else given.get("root")))
+    if root is not None and root != given.root:
+        return dataclasses.replace(given, root=os.fspath(root))
+    return given
+
+
 GROUP_KEYS = {"strategy": ("concurrency", "writers", "chunk_mb"),
               "store": ("direct_io", "model", "pool_mb", "persist", "endpoint")}
 NON_CHECKPOINTER = {"demo", "hydra", "offload", "tune"}  # offload_of() and tuner_of() read those

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Optional
+import weakref
+from typing import Optional, Union
 
 from ..commit import record
 from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError
+from ..settings import local_place
 from ..store.s3.checked import read_checked
 from ..store.s3.client import UPLOAD_CONCURRENCY, bucket_for
 from ..store.s3.place import S3Place, is_s3
@@ -29,7 +31,39 @@ from ..store.s3.spool import Spool
 from . import metadata as md_file
 from .names import SUFFIX, step_of_name
 
-__all__ = ["RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at", "withdraw_at"]
+__all__ = ["Places", "RemoteCheckpoint", "S3Place", "Spool", "committed_at", "is_s3", "newest_committed_at",
+           "withdraw_at"]
+
+
+class Places:
+    """Where a DCP writer's or reader's checkpoints lie on this machine: a path as it is; an s3://
+    URL as a folder of a spool of its own, its files uploaded from there or downloaded into it. The
+    RemoteCheckpoint of each URL placed is kept, by its local folder, until done() with it."""
+
+    def __init__(self, timeout_s: float = 120.0, endpoint: Optional[str] = None) -> None:
+        self._spool = Spool()
+        weakref.finalize(self, self._spool.close)  # an owner never closed leaves no folder on /dev/shm
+        self._timeout_s, self._endpoint = timeout_s, endpoint
+        self._remotes: dict[str, RemoteCheckpoint] = {}
+
+    def place(self, path: Union[str, "os.PathLike[str]"]) -> tuple[str, Optional["RemoteCheckpoint"]]:
+        """The local folder of the checkpoint at `path`, and its RemoteCheckpoint (None: a path)."""
+        if is_s3(os.fspath(path)):
+            remote = RemoteCheckpoint(os.fspath(path), self._spool, self._timeout_s, self._endpoint)
+            self._remotes[remote.local] = remote
+            return remote.local, remote
+        return local_place(path, "the DCP checkpoint"), None
+
+    def done(self, local: str) -> None:
+        """The checkpoint placed in `local` needs its folder no more (no-op for a path)."""
+        remote = self._remotes.pop(local, None)
+        if remote is not None:
+            remote.close()
+
+    def close(self) -> None:
+        for local in list(self._remotes):
+            self.done(local)
+        self._spool.close()
 
 
 class RemoteCheckpoint:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import weakref
 import warnings
 import zlib
 from typing import TYPE_CHECKING, Any, Sequence
@@ -50,14 +49,13 @@ from ..commit import record
 from ..commit.record import plain_name
 from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError, NoCheckpointError, UnsafeCheckpointError
-from ..settings import local_place
 from ..format.reading import range_crcs, read_records
 from ..format.torch_format import check_crcs, check_structure, read_archives
 from ..format.zip_reader import ZipIndex, read_index
 from ..fsutil import read_regular
 from ..verify import verify_as_recorded
 from . import in_place
-from .on_s3 import RemoteCheckpoint, Spool, is_s3
+from .on_s3 import Places, RemoteCheckpoint, is_s3
 from .stock_warning import warn_stock_once
 from . import metadata as md_file
 
@@ -86,10 +84,9 @@ class FastStorageReader(StorageReader):
             raise NoCheckpointError("FastStorageReader(None): there is no checkpoint to read (newest_committed "
                                     "found none under its folder: start from scratch, or name a checkpoint)")
         self.verify, self.threads, self.endpoint = verify, threads, endpoint
+        self._places = Places(endpoint=endpoint)  # an s3:// checkpoint's files are downloaded into a spool
         self.remote: RemoteCheckpoint | None = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
         self._remote_info: CommitInfo | None = None  # its record, checked against its objects
-        self._spool = Spool()  # where an s3:// checkpoint's files are downloaded to be read
-        weakref.finalize(self, self._spool.close)
         self.path = self._place(path)
         self.storage_data: dict[MetadataIndex, Any] = {}  # DCP's own per-item storage info, as its reader keeps
         self.commit: CommitInfo | None = None
@@ -112,12 +109,10 @@ class FastStorageReader(StorageReader):
         """The local folder the checkpoint is read from: the path, or for an s3:// URL a folder of
         the spool its objects are downloaded into."""
         if self.remote is not None:
-            self.remote.close()
-        self.remote, self._remote_info = None, None
-        if is_s3(os.fspath(path)):
-            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, endpoint=self.endpoint)
-            return self.remote.local
-        return local_place(path, "the DCP checkpoint")
+            self._places.done(self.remote.local)
+        local, self.remote = self._places.place(path)
+        self._remote_info = None
+        return local
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:

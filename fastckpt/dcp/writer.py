@@ -61,14 +61,14 @@ from ..format.zip_reader import read_index
 from ..fsutil import fsync_dir, makedirs_durable
 from ..named import NamedCheckpoints
 from ..errors import CheckpointWriteError, TornSnapshotError
-from ..settings import CheckpointerConfig, given_one_way, local_place, placed_by_path
+from ..settings import CheckpointerConfig, given_one_way, placed_by_path
 from ..workers import Workers
 from ..write.deadline import Deadline
 from . import metadata as md_file
 from .committed import cut_short_below, resumable, withdraw
 from .layout import plan_items
 from .names import SUFFIX, step_of_name
-from .on_s3 import RemoteCheckpoint, Spool, is_s3
+from .on_s3 import Places, RemoteCheckpoint, is_s3
 
 if TYPE_CHECKING:
     from ..pending import Pending
@@ -113,11 +113,10 @@ class FastStorageWriter(StorageWriter):
         super().__init__()
         self.step = step
         self.config = placed_by_path(given_one_way(settings, kwargs))  # the path store's
-        self.remote: Optional[RemoteCheckpoint] = None  # an s3:// checkpoint (fastckpt.dcp.on_s3)
-        self._remotes: dict[str, RemoteCheckpoint] = {}  # this save's and those in flight, by local folder
-        self._spool = Spool()  # where s3:// checkpoints' files are written before their upload
-        weakref.finalize(self, self._spool.close)  # a writer never closed leaves no folder on /dev/shm
-        self.path = self._place(path)
+        # this save's checkpoint's folder, and those in flight: an s3:// one's is in a spool, its files
+        # uploaded from there (fastckpt.dcp.on_s3)
+        self._places = Places(self.config.stall_timeout_s, self.config.endpoint)
+        self.path, self.remote = self._places.place(path)
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
         self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
         self._this: tuple[int, list[str]] = (step, [])  # the save in progress's (taken at reset)
@@ -150,18 +149,7 @@ class FastStorageWriter(StorageWriter):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            self.path = self._place(checkpoint_id)
-
-    def _place(self, path: str | os.PathLike) -> str:
-        """The local folder the checkpoint's files are written in: the path, or for an s3:// URL
-        its folder in the local spool (its files uploaded from there)."""
-        if is_s3(os.fspath(path)):
-            self.remote = RemoteCheckpoint(os.fspath(path), self._spool, self.config.stall_timeout_s,
-                                           self.config.endpoint)
-            self._remotes[self.remote.local] = self.remote
-            return self.remote.local
-        self.remote = None
-        return local_place(path, "the DCP checkpoint")
+            self.path, self.remote = self._places.place(checkpoint_id)
 
     def _id(self) -> str:
         """What the checkpoint is called: its URL, or its directory's absolute path."""
@@ -292,8 +280,7 @@ class FastStorageWriter(StorageWriter):
                 etag = remote.upload(path, self.config.chunk_mb << 20)
                 os.unlink(path)
                 if not coordinator:  # the coordinator's folder holds .metadata next
-                    self._remotes.pop(directory, None)
-                    remote.close()
+                    self._places.done(directory)
             entry = FileEntry(name, rank, info.bytes, f.crc32, f.spans, f.records, etag)
             return results + [WriteResult(index=MetadataIndex(f"{FILE_ENTRY}/{name}"), size_in_bytes=info.bytes,
                                           storage_data=entry)]
@@ -327,9 +314,7 @@ class FastStorageWriter(StorageWriter):
             commit_gathered(remote.url if remote is not None else directory, part, step, len(results), self._commits,
                             meta={"dcp": True}, write=remote.commit if remote is not None else None)
         finally:
-            if remote is not None:
-                self._remotes.pop(directory, None)
-                remote.close()
+            self._places.done(directory)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -413,8 +398,7 @@ class FastStorageWriter(StorageWriter):
                 if coordinator:
                     _quietly(remote.discard, f"deleting what the failed save put under {remote.url}")
             finally:
-                self._remotes.pop(directory, None)
-                remote.close()
+                self._places.done(directory)
             return
         if not coordinator:
             return
@@ -431,10 +415,7 @@ class FastStorageWriter(StorageWriter):
         try:
             self._commits.join()
             self.named.close()
-            for remote in list(self._remotes.values()):
-                remote.close()
-            self._remotes.clear()
-            self._spool.close()
+            self._places.close()
         finally:
             self._workers.retire()
             self._agree.close()
