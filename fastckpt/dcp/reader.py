@@ -110,8 +110,8 @@ class FastStorageReader(StorageReader):
         the spool its objects are downloaded into."""
         if self.remote is not None:
             self._places.done(self.remote.local)
+        self.remote, self._remote_info = None, None  # a path refused below leaves none placed
         local, self.remote = self._places.place(path)
-        self._remote_info = None
         return local
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

@@ -4,8 +4,9 @@ dcp.async_save through fastckpt's FastStorageWriter and FastStager — the FSDP2
 Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*)
          each step trains, then (REF given) rank 0 keeps the full state in REF/step-N.pt, then step
          N is saved with async_save into CKPT/step-N on its own gloo group, through FastStager
-         (2 saves in flight: nothing waits for a save; the next optimizer step waits only for the
-         snapshot's copy); prints "committed N" once step N's save is done ("ready" after the first);
+         (2 saves in flight: nothing waits for a save but, REF given, the last, staged with none in
+         flight so it is handed on live; the next optimizer step waits only for the snapshot's
+         copy); prints "committed N" once step N's save is done ("ready" after the first);
          STEP_PAUSE_S=T: T seconds' pause after each step (the arithmetic unchanged), for a kill to land in
        fsdp2_worker.py preempt CKPT REF
          trains until a SIGTERM ends it: an async save every 3 steps (FastStager, 2 in flight), rank 0
@@ -17,6 +18,7 @@ Usage: fsdp2_worker.py train CKPT STEPS [REF]   (env: RANK, WORLD_SIZE, MASTER_*
          OUT/loaded.pt, trains the next step and keeps that in OUT/next.pt (rank 0); prints the step.
 One thread per process: every run computes each step with the same arithmetic.
 """
+import gc
 import json
 import os
 import sys
@@ -95,6 +97,7 @@ def main() -> None:
             msd, osd = get_state_dict(model, optim)
             if step == steps and ref is not None:
                 report(saves, wait=True)  # none in flight: the last save's snapshot is handed on live
+                gc.collect()  # no snapshot of an earlier save left behind in a reference cycle
             saving = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ckpt, f"step-{step}"),
                                     storage_writer=writer, async_stager=stager, process_group=ckpt_group)
             saves.append((step, saving))

@@ -1,7 +1,7 @@
 """The FSDP2 lines of docs/dcp.md, run: a model under fully_shard on 2 gloo ranks (CPU) saves every step
 with dcp.async_save through FastStorageWriter and FastStager (2 saves in flight, none waited
-for): every step's checkpoint equals, bit for bit, the run's state at that step, and the stager
-copied the optimizer's tensors after async_save returned. One rank is killed with SIGKILL mid-run; the
+for but the last, staged alone): every step's checkpoint equals, bit for bit, the run's state at
+that step, and the last save's snapshot was handed on live, its copy made after async_save returned. One rank is killed with SIGKILL mid-run; the
 newest committed checkpoint (fastckpt.dcp.newest_committed) then loads on 1 and on 2 ranks equal,
 bit for bit, to the state the run had at that step, and the next step trained from it equals the
 uninterrupted run's next step. A directory whose save the kill cut short is never the one chosen,

@@ -245,7 +245,7 @@ def test_save_returns_before_a_held_stream_copies_and_the_gate_waits_for_the_cop
 
 def test_a_save_that_waits_for_the_disk_says_so_once(tmp_path, monkeypatch, caplog):
     """Checkpoints issued faster than they are written: with one slot and the first checkpoint's
-    copies held, the second save() waits for its slot (at least the 0.3 s the test holds it);
+    copies held, the second save() waits for its slot (about the 0.3 s the test holds it);
     that wait is in its Pending.timings, counted in stats["slot_waits"], and said in one logged
     line, once per Checkpointer, instead of a silent stall."""
     hold = threading.Event()
@@ -261,7 +261,8 @@ def test_a_save_that_waits_for_the_disk_says_so_once(tmp_path, monkeypatch, capl
             ck.save(state, step=3)
             threading.Timer(0.3, hold.set).start()
             ck.save(state, step=4).wait()
-        assert p.timings["slot"] >= 0.3 and ck.stats["slot_waits"] == 2
+        # the wait begins a moment after the 0.3 s hold's timer started (a clean-clone run saw 0.2989 s)
+        assert p.timings["slot"] >= 0.2 and ck.stats["slot_waits"] == 2
     said = [r.getMessage() for r in caplog.records if "faster than the disk" in r.getMessage()]
     assert len(said) == 1 and "step 2 waited" in said[0], said
 
