@@ -117,6 +117,7 @@ class FastStorageWriter(StorageWriter):
         # uploaded from there (fastckpt.dcp.on_s3)
         self._places = Places(self.config.stall_timeout_s, self.config.endpoint)
         self.path, self.remote = self._places.place(path)
+        self._set_up = False  # whether a save was set up in this placement (else reset() lets go of it)
         self.also_commit: list[str] = []  # files the caller wrote durably into the checkpoint's directory
         self._expected: dict[str, tuple[int, list[str]]] = {}  # path -> (step, also_commit) of its save
         self._this: tuple[int, list[str]] = (step, [])  # the save in progress's (taken at reset)
@@ -149,7 +150,10 @@ class FastStorageWriter(StorageWriter):
     # -- DCP's calls, in order ---------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
+            if not self._set_up:  # placed, never saved into (the path given, each save naming its own)
+                self._places.done(self.path)
             self.path, self.remote = self._places.place(checkpoint_id)
+            self._set_up = False
 
     def _id(self) -> str:
         """What the checkpoint is called: its URL, or its directory's absolute path."""
@@ -162,6 +166,7 @@ class FastStorageWriter(StorageWriter):
             raise ValueError("FastStorageWriter commits one checkpoint across ranks: "
                              "use_collectives=False (a checkpoint per rank) is not supported")
         self.is_coordinator, self.rank = is_coordinator, kwargs.get("rank") or 0
+        self._set_up = True
         self.save_id = uuid.uuid4().hex
         step, also = self._expected.pop(self._id(), (self.step, list(self.also_commit)))
         self._this = (step if step >= 0 else step_of_name(os.path.basename(os.path.normpath(self._id()))), also)

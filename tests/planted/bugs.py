@@ -591,4 +591,16 @@ BUGS = (
           "        return dict(self.named.settings, **{k: getattr(config, k) for k in BY_PATH if getattr(config, k) is not None})\n",
           "        return dict(self.named.settings)  # planted\n"),),
         ("tests/lightning_fastckpt/test_lightning_io.py", "-k", "memory_tier_is_a_setting")),
+    Bug("dcp-s3-spool-folder-kept",
+        "FastStorageWriter keeps each committed s3:// checkpoint's spool folder (its .metadata on /dev/shm) "
+        "until the writer closes: a long run fills memory a checkpoint at a time",
+        (("fastckpt/dcp/writer.py",
+          "        finally:\n            self._places.done(directory)\n",
+          "        finally:\n            pass  # planted\n"),),
+        ("tests/fastckpt/s3/test_s3_dcp.py", "-k", "step_folders")),
+    Bug("dcp-writer-first-placement-kept",
+        "FastStorageWriter keeps the spool folder of the s3:// path it was made with though every save names "
+        "its own checkpoint_id",
+        (("fastckpt/dcp/writer.py", "                self._places.done(self.path)\n", "                pass  # planted\n"),),
+        ("tests/fastckpt/s3/test_s3_dcp.py", "-k", "step_folders")),
 )

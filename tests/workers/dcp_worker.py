@@ -19,12 +19,22 @@ load-step N: loads DIR/step-N (fill's state of step N) through FastStorageReader
 With TIERS=MEMORY, save and load go through that memory tier (FastStorageWriter / FastStorageReader
 tiers=[MEMORY]); load then prints "rank R READ WHERE,..." (where each file came from).
 """
+import glob
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+
+
+def spooled() -> list[str]:
+    """What this process's spools (fastckpt.store.s3.spool, named by its pid) hold but their spare
+    files: each entry is the folder of an s3:// checkpoint a writer or reader has not let go of."""
+    return [name for base in ("/dev/shm", tempfile.gettempdir())
+            for folder in glob.glob(os.path.join(base, f"fastckpt-s3-{os.getpid()}-*"))
+            for name in os.listdir(folder) if name != ".spare"]
 
 
 def full_state() -> dict:
@@ -96,7 +106,7 @@ def main() -> None:
                 why = {r: f"{type(x).__name__}: {x}"[:300] for r, x in getattr(e, "failures", {0: e}).items()}
                 print(f"rank {rank} failed {step}: {type(e).__name__}: {why}", flush=True)
                 break
-            print(f"rank {rank} saved {step}", flush=True)
+            print(f"rank {rank} saved {step} spooled {len(spooled())}", flush=True)
         writer.close()
     elif mode == "group":
         from fastckpt.dcp import FastStager, save_group

@@ -45,7 +45,8 @@ def test_an_s3_prefix_without_a_record_is_refused(s3_env):
 def test_saves_into_step_folders_commit_in_order_and_leave_nothing_uncommitted(s3_env):
     """Beside the saves: a save cut short before them (a rank's file, and an unfinished upload of
     another) is removed once a newer checkpoint is committed; a folder of anything else, though its
-    name ends with a lower step, is left alone."""
+    name ends with a lower step, is left alone. Each rank's writer lets go of each checkpoint's
+    local spool folder (on /dev/shm) once its save is over: none is left after any save."""
     parent = f"s3://{s3_env.bucket}/dcp-{uuid.uuid4().hex[:8]}"
     place = S3Place.parse(parent)
     bucket = bucket_for(place)
@@ -53,7 +54,8 @@ def test_saves_into_step_folders_commit_in_order_and_leave_nothing_uncommitted(s
     bucket.control.create_multipart_upload(Bucket=s3_env.bucket, Key=place.key("step-0", "__1_0.distcp"))
     bucket.put_bytes(place.key("eval2", "notes.txt"), b"not a checkpoint")
     outs = run_ranks("fill", parent, 2)
-    assert all(f"rank {r} saved 4" in out for r, out in enumerate(outs)), outs
+    for rank, out in enumerate(outs):  # each save's spool folder let go of once it is committed
+        assert all(f"rank {rank} saved {step} spooled 0" in out for step in (1, 2, 3, 4)), out
     assert newest_committed(parent).step == 4
     outs = run_ranks("load-step", parent, 0, 3)
     assert "EQUAL" in outs[0], outs
