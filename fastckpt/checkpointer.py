@@ -192,9 +192,8 @@ class Checkpointer:
             if slot is not None:
                 self._slots.give_back(slot)
             raise
-        if self.policy == "skip" and not self._agree.all_ok(got):
-            if slot is not None:  # taken, but staging was full here or a slot missing on another rank
-                self._slots.give_back(slot)
+        # 'skip': a slot and staging on every rank, or the save skipped on every rank (its slot given back)
+        if self.policy == "skip" and not self._slots.kept_if_every_rank_has_one(slot, got, self._agree.all_ok):
             self.stats["skipped"] += 1
             warnings.warn(f"fastckpt: skipped the checkpoint of step {step}: {self.concurrency} "
                           "checkpoints are in flight or staging memory is full (policy='skip')",

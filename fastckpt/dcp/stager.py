@@ -328,13 +328,7 @@ class FastStager(AsyncStager):
         others to start the save's collectives without it."""
         slot = self._slots.take(wait_for(self.timeout_s) if self.policy == "wait" else None,
                                 limit=limit_for(self.concurrency, self.config.staging_mb, nbytes))
-        everyone = False
-        try:
-            everyone = self._agree.all_ok(slot is not None)
-        finally:  # refused, or the agreement itself failed (a peer gone): the slot is given back
-            if slot is not None and not everyone:
-                self._slots.give_back(slot)
-        if not everyone:
+        if not self._slots.kept_if_every_rank_has_one(slot, slot is not None, self._agree.all_ok):
             if self.policy == "skip":
                 self.stats["skipped"] += 1
                 raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "

@@ -13,6 +13,10 @@ instead: take() first calls the owner's `reclaim()`, which gives back the slots 
 are done, and calls it again each time its wait wakes. The bound of one take can be lower than
 `concurrency` (`limit`: staging_mb's worth of snapshots of that size), never higher.
 
+Across ranks, whether every rank got what its save needs is agreed by the owner's agreement
+(`kept_if_every_rank_has_one`, its slot given back where not): the Checkpointer's policy 'skip'
+and DCP's FastStager, whose collectives must start on every rank or on none.
+
 One condition guards the slots (`changed`): an owner that keeps more state per slot guards it
 with the same one, and notifies it when a slot may have become free.
 """
@@ -97,6 +101,19 @@ class ConcurrencySlots(Generic[S]):
                 raise RuntimeError("fastckpt: a concurrency slot was given back that is not taken")
             self._taken.remove(slot)
             self.changed.notify_all()
+
+    def kept_if_every_rank_has_one(self, slot: Optional[S], have: bool, all_ok: Callable[[bool], bool]) -> bool:
+        """Whether every rank has what a save needs (this rank: `have`, with `slot` taken, or None),
+        asked through `all_ok`, the owner's agreement; this rank's slot is given back when some rank
+        has not, or when the asking itself fails (a peer gone). A save skipped or refused is then
+        so on every rank, before any of them starts the save's collectives."""
+        everyone = False
+        try:
+            everyone = all_ok(have)
+        finally:
+            if slot is not None and not everyone:
+                self.give_back(slot)
+        return everyone
 
     def taken(self) -> list[S]:
         """The slots taken now, oldest take first."""

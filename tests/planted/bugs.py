@@ -603,4 +603,16 @@ BUGS = (
         "its own checkpoint_id",
         (("fastckpt/dcp/writer.py", "                self._places.done(self.path)\n", "                pass  # planted\n"),),
         ("tests/fastckpt/s3/test_s3_dcp.py", "-k", "step_folders")),
+    Bug("slot-kept-though-a-rank-has-none",
+        "whether every rank has a slot is not asked: a rank that found none skips (or refuses) the save while "
+        "the others start its collectives without it",
+        (("fastckpt/write/concurrency.py", "            everyone = all_ok(have)\n",
+          "            everyone = have  # planted\n"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "skipped_or_refused_on_every_rank")),
+    Bug("slot-leaked-when-another-rank-has-none",
+        "a rank whose slot was taken keeps it when another rank had none and the save was skipped on every rank",
+        (("fastckpt/write/concurrency.py", "            if slot is not None and not everyone:\n",
+          "            if False:  # planted\n"),),
+        ("tests/fastckpt/write/test_concurrency.py", "tests/fastckpt/dcp/test_stager.py", "-k",
+         "skip_leaks_no_slot or skipped_or_refused_on_every_rank")),
 )
