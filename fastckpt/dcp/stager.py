@@ -312,8 +312,7 @@ class FastStager(AsyncStager):
     # -- slots ----------------------------------------------------------------
     def _bytes_of(self, leaves: list[Any]) -> int:
         """A snapshot's bytes (a whole copy's, also with 'd': staged beside an earlier save)."""
-        return sum(st.local_tensor(t).numel() * st.local_tensor(t).element_size()
-                   for t in leaves if isinstance(t, torch.Tensor))
+        return sum(st.local_tensor(t).nbytes for t in leaves if isinstance(t, torch.Tensor))
 
     def _reclaim(self) -> None:
         """Gives back the slots whose saves are done with their snapshots (the slots' condition held)."""

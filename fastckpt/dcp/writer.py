@@ -248,7 +248,8 @@ class FastStorageWriter(StorageWriter):
                  for v in values if isinstance(v, torch.Tensor)}
         me = threading.current_thread()  # this save's own snapshot, though none of its tensors is planned here
         taken = self._slot_of_a_stager(lambda stager: stager.taken_by(me))
-        for slot in {s for s in slots | {taken} if s is not None}:
+        ours = [s for s in slots | {taken} if s is not None]
+        for slot in ours:
             slot.order_after_stage()  # before anything here reads a tensor (plan_items clones some views)
         file_plan, places = plan_items(values)
         strategy = self._strategy_for(slots)
@@ -259,7 +260,7 @@ class FastStorageWriter(StorageWriter):
             # staging: grown in the background now, not on the training thread's gate then
             self.named.checkpointer.reserve(file_plan.file_size)
         pending = self.named.save(file_plan, path, self._this[0], strategy=strategy)
-        self._tell_when_copied(pending, [s for s in slots | {taken} if s is not None and s.live])
+        self._tell_when_copied(pending, [s for s in ours if s.live])
         results = [WriteResult(index=item.index, size_in_bytes=p.length,
                                storage_data=storage_info(name, p.offset, p.length))
                    for item, p in zip(items, places)]

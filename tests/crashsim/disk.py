@@ -117,6 +117,10 @@ class Replay:
         self.syncs: list[Sync] = []
         self.marks: list[tuple[int, str]] = []
         self._replay()
+        self._by_ino: dict[int, list[Data]] = {}  # each file's changes of its bytes, in the order made
+        for d in sorted(self.data, key=lambda d: d.seq):
+            self._by_ino.setdefault(d.ino, []).append(d)
+        self._digests: dict[tuple, bytes] = {}  # (node, its changes kept) -> SHA-256 of its bytes
 
     def _new_node(self, ino: int) -> int:
         self._count += 1
@@ -288,24 +292,16 @@ class Replay:
                     out[path] = None
                     walk(child, path, seen | {child})
                 else:
-                    out[path] = File(self, child, tuple(d.seq for d in self._changes_of(child) if d.seq in datas))
+                    out[path] = File(self, child, tuple(d.seq for d in self._by_ino.get(child, ()) if d.seq in datas))
 
         walk(self.top, "", {self.top})
         return out
-
-    def _changes_of(self, ino: int) -> list[Data]:
-        """A file's changes of its bytes, in the order they were made."""
-        if not hasattr(self, "_by_ino"):
-            self._by_ino: dict[int, list[Data]] = {}
-            for d in sorted(self.data, key=lambda d: d.seq):
-                self._by_ino.setdefault(d.ino, []).append(d)
-        return self._by_ino.get(ino, [])
 
     def content(self, ino: int, kept: tuple) -> bytes:
         """A file's bytes once the changes `kept` (seqs) are made to what it held before."""
         buf = bytearray(self.initial_data.get(ino, b""))
         survived = set(kept)
-        for d in self._changes_of(ino):
+        for d in self._by_ino.get(ino, ()):
             if d.seq not in survived:
                 continue
             if d.kind == "size":
@@ -319,8 +315,6 @@ class Replay:
 
     def digest(self, ino: int, kept: tuple) -> bytes:
         """The SHA-256 of content(ino, kept), computed once: most disks share most of their files."""
-        if not hasattr(self, "_digests"):
-            self._digests: dict[tuple, bytes] = {}
         key = (ino, kept)
         if key not in self._digests:
             self._digests[key] = hashlib.sha256(self.content(ino, kept)).digest()
