@@ -20,9 +20,13 @@ happens between:
   (TornSnapshotError) and commits nothing.
 - Slots. At most `concurrency` snapshots are staged or being written at a time, each in a slot
   drawn from fastckpt.write.concurrency (as a Checkpointer's checkpoints are). A stage() that
-  finds every slot taken waits for one (policy='wait', up to commit_timeout_s), or raises
+  finds every slot taken waits for one (policy='wait'), or raises
   SaveSkipped (policy='skip'); whether every rank has a slot is agreed, so a save skipped, or
   refused after that wait, is so on every rank. `staging_mb` bounds the slots as well.
+- Waits. Every wait here (a slot, an earlier save, the gate, close) is the write path's
+  (write.deadline.Deadline, as the Checkpointer's): it lasts as long as the writer's saves move,
+  and gives up after stall_timeout_s + commit_timeout_s with nothing moved (without a writer,
+  whose saves this stager cannot see move: after that long).
 - A whole copy. A snapshot staged before trust, while an earlier one is still being saved on
   any rank (its save's turn to copy comes only after the earlier one is written), or with no
   FastStorageWriter to hand it to, is copied before stage() returns (fastckpt.dcp.staged, into
@@ -44,7 +48,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
@@ -56,7 +59,8 @@ from ..commit.agreement import Agreement, make_agreement
 from ..settings import CheckpointerConfig, given_one_way
 from ..errors import CheckpointWriteError, ConfigError
 from ..write.gate import SnapshotView, StepGate, storage_key
-from ..write.concurrency import ConcurrencySlots, limit_for, wait_for
+from ..write.concurrency import ConcurrencySlots, limit_for
+from ..write.deadline import Deadline, WriteStalled
 from . import staged as st
 from .slots import SaveSkipped, Slot, StagedFuture
 
@@ -78,9 +82,9 @@ class FastStager(AsyncStager):
             plain state dict.
         settings: the Checkpointer's settings (or keywords): strategy ('c', 'g', 'd'),
             concurrency (snapshots staged or being written at once), policy ('wait', 'skip'),
-            staging_mb (the slots' memory, None: concurrency snapshots' worth) and
-            commit_timeout_s (the longest wait for a slot or an earlier save) are used; the
-            others are the writer's and are only checked here.
+            staging_mb (the slots' memory, None: concurrency snapshots' worth), stall_timeout_s
+            and commit_timeout_s (how long a wait goes with nothing moved: their sum) are used;
+            the others are the writer's and are only checked here.
     """
 
     _synchronize_after_execute = False  # stage() returns a future; the gate protects the state
@@ -94,15 +98,17 @@ class FastStager(AsyncStager):
                               "writer=your FastStorageWriter, so that it can refuse a snapshot written in place")
         self.config = config
         self.strategy, self.concurrency, self.policy = config.strategy, config.concurrency, config.policy
-        self.timeout_s = config.commit_timeout_s
+        # every wait's: a slot's, an earlier save's, the gate's (its writer's saves moving: not stalled)
+        self._deadline = Deadline(config.stall_timeout_s, _progress_of(writer))
+        self._slack = config.commit_timeout_s  # the saves' collectives wait for other ranks too
         self._hands_on = writer is not None
         # handed_on: snapshots whose optimizer tensors went to the writer live; copied_by_writer: of
         # those, the ones whose copy the writer reported done (the gate let the step go then);
         # copied_whole: snapshots copied at stage(); copied_now: tensors copied at stage()
         self.stats = {"staged": 0, "copied_now": 0, "copied_whole": 0, "handed_on": 0, "copied_by_writer": 0,
                       "skipped": 0, "failed": 0}
-        # twice the wait: a rank that waited commit_timeout_s for a slot still meets the others
-        self._agree: Agreement = make_agreement(2 * self.timeout_s)
+        # twice the wait: a rank that waited in vain for a slot still meets the others
+        self._agree: Agreement = make_agreement(2 * (config.stall_timeout_s + self._slack))
         # at most `concurrency` snapshots at once, as the Checkpointer's checkpoints (write.concurrency);
         # a slot is given back once its save is done with it, which is polled: a save thread's end
         # and the last reference to a snapshot going notify nobody
@@ -229,13 +235,12 @@ class FastStager(AsyncStager):
             return
         self._closed = True
         self._gate.remove()
-        deadline = time.monotonic() + self.timeout_s
-        with self._cond:
-            while not all(s.finished() for s in self._slots.every()) and time.monotonic() < deadline:
-                self._cond.wait(0.05)  # a save thread's end is polled: it notifies nobody
-            if not all(s.finished() for s in self._slots.every()):
-                log.warning("fastckpt: FastStager closed while a save still holds its snapshot")
-            self._slots.forget_all()
+        try:
+            self._wait_until("the saves in flight to be done with their snapshots",
+                             lambda: all(s.finished() for s in self._slots.every()))
+        except WriteStalled:
+            log.warning("fastckpt: FastStager closed while a save still holds its snapshot")
+        self._slots.forget_all()
         self._agree.close()
 
     # -- the snapshot ---------------------------------------------------------
@@ -323,9 +328,15 @@ class FastStager(AsyncStager):
 
     def _take_slot(self, nbytes: int) -> Slot:
         """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
-        after waiting up to commit_timeout_s for one), so a rank that found none never leaves the
+        after waiting for one while the saves in flight move), so a rank that found none never leaves the
         others to start the save's collectives without it."""
-        slot = self._slots.take(wait_for(self.timeout_s) if self.policy == "wait" else None,
+        def wait(attempt: Callable[[float], bool]) -> bool:
+            try:
+                return self._deadline.wait("a free staging slot", attempt, slack=self._slack)
+            except WriteStalled:
+                return False  # refused below, on every rank
+
+        slot = self._slots.take(wait if self.policy == "wait" else None,
                                 limit=limit_for(self.concurrency, self.config.staging_mb, nbytes))
         if not self._slots.kept_if_every_rank_has_one(slot, slot is not None, self._agree.all_ok):
             if self.policy == "skip":
@@ -333,9 +344,9 @@ class FastStager(AsyncStager):
                 raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "
                                   "this async_save was skipped on every rank")
             raise CheckpointWriteError(
-                f"no staging slot became free in {self.timeout_s:.0f} s on "
-                f"{'this rank' if slot is None else 'another rank'} ({self.concurrency} saves in flight); "
-                "this async_save was refused on every rank. Is an earlier async_save stuck, or its "
+                f"no staging slot became free on {'this rank' if slot is None else 'another rank'}, "
+                f"nothing moved for {self._deadline.stall_s + self._slack:g} s ({self.concurrency} saves in "
+                "flight); this async_save was refused on every rank. Is an earlier async_save stuck, or its "
                 "staged state still referenced?")
         assert slot is not None  # every rank had one, this one too
         return slot
@@ -351,23 +362,34 @@ class FastStager(AsyncStager):
             if slot.seq != seq or slot.taken_by is not None or me is slot.staged_by:
                 return False
             slot.taken_by = me
-            deadline = time.monotonic() + self.timeout_s
-            while any(s.busy and s.seq < seq and not s.finished() for s in self._slots.every()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise CheckpointWriteError(f"an earlier async_save did not finish in {self.timeout_s:.0f} s")
-                self._cond.wait(min(left, 0.05))
+        self._wait_until("an earlier async_save to finish", lambda: not any(
+            s.busy and s.seq < seq and not s.finished() for s in self._slots.every()))
         return True
 
     # -- the gate -------------------------------------------------------------
     def _before_update(self) -> None:
         """Before every optimizer step: the writer's saves have copied the live tensors (with 'd':
         written them), or are over."""
-        deadline = time.monotonic() + self.timeout_s
-        with self._cond:
-            for s in self._slots.every():
-                while s.waits_for_writer:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise CheckpointWriteError(f"a snapshot was not copied in {self.timeout_s:.0f} s")
-                    self._cond.wait(min(left, 0.05))
+        self._wait_until("the writer's copy of a snapshot",
+                         lambda: not any(s.waits_for_writer for s in self._slots.every()))
+
+    def _wait_until(self, what: str, done: Callable[[], bool]) -> None:
+        """Until done() holds (read under the slots' condition), under the write path's deadline:
+        WriteStalled once nothing moved for stall_timeout_s + commit_timeout_s. A save thread's end
+        and a snapshot's last reference going notify nobody: each attempt is a short slice."""
+        def attempt(seconds: float) -> bool:
+            with self._cond:
+                return self._cond.wait_for(done, min(seconds, 0.05))
+        if not attempt(0.0):  # at once, most often (the gate, before every optimizer step)
+            self._deadline.wait(what, attempt, slack=self._slack)
+
+
+def _progress_of(writer: Optional[FastStorageWriter]) -> Callable[[], int]:
+    """The writer's progress counter, held weakly (a stager does not keep its writer alive); 0
+    without one."""
+    ref = weakref.ref(writer) if writer is not None else None
+
+    def progress() -> int:
+        w = ref() if ref is not None else None
+        return w.progress() if w is not None else 0
+    return progress

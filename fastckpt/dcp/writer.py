@@ -138,6 +138,11 @@ class FastStorageWriter(StorageWriter):
         stager told when (writer_copied)."""
         self._stagers.append(weakref.ref(stager))
 
+    def progress(self) -> int:
+        """What this writer's saves moved so far: a wait for them that sees it grow is not stalled
+        (a FastStager given this writer waits so)."""
+        return self.named.progress()
+
     def _slot_of_a_stager(self, ask: Callable[[SnapshotOwner], Optional[Slot]]) -> Optional[Slot]:
         """The first slot a stager given this writer answers `ask` with, or None."""
         for ref in self._stagers:

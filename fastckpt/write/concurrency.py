@@ -6,8 +6,8 @@ A slot is an object made by the owner's `make(index)` the first time fewer than 
 exist, and reused from then on. Each is FREE or TAKEN; `take()` moves one FREE -> TAKEN, `give_back()` TAKEN ->
 FREE, and nothing else moves them. When every slot is taken:
   policy 'skip'   take() returns None at once;
-  policy 'wait'   take() waits, through the caller's own wait (a Deadline's, or a plain
-                  timeout), for one to be given back, and returns None when that wait gives up.
+  policy 'wait'   take() waits, through the caller's own wait (its Deadline's), for one to be
+                  given back, and returns None when that wait gives up.
 A holder that cannot say when it is done (a snapshot freed by whoever drops it last) is asked
 instead: take() first calls the owner's `reclaim()`, which gives back the slots whose holders
 are done, and calls it again each time its wait wakes. The bound of one take can be lower than
@@ -23,7 +23,6 @@ with the same one, and notifies it when a slot may have become free.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Generic, Optional, TypeVar
 
 from ..errors import ConfigError
@@ -40,19 +39,6 @@ def limit_for(concurrency: int, staging_mb: Optional[int], nbytes: int) -> int:
     if staging_mb is None or nbytes <= 0:
         return concurrency
     return max(1, min(concurrency, staging_mb * MiB // nbytes))
-
-
-def wait_for(timeout_s: float) -> Wait:
-    """A plain wait: attempts in slices until timeout_s has passed."""
-    def wait(attempt: Callable[[float], bool]) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if attempt(max(min(left, 0.05), 0.0)):
-                return True
-            if left <= 0:
-                return False
-    return wait
 
 
 class ConcurrencySlots(Generic[S]):

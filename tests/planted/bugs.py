@@ -615,4 +615,10 @@ BUGS = (
           "            if False:  # planted\n"),),
         ("tests/fastckpt/write/test_concurrency.py", "tests/fastckpt/dcp/test_stager.py", "-k",
          "skip_leaks_no_slot or skipped_or_refused_on_every_rank")),
+    Bug("stager-wait-blind-to-the-writers-progress",
+        "FastStager's waits ignore its writer's progress: a slow save that is still moving gets the next "
+        "async_save refused after stall_timeout_s + commit_timeout_s, as if it were stuck",
+        (("fastckpt/dcp/stager.py", "        self._deadline = Deadline(config.stall_timeout_s, _progress_of(writer))\n",
+          "        self._deadline = Deadline(config.stall_timeout_s)  # planted\n"),),
+        ("tests/fastckpt/dcp/test_stager.py", "-k", "slot_wait_lasts")),
 )

@@ -6,7 +6,8 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          stays taken; the next async_save raises SaveSkipped on *both* ranks ("skipped"); once rank 1
          lets go, the next save commits ("saved N").
        stager_worker.py wait CKPT
-         as skip, with policy 'wait' and commit_timeout_s 3: rank 1 waits 3 s for a slot in vain;
+         as skip, with policy 'wait', stall_timeout_s 1 and commit_timeout_s 2: rank 1 waits for a
+         slot in vain, nothing moving for 3 s;
          the save is refused on *both* ranks ("refused"), then the next one commits ("saved 3").
        stager_worker.py fail CKPT
          rank 1's copy of the third save fails (an injected error: a stager not given the writer
@@ -45,7 +46,8 @@ def main() -> None:
     # 'fail': a stager not given the writer, so that it copies the optimizer's tensors itself
     # (one given its writer hands them to the writer's save, which copies them)
     stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
-                        writer=writer if mode != "fail" else None, commit_timeout_s=3 if mode == "wait" else 600)
+                        writer=writer if mode != "fail" else None,
+                        **(dict(stall_timeout_s=1, commit_timeout_s=2) if mode == "wait" else {}))
 
     def step(n: int) -> None:
         model(torch.full((4, 32), float(n))).sum().backward()

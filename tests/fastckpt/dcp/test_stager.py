@@ -9,10 +9,12 @@ save on both, before DCP's collectives. The writer's copy is held deterministica
 its save wait on an event before it begins."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fastckpt.dcp import FastStager, FastStorageReader, FastStorageWriter, SaveSkipped
-from fastckpt.errors import ConfigError
+from fastckpt.errors import CheckpointWriteError, ConfigError
 from support import warm
 from support.paths import ROOT, WORKERS, python_path
 from support.processes import free_port
@@ -388,8 +390,8 @@ def two_ranks(mode: str, directory) -> list[str]:
 
 @pytest.mark.parametrize("mode, said", [
     ("skip", ("skipped", "skipped")),
-    ("wait", ("refused: no staging slot became free in 3 s on another rank",
-              "refused: no staging slot became free in 3 s on this rank"))])
+    ("wait", ("refused: no staging slot became free on another rank, nothing moved for 3 s",
+              "refused: no staging slot became free on this rank, nothing moved for 3 s"))])
 def test_a_save_without_a_slot_on_one_rank_is_skipped_or_refused_on_every_rank(tmp_path, mode, said):
     outs = two_ranks(mode, tmp_path)  # only rank 1's slot was taken (with 'wait': for 3 s, in vain)
     for out, expected in zip(outs, said):
@@ -447,9 +449,9 @@ def test_a_snapshot_let_go_of_frees_its_slot_at_once(tmp_path):
 
 
 def test_a_snapshot_without_tensors_frees_its_slot_when_taken_where_it_was_staged(tmp_path):
-    run = Run(tmp_path, concurrency=1, commit_timeout_s=5)
+    run = Run(tmp_path, concurrency=1, stall_timeout_s=2, commit_timeout_s=3)
     try:
-        for i in range(3):  # one slot: each must be free again at once, not after the 5 s timeout
+        for i in range(3):  # one slot: each must be free again at once, not refused after 5 s of waiting
             assert run.stager.stage({"step": i, "note": "x"}).result() == {"step": i, "note": "x"}
     finally:
         run.close()
@@ -490,5 +492,29 @@ def test_the_writers_staging_is_reserved_at_the_first_save_so_live_saves_find_it
         run.trained_and_trusted()  # later saves: handed on live, copied by the writer
         assert run.stager.stats["copied_by_writer"] > 0
         assert ck._engine.pool.capacity == grown  # the live saves found their staging ready
+    finally:
+        run.close()
+
+
+def test_a_slot_wait_lasts_while_the_writers_saves_move_and_is_refused_once_nothing_moves(tmp_path, monkeypatch):
+    """FastStager waits as the Checkpointer does (write.deadline): for as long as its writer's saves
+    move, past stall_timeout_s + commit_timeout_s; once nothing moved for that long, refused."""
+    run = Run(tmp_path, concurrency=1, stall_timeout_s=0.5, commit_timeout_s=0.5)
+    try:
+        run.step()
+        kept = [run.stager.stage(run.state()).result()]  # the only slot stays taken while referenced
+        moved = itertools.count()
+        monkeypatch.setattr(run.writer, "progress", lambda: next(moved))  # a slow save, moving
+        threading.Timer(2.5, kept.clear).start()
+        t0 = time.monotonic()
+        run.stager.stage({"step": 1}).result()
+        assert time.monotonic() - t0 >= 2.0 and run.stager.stats["staged"] == 2
+        kept.append(run.stager.stage(run.state()).result())
+        monkeypatch.setattr(run.writer, "progress", lambda: 7)  # stuck: nothing moves
+        t0 = time.monotonic()
+        with pytest.raises(CheckpointWriteError, match="no staging slot became free on this rank, nothing moved for 1 s"):
+            run.stager.stage({"step": 2})
+        assert 0.9 <= time.monotonic() - t0 < 10
+        kept.clear()
     finally:
         run.close()

@@ -10,7 +10,13 @@ import torch
 
 from fastckpt import Checkpointer
 from fastckpt.errors import ConfigError
-from fastckpt.write.concurrency import ConcurrencySlots, limit_for, wait_for
+from fastckpt.write.concurrency import ConcurrencySlots, limit_for
+from fastckpt.write.deadline import Deadline
+
+
+def wait_for(timeout_s):
+    """The owner's wait, as theirs is made: its Deadline's, here giving up after timeout_s."""
+    return lambda attempt: Deadline(60.0).wait("a free slot", attempt, timeout=timeout_s)
 
 
 class Holder:
