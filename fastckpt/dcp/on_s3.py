@@ -24,7 +24,7 @@ from ..commit import record
 from ..commit_info import CommitInfo
 from ..errors import ConfigError, CorruptCheckpointError
 from ..settings import local_place
-from ..store.s3.checked import read_checked
+from ..store.s3.checked import committed_under, read_checked
 from ..store.s3.client import UPLOAD_CONCURRENCY, bucket_for
 from ..store.s3.place import S3Place, is_s3
 from ..store.s3.spool import Spool
@@ -184,20 +184,7 @@ def _save_file(name: str) -> bool:
 
 def committed_at(parent: S3Place, problems: Optional[list] = None, endpoint: Optional[str] = None) -> list[CommitInfo]:
     """Every DCP checkpoint committed directly under the parent prefix, newest commit first."""
-    bucket = bucket_for(parent, endpoint)
-    base = parent.key("")
-    objects = {o.key: o for o in bucket.listing(base)}
-    found = []
-    for key in objects:
-        rest = key[len(base):]
-        if rest.count("/") == 1 and rest.endswith("/" + record.COMMIT_NAME):
-            folder = S3Place(parent.bucket, key.rsplit("/", 1)[0])
-            try:
-                found.append(read_checked(bucket, folder, objects, every_rank=False))
-            except (CorruptCheckpointError, OSError) as e:
-                if problems is not None:
-                    problems.append(str(e))
-    return sorted(found, key=lambda i: i.counter, reverse=True)
+    return committed_under(bucket_for(parent, endpoint), parent, problems=problems)
 
 
 def newest_committed_at(parent_url: str) -> Optional[tuple[str, int, int]]:

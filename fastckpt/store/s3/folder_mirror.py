@@ -47,7 +47,7 @@ from ...commit_info import CommitInfo, FileEntry
 from ...errors import CheckpointWriteError, CorruptCheckpointError
 from ...write.deadline import Deadline
 from ..tier_copy import upload_part
-from .checked import read_checked, remove_folder
+from .checked import committed_under, read_checked, recorded, remove_folder
 from .folder_fetch import fetch_folder, holds_file
 from .client import UPLOAD_CONCURRENCY, bucket_for
 from .place import S3Place
@@ -249,15 +249,14 @@ class FolderMirror:
 
         def name_of(key: str) -> str:
             return key[len(base):].split("/", 1)[0]
-        recorded = {name_of(k) for k in objects
-                    if k[len(base):].count("/") == 1 and k.endswith("/" + commit.COMMIT_NAME)}
-        for name in sorted(recorded - self._whole - {spare}):
+        with_record = set(recorded(self.where, objects))
+        for name in sorted(with_record - self._whole - {spare}):
             try:
                 read_checked(self.bucket, S3Place(self.where.bucket, self.where.key(name)), objects, every_rank=False)
                 self._whole.add(name)
             except CorruptCheckpointError:
                 pass  # a record naming objects that are not there (its PUT's answer lost): swept below
-        keep = (recorded & self._whole) | {spare}
+        keep = (with_record & self._whole) | {spare}
         dead = [k for k in objects if "/" in k[len(base):] and name_of(k) not in keep]
         if dead:  # records first: a crash part-way never leaves a record naming objects that are gone
             self.bucket.delete(sorted(dead, key=lambda k: not k.endswith("/" + commit.COMMIT_NAME)))
@@ -298,20 +297,7 @@ class FolderMirror:
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
         """The folders with a record in the bucket whose objects are all there, of their sizes and
         ETags (checked.py), newest (by counter) first; problems: what was passed over, said."""
-        base = self.where.key("")
-        objects = {o.key: o for o in self.bucket.listing(base)}
-        found = []
-        for key in objects:
-            rest = key[len(base):]
-            if rest.count("/") != 1 or not rest.endswith("/" + commit.COMMIT_NAME):
-                continue
-            folder = S3Place(self.where.bucket, self.where.key(rest.split("/", 1)[0]))
-            try:
-                found.append(read_checked(self.bucket, folder, objects, every_rank=False))
-            except (CorruptCheckpointError, OSError) as e:
-                if problems is not None:
-                    problems.append(str(e))
-        return sorted(found, key=lambda info: info.counter, reverse=True)
+        return committed_under(self.bucket, self.where, problems=problems)
 
     def move_latest(self, name: str, counter: int) -> None:
         """`latest` names `name` unless it names a recorded folder with a higher counter."""

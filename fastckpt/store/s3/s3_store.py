@@ -43,7 +43,7 @@ from ...write.protocol import FileSink, MemoryFileSink
 from ..protocol import Listed, Store
 from ..root_store import DIR_RE, EXT, LATEST, dir_name
 from ..tier_copy import upload_part
-from .checked import read_checked, remove_folder
+from .checked import committed_under, read_checked, remove_folder
 from .client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
 from .place import S3Place, is_s3
 from .spool import Spool
@@ -244,17 +244,10 @@ class S3Store(Store):
         return read_checked(self.bucket, S3Place(self.where.bucket, self._dir_key(url)), objects, every_rank=True)
 
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
-        objects = self._objects()
-        found = []
-        for _, _, url in self._dirs(objects):
-            if not self._has_record(url, objects):
-                continue
-            try:
-                found.append(self._read_record(url, objects))
-            except (CorruptCheckpointError, FileNotFoundError) as e:
-                if problems is not None:
-                    problems.append(str(e))
-        return sorted(found, key=lambda info: info.counter, reverse=True)
+        # an unreachable server raises: it is not "nothing committed"
+        return committed_under(self.bucket, self.where, self._objects(), every_rank=True,
+                               named=lambda name: DIR_RE.match(name) is not None,
+                               passed=(CorruptCheckpointError, FileNotFoundError), problems=problems)
 
     def _download(self, info: CommitInfo, rank: int) -> str:
         """This rank's object of info, in a spool file (parallel ranged GETs); its path."""
