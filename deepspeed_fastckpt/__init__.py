@@ -9,6 +9,7 @@ after DeepSpeed: it registers as DeepSpeed is imported, and never imports DeepSp
     # a checkpoint on SIGTERM: "fastckpt": {"preempt_signal": "SIGTERM"}, and after every engine.step():
     deepspeed_fastckpt.at_step_end(engine, save_dir)
 """
+import importlib
 import sys
 from types import ModuleType
 from typing import Any
@@ -20,31 +21,22 @@ from .on_import import after_import
 __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offload_activations", "register"]
 
 
+# each public name: the module it is defined in, and its name there
+_WHERE = {"FastckptEngine": ("engine", "FastckptEngine"), "checkpoint_due": ("interval", "checkpoint_due"),
+          "offload_activations": ("offload", "offload_activations"), "at_step_end": ("preempt", "at_step_end"),
+          "register": ("register", "register"), "SETTINGS": ("settings", "VALID")}
+
+
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use: DeepSpeed is imported only by the program (this
     package's folder kind, which `fastckpt ls` loads, must not import it)."""
-    value: Any
-    if name == "FastckptEngine":
-        from .engine import FastckptEngine
-        value = FastckptEngine
-    elif name == "checkpoint_due":
-        from .interval import checkpoint_due
-        value = checkpoint_due
-    elif name == "offload_activations":
-        from .offload import offload_activations
-        value = offload_activations
-    elif name == "at_step_end":
-        from .preempt import at_step_end
-        value = at_step_end
-    elif name == "register":
-        from .register import register
-        value = register
-    elif name == "SETTINGS":
-        from .settings import VALID
-        value = VALID
-    else:
+    if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
+    module, attr = _WHERE[name]
+    if module != "settings":  # it imports DeepSpeed: imported first, so that this plugin registers
+        importlib.import_module("deepspeed")  # then, and not halfway through that module's own import
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # "register": the function, not the submodule its import bound here
     return value
 
 

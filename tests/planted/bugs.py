@@ -621,4 +621,10 @@ BUGS = (
         (("fastckpt/dcp/stager.py", "        self._deadline = Deadline(config.stall_timeout_s, _progress_of(writer))\n",
           "        self._deadline = Deadline(config.stall_timeout_s)  # planted\n"),),
         ("tests/fastckpt/dcp/test_stager.py", "-k", "slot_wait_lasts")),
+    Bug("deepspeed-name-first-in-an-import-cycle",
+        "a DeepSpeed plugin name used before `import deepspeed` (`from deepspeed_fastckpt import at_step_end`) "
+        "fails: the plugin registers halfway through its own engine module's import of DeepSpeed",
+        (("deepspeed_fastckpt/__init__.py", "        importlib.import_module(\"deepspeed\")  # then,",
+          "        pass  # planted then,"),),
+        ("tests/deepspeed_fastckpt/test_package.py",)),
 )

@@ -1,0 +1,37 @@
+"""deepspeed_fastckpt's package: each public name works as a program's first contact with the plugin,
+DeepSpeed not yet imported (the names load on first use; the plugin registers with DeepSpeed as
+DeepSpeed is imported), and only the ones that need DeepSpeed import it."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("deepspeed")
+import deepspeed_fastckpt  # noqa: E402
+from support import warm  # noqa: E402
+from support.paths import ROOT, python_path  # noqa: E402
+
+FIRST_CONTACT = """
+import sys
+import deepspeed_fastckpt as plugin
+assert "deepspeed" not in sys.modules
+value = getattr(plugin, NAME)
+assert value is not None and value is getattr(plugin, NAME)
+if "deepspeed" in sys.modules:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    print("registered", getattr(DeepSpeedEngine._configure_checkpointing, "__fastckpt_wrapped__", False))
+else:
+    print("no deepspeed")
+"""
+
+
+@pytest.mark.parametrize("name", sorted(deepspeed_fastckpt.__all__))
+def test_each_public_name_works_first_and_registers_the_engine_where_it_imports_deepspeed(name):
+    """`from deepspeed_fastckpt import at_step_end` before `import deepspeed` once failed in an import
+    cycle (the plugin registering halfway through its own engine module's import of DeepSpeed)."""
+    out = warm.run([sys.executable, "-c", f"NAME = {name!r}\n" + FIRST_CONTACT], capture_output=True, text=True,
+                   timeout=120, env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == ("no deepspeed" if name == "SETTINGS" else "registered True"), out.stdout
