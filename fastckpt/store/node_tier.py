@@ -40,7 +40,6 @@ from ..errors import CorruptCheckpointError
 from ..format import load_file
 from ..fsutil import fsync_dir
 from ..write.protocol import FileSink, MemoryFileSink
-from .protocol import Listed
 from .root_store import DIR_RE, RootStore
 
 RANK_RE = re.compile(r"^rank-(\d+)$")
@@ -200,19 +199,9 @@ class NodeTier(RootStore):
         store.place = path
         return store
 
-    def listing(self) -> list[Listed]:
-        """Every checkpoint folder of this rank, newest first, its record checked against this rank's part."""
-        rows = []
-        for _, _, path in sorted(self._dirs(), key=lambda d: -d[1]):
-            name = os.path.basename(path)
-            if commit.present(path) is None:
-                rows.append(Listed(name, path, "incomplete", f"never committed (no {commit.COMMIT_NAME} record)"))
-                continue
-            try:
-                rows.append(Listed(name, path, "committed", info=self._read(path, commit.file_size)))
-            except (CorruptCheckpointError, OSError) as e:
-                rows.append(Listed(name, path, "invalid", str(e)))
-        return rows
+    def _read_listed(self, path: str, seen=None) -> CommitInfo:
+        """Listed: its record checked against this rank's part."""
+        return self._read(path, commit.file_size)
 
     def close(self) -> None:
         super().close()

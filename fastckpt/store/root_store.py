@@ -3,11 +3,14 @@
 Layout:  ROOT/step-00000100.c000007/{rank-0.pt, rank-1.pt, COMMIT}  and  ROOT/latest
 Owns naming (the counter in the name orders checkpoints even when steps
 repeat), listing committed checkpoints, moving `latest` forward atomically,
-retention (`keep`), and removing directories that never committed. Each rank's next file is made
+retention (`keep`), and removing directories that never committed. The layout's rules that hold
+wherever it lies (`StepFolders`: the counter, `latest`, retention, the listing) are the S3 store's
+and a memory tier's too. Each rank's next file is made
 ahead once a checkpoint landed (fastckpt.store.ahead: `ROOT/.ahead/`), which begin() takes.
 """
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -34,7 +37,97 @@ def dir_name(step: int, counter: int) -> str:
     return f"step-{step:08d}.c{counter:06d}"
 
 
-class RootStore(Store):
+class StepFolders(Store):
+    """A root's layout wherever it lies, a folder or a bucket's prefix: the next counter, `latest`
+    moved only forward, retention and the listing. Its store says how its folders are seen:
+    _seen() (one listing taken for a whole pass, or None: each question asked of the folder
+    itself), _dirs(seen), _has_record(path, seen), _read_listed(path, seen); and how the bytes of
+    `latest` are read and written."""
+
+    only: Optional[str] = None  # opened at one checkpoint folder (place_at)
+    record_word = "record"  # what the listing calls a missing record
+    _latest_lock: threading.Lock
+
+    @abc.abstractmethod
+    def _dirs(self, seen=None) -> list[tuple[int, int, str]]:
+        """(step, counter, path) of every checkpoint folder, committed or not."""
+
+    @abc.abstractmethod
+    def _has_record(self, path: str, seen=None) -> bool: ...
+
+    @abc.abstractmethod
+    def _read_listed(self, path: str, seen=None) -> CommitInfo:
+        """The record of the checkpoint at path, checked (CorruptCheckpointError, OSError)."""
+
+    @abc.abstractmethod
+    def _latest_bytes(self) -> bytes: ...
+
+    @abc.abstractmethod
+    def _put_latest(self, body: bytes) -> None:
+        """`latest` replaced by body, atomically."""
+
+    def _seen(self):
+        return None
+
+    def _retained(self, newest: int, in_flight: set) -> None:
+        """After retention (`newest`: the newest committed counter): what else the store removes."""
+
+    def next_counter(self) -> int:
+        return 1 + max((c for _, c, _ in self._dirs(self._seen())), default=0)
+
+    def move_latest(self, info: CommitInfo) -> None:
+        """Points `latest` at info, only forward (by counter), atomically and durably; one thread
+        at a time (the read and the write)."""
+        with self._latest_lock:
+            current = self.read_latest()
+            if current is not None and current.get("counter", -1) >= info.counter:
+                return
+            body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
+            self._put_latest(json.dumps(body).encode())
+
+    def read_latest(self) -> dict | None:
+        try:
+            body = json.loads(self._latest_bytes())
+            return body if isinstance(body, dict) else None
+        except (OSError, ValueError, RecursionError):
+            return None
+
+    def retain(self, keep: int, in_flight: set[str]) -> None:
+        """Deletes committed checkpoints beyond the newest `keep`, and dead partial ones older than
+        the newest (never one in flight)."""
+        seen = self._seen()
+        committed = self.committed()
+        newest = committed[0].counter if committed else 0
+        for info in committed[max(1, keep):] if keep > 0 else []:
+            if info.path not in in_flight:
+                self.remove(info.path)
+        for _, counter, path in self._dirs(seen):
+            if counter < newest and path not in in_flight and not self._has_record(path, seen):
+                self.remove(path)
+        self._retained(newest, in_flight)
+
+    def listing(self) -> list[Listed]:
+        """Every checkpoint folder (one, when opened at one), newest first."""
+        seen = self._seen()
+        latest = (self.read_latest() or {}).get("dir")
+        rows = []
+        for _, _, path in sorted(self._dirs(seen), key=lambda d: -d[1]):
+            name = os.path.basename(path)
+            if self.only is not None and name != self.only:
+                continue
+            is_latest = latest is not None and os.path.basename(os.path.normpath(str(latest))) == name
+            if not self._has_record(path, seen):
+                rows.append(Listed(name, path, "incomplete",
+                                   f"never committed (no {commit.COMMIT_NAME} {self.record_word})"))
+                continue
+            try:
+                rows.append(Listed(name, path, "committed", info=self._read_listed(path, seen), latest=is_latest))
+            except (CorruptCheckpointError, OSError) as e:
+                rows.append(Listed(name, path, "invalid", str(e), latest=is_latest))
+        return rows
+
+
+class RootStore(StepFolders):
     kind = survey_kind = "root"
     makes_ahead = True  # each rank's next file made once a checkpoint landed (store.ahead)
 
@@ -60,9 +153,6 @@ class RootStore(Store):
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise CheckpointWriteError(f"checkpoint root {self.root!r} is not writable; "
                                        "choose another directory or fix its permissions")
-
-    def next_counter(self) -> int:
-        return 1 + max((c for _, c, _ in self._dirs()), default=0)
 
     def new_dir(self, step: int, counter: int) -> str:
         """A checkpoint's folder, made on the caller's thread inside save(); its name is made durable
@@ -127,22 +217,11 @@ class RootStore(Store):
         if names:
             ahead.clear(self.root, names)
 
-    def move_latest(self, info: CommitInfo) -> None:
-        """Points `latest` at info, only forward (by counter), atomically and durably; one thread
-        at a time (the read and the write)."""
-        with self._latest_lock:
-            current = self.read_latest()
-            if current is not None and current.get("counter", -1) >= info.counter:
-                return
-            body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
-            write_atomic(os.path.join(self.root, LATEST), json.dumps(body).encode())
+    def _latest_bytes(self) -> bytes:
+        return read_regular(os.path.join(self.root, LATEST), 4096)
 
-    def read_latest(self) -> dict | None:
-        try:
-            body = json.loads(read_regular(os.path.join(self.root, LATEST), 4096))
-            return body if isinstance(body, dict) else None
-        except (OSError, ValueError, RecursionError):
-            return None
+    def _put_latest(self, body: bytes) -> None:
+        write_atomic(os.path.join(self.root, LATEST), body)
 
     def remove(self, path: str) -> None:
         """Un-commits first (a crash mid-removal leaves an uncommitted dir, never a hollow commit)."""
@@ -156,28 +235,16 @@ class RootStore(Store):
         except OSError:
             pass
 
-    def retain(self, keep: int, in_flight: set[str]) -> None:
-        """Deletes committed checkpoints beyond the newest `keep`, and dead partial ones."""
-        committed = self.committed()
-        newest = committed[0].counter if committed else 0
-        for info in committed[max(1, keep):] if keep > 0 else []:
-            if info.path not in in_flight:
-                self.remove(info.path)
-        for step, counter, path in self._dirs():
-            if counter < newest and path not in in_flight and not os.path.exists(
-                    os.path.join(path, commit.COMMIT_NAME)):
-                self.remove(path)
-
     def remove_uncommitted(self) -> None:
         """At the start of a writing session: drop directories a dead writer left, and the
         files made ahead before it (it may have been cut short making one)."""
         ahead.clear(self.root)
         for _, _, path in self._dirs():
-            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
+            if not self._has_record(path):
                 self.remove(path)
 
     # -- reading ---------------------------------------------------------
-    def _dirs(self) -> list[tuple[int, int, str]]:
+    def _dirs(self, seen=None) -> list[tuple[int, int, str]]:
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:
@@ -188,6 +255,12 @@ class RootStore(Store):
             if m:
                 out.append((int(m.group(1)), int(m.group(2)), os.path.join(self.root, n)))
         return out
+
+    def _has_record(self, path: str, seen=None) -> bool:
+        return os.path.exists(os.path.join(path, commit.COMMIT_NAME))
+
+    def _read_listed(self, path: str, seen=None) -> CommitInfo:
+        return commit.read(path)
 
     def committed(self, problems: list | None = None) -> list[CommitInfo]:
         """Valid commit records, newest first (by counter); why others were passed over is
@@ -213,20 +286,3 @@ class RootStore(Store):
         store.place = path
         return store
 
-    def listing(self) -> list[Listed]:
-        """Every checkpoint directory (one, when opened at one), newest first."""
-        latest = (self.read_latest() or {}).get("dir")
-        rows = []
-        for _, _, path in sorted(self._dirs(), key=lambda d: -d[1]):
-            name = os.path.basename(path)
-            if self.only is not None and name != self.only:
-                continue
-            is_latest = latest is not None and os.path.basename(os.path.normpath(str(latest))) == name
-            if not os.path.exists(os.path.join(path, commit.COMMIT_NAME)):
-                rows.append(Listed(name, path, "incomplete", f"never committed (no {commit.COMMIT_NAME} record)"))
-                continue
-            try:
-                rows.append(Listed(name, path, "committed", info=commit.read(path), latest=is_latest))
-            except (CorruptCheckpointError, OSError) as e:
-                rows.append(Listed(name, path, "invalid", str(e), latest=is_latest))
-        return rows

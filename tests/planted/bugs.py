@@ -627,4 +627,17 @@ BUGS = (
         (("deepspeed_fastckpt/__init__.py", "        importlib.import_module(\"deepspeed\")  # then,",
           "        pass  # planted then,"),),
         ("tests/deepspeed_fastckpt/test_package.py",)),
+    Bug("retention-removes-a-newer-partial",
+        "retention removes every folder without a record, also one newer than the newest commit that another "
+        "rank may still be writing (on a disk root and on an S3 prefix alike)",
+        (("fastckpt/store/root_store.py",
+          "            if counter < newest and path not in in_flight and not self._has_record(path, seen):",
+          "            if path not in in_flight and not self._has_record(path, seen):  # planted"),),
+        ("tests/fastckpt/store/test_step_folders.py",)),
+    Bug("retention-keeps-dead-partials",
+        "retention never removes a dead writer's uncommitted folder older than the newest commit",
+        (("fastckpt/store/root_store.py",
+          "            if counter < newest and path not in in_flight and not self._has_record(path, seen):",
+          "            if False:  # planted"),),
+        ("tests/fastckpt/store/test_step_folders.py",)),
 )

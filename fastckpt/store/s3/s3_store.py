@@ -19,12 +19,13 @@ A failed upload aborts its multipart upload (no parts left billed) and fails the
 every rank (the commit's agreement); the previous checkpoint stays the latest. Uploads a killed
 process left behind are aborted by the next writer's start (before any rank of it writes) and by
 retention: only those of checkpoints older than the newest committed one, which can never commit.
+The layout's own rules (the counter, `latest` moved only forward, retention, the listing) are the
+root store's (root_store.StepFolders), over this prefix's listing.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -40,8 +41,8 @@ from ...format import load_file
 from ...machine import read_threads
 from ...verify import verify_file
 from ...write.protocol import FileSink, MemoryFileSink
-from ..protocol import Listed, Store
-from ..root_store import DIR_RE, EXT, LATEST, dir_name
+from ..protocol import Listed
+from ..root_store import DIR_RE, EXT, LATEST, StepFolders, dir_name
 from ..tier_copy import upload_part
 from .checked import committed_under, read_checked, remove_folder
 from .client import GET_BYTES, MIN_PART, UPLOAD_CONCURRENCY, Bucket, ListedObject, Upload
@@ -51,8 +52,9 @@ from .spool import Spool
 log = logging.getLogger("fastckpt")
 
 
-class S3Store(Store):
+class S3Store(StepFolders):
     kind = survey_kind = "s3"
+    record_word = "object"
 
     def __init__(self, url: str, endpoint: Optional[str] = None, part_mb: int = 64, timeout_s: float = 120.0):
         self.where = S3Place.parse(url)
@@ -91,9 +93,6 @@ class S3Store(Store):
         except OSError as e:
             raise CheckpointWriteError(f"cannot write checkpoints to {self.root}: {e}") from e
         self.spool.open()
-
-    def next_counter(self) -> int:
-        return 1 + max((c for _, c, _ in self._dirs()), default=0)
 
     def remove_uncommitted(self) -> None:
         """Rank 0, before any rank of this writer saves: checkpoints a dead writer never committed,
@@ -186,22 +185,6 @@ class S3Store(Store):
             log.warning("fastckpt: %s is committed, but moving %s to it failed: %s", info.path,
                         self.where.url_of(self.where.key(LATEST)), e)
 
-    def move_latest(self, info: CommitInfo) -> None:
-        """`latest` names info, only forward (by counter); one thread at a time."""
-        with self._latest_lock:
-            current = self.read_latest()
-            if current is not None and current.get("counter", -1) >= info.counter:
-                return
-            body = {"dir": os.path.basename(info.path), "step": info.step, "counter": info.counter}
-            self.bucket.put_bytes(self.where.key(LATEST), json.dumps(body).encode())
-
-    def read_latest(self) -> Optional[dict]:
-        try:
-            body = json.loads(self.bucket.get_bytes(self.where.key(LATEST), 4096))
-            return body if isinstance(body, dict) else None
-        except (OSError, ValueError, RecursionError):
-            return None
-
     def abort(self, ckpt_id: Optional[str], part: Optional[str], rank: int, stuck: bool = False) -> None:
         """A failed checkpoint: this rank's spooled part gone, its upload aborted and its object
         deleted; rank 0 deletes what the other ranks uploaded of it too."""
@@ -239,9 +222,19 @@ class S3Store(Store):
         key = self._dir_key(url) + "/" + commit.COMMIT_NAME
         return key in objects if objects is not None else self.bucket.size_of(key) is not None
 
-    def _read_record(self, url: str, objects: dict) -> CommitInfo:
+    def _seen(self) -> dict[str, ListedObject]:
+        return self._objects()  # one listing for a whole pass (retention, the listing)
+
+    def _latest_bytes(self) -> bytes:
+        return self.bucket.get_bytes(self.where.key(LATEST), 4096)
+
+    def _put_latest(self, body: bytes) -> None:
+        self.bucket.put_bytes(self.where.key(LATEST), body)
+
+    def _read_listed(self, url: str, objects: Optional[dict] = None) -> CommitInfo:
         """The record of the checkpoint at url, checked against the listed objects (checked.py)."""
-        return read_checked(self.bucket, S3Place(self.where.bucket, self._dir_key(url)), objects, every_rank=True)
+        return read_checked(self.bucket, S3Place(self.where.bucket, self._dir_key(url)),
+                            self._objects() if objects is None else objects, every_rank=True)
 
     def committed(self, problems: Optional[list] = None) -> list[CommitInfo]:
         # an unreachable server raises: it is not "nothing committed"
@@ -306,19 +299,8 @@ class S3Store(Store):
         reader takes for a checkpoint, never a record naming objects that are gone)."""
         remove_folder(self.bucket, S3Place(self.where.bucket, self._dir_key(url)))
 
-    def retain(self, keep: int, in_flight: set) -> None:
-        """Committed checkpoints beyond the newest `keep`, dead partial ones older than the newest,
-        and unfinished uploads of checkpoints older than the newest (they can never commit) removed."""
-        objects = self._objects()
-        committed = self.committed()
-        newest = committed[0].counter if committed else 0
-        for info in committed[max(1, keep):] if keep > 0 else []:
-            if info.path not in in_flight:
-                self.remove(info.path)
-        for _, counter, url in self._dirs(objects):
-            if counter < newest and url not in in_flight and not self._has_record(url, objects):
-                self.remove(url)
-        self.sweep_uploads(newest, in_flight)
+    def _retained(self, newest: int, in_flight: set) -> None:
+        self.sweep_uploads(newest, in_flight)  # those of checkpoints older than the newest can never commit
 
     def sweep_uploads(self, newest: int, in_flight: set) -> list[Upload]:
         """Unfinished uploads of checkpoints older than counter `newest`, not in flight, aborted."""
@@ -354,21 +336,8 @@ class S3Store(Store):
         return store
 
     def listing(self) -> list[Listed]:
-        objects = self._objects()
-        latest = (self.read_latest() or {}).get("dir")
-        rows = []
-        for _, _, url in self._dirs(objects):
-            name = os.path.basename(url)
-            if self.only is not None and name != self.only:
-                continue
-            if not self._has_record(url, objects):
-                rows.append(Listed(name, url, "incomplete", f"never committed (no {commit.COMMIT_NAME} object)"))
-                continue
-            try:
-                rows.append(Listed(name, url, "committed", info=self._read_record(url, objects),
-                                   latest=name == latest))
-            except (CorruptCheckpointError, OSError) as e:
-                rows.append(Listed(name, url, "invalid", str(e), latest=name == latest))
+        """Every checkpoint (one, when opened at one), newest first, then the unfinished uploads."""
+        rows = super().listing()
         base = self.where.key("")
         for upload in self.bucket.uploads(base if self.only is None else f"{base}{self.only}/"):
             rows.append(Listed(upload.key[len(base):], self.where.url_of(upload.key), "temporary",
