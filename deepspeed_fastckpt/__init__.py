@@ -1,6 +1,6 @@
 """fastckpt for DeepSpeed: a `"fastckpt": {...}` entry in the DeepSpeed config selects
 FastckptEngine (asynchronous, crash-safe checkpoints) once this package is imported (before or
-after DeepSpeed: it registers as DeepSpeed is imported, and never imports DeepSpeed itself).
+after DeepSpeed: it registers as DeepSpeed is imported; importing it does not import DeepSpeed).
 
     import deepspeed_fastckpt  # noqa: F401  (registers the engine with DeepSpeed)
     engine, *_ = deepspeed.initialize(model=model, config={..., "fastckpt": {"concurrency": 2}})
@@ -25,15 +25,17 @@ __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offlo
 _WHERE = {"FastckptEngine": ("engine", "FastckptEngine"), "checkpoint_due": ("interval", "checkpoint_due"),
           "offload_activations": ("offload", "offload_activations"), "at_step_end": ("preempt", "at_step_end"),
           "register": ("register", "register"), "SETTINGS": ("settings", "VALID")}
+_IMPORT_DEEPSPEED = {"engine", "interval", "preempt", "register"}  # the modules that import DeepSpeed
 
 
 def __getattr__(name: str) -> Any:
-    """The public names, imported on first use: DeepSpeed is imported only by the program (this
-    package's folder kind, which `fastckpt ls` loads, must not import it)."""
+    """The public names, imported on first use (this package's folder kind, which `fastckpt ls`
+    loads, must not import DeepSpeed). A name whose module imports DeepSpeed has it imported
+    first, so that this plugin registers then, not halfway through that module's own import."""
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attr = _WHERE[name]
-    if module != "settings":  # it imports DeepSpeed: imported first, so that this plugin registers
+    if module in _IMPORT_DEEPSPEED:  # DeepSpeed imported first, so that this plugin registers
         importlib.import_module("deepspeed")  # then, and not halfway through that module's own import
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
     globals()[name] = value  # "register": the function, not the submodule its import bound here

@@ -26,7 +26,8 @@ happens between:
 - Waits. Every wait here (a slot, an earlier save, the gate, close) is the write path's
   (write.deadline.Deadline, as the Checkpointer's): it lasts as long as the writer's saves move,
   and gives up after stall_timeout_s + commit_timeout_s with nothing moved (without a writer,
-  whose saves this stager cannot see move: after that long).
+  whose saves this stager cannot see move: after that long). A slot is waited for in rounds of
+  that length, the ranks agreeing after each whether to wait on.
 - A whole copy. A snapshot staged before trust, while an earlier one is still being saved on
   any rank (its save's turn to copy comes only after the earlier one is written), or with no
   FastStorageWriter to hand it to, is copied before stage() returns (fastckpt.dcp.staged, into
@@ -229,8 +230,8 @@ class FastStager(AsyncStager):
         self._before_update()
 
     def close(self) -> None:
-        """Waits (bounded) for the saves in flight to be done with their snapshots, and stops the
-        stager's gate."""
+        """Waits, while they move, for the saves in flight to be done with their snapshots, and
+        stops the stager's gate."""
         if self._closed:
             return
         self._closed = True
@@ -238,7 +239,7 @@ class FastStager(AsyncStager):
         try:
             self._wait_until("the saves in flight to be done with their snapshots",
                              lambda: all(s.finished() for s in self._slots.every()))
-        except WriteStalled:
+        except CheckpointWriteError:
             log.warning("fastckpt: FastStager closed while a save still holds its snapshot")
         self._slots.forget_all()
         self._agree.close()
@@ -327,29 +328,41 @@ class FastStager(AsyncStager):
                 self._slots.give_back(s)
 
     def _take_slot(self, nbytes: int) -> Slot:
-        """A free slot on every rank, or on none: whether each rank has one is agreed (with 'wait',
-        after waiting for one while the saves in flight move), so a rank that found none never leaves the
-        others to start the save's collectives without it."""
-        def wait(attempt: Callable[[float], bool]) -> bool:
-            try:
-                return self._deadline.wait("a free staging slot", attempt, slack=self._slack)
-            except WriteStalled:
-                return False  # refused below, on every rank
+        """A free slot on every rank, or on none. With 'wait', in rounds of at most stall_timeout_s +
+        commit_timeout_s: after each, the ranks agree whether every rank has one and, when not,
+        whether the saves any rank waited for moved meanwhile (then another round). A rank that
+        found none never leaves the others to start the save's collectives without it, and none
+        waits in the agreement for longer than one round."""
+        limit = limit_for(self.concurrency, self.config.staging_mb, nbytes)
+        round_s = self._deadline.stall_s + self._slack
+        slot: Optional[Slot] = None
+        while True:
+            moved = False
+            if self.policy == "skip":
+                slot = self._slots.take(limit=limit)
+            else:
+                seen = self._deadline.seen()
+                slot = self._slots.take(lambda attempt: self._waited("a free staging slot", attempt, round_s),
+                                        limit=limit)
+                moved = slot is None and self._deadline.seen() != seen
+            answer = [0, 0]
 
-        slot = self._slots.take(wait if self.policy == "wait" else None,
-                                limit=limit_for(self.concurrency, self.config.staging_mb, nbytes))
-        if not self._slots.kept_if_every_rank_has_one(slot, slot is not None, self._agree.all_ok):
+            def every_rank(has: bool) -> bool:
+                answer[:] = self._agree.all_min([int(has), int(not moved)])
+                return answer[0] == 1
+
+            if self._slots.kept_if_every_rank_has_one(slot, slot is not None, every_rank):
+                assert slot is not None  # every rank had one, this one too
+                return slot
             if self.policy == "skip":
                 self.stats["skipped"] += 1
                 raise SaveSkipped(f"{self.concurrency} checkpoint(s) in flight on some rank (policy='skip'): "
                                   "this async_save was skipped on every rank")
-            raise CheckpointWriteError(
-                f"no staging slot became free on {'this rank' if slot is None else 'another rank'}, "
-                f"nothing moved for {self._deadline.stall_s + self._slack:g} s ({self.concurrency} saves in "
-                "flight); this async_save was refused on every rank. Is an earlier async_save stuck, or its "
-                "staged state still referenced?")
-        assert slot is not None  # every rank had one, this one too
-        return slot
+            if answer[1] == 1:  # nothing any rank waited for moved
+                raise CheckpointWriteError(
+                    f"no staging slot became free on {'this rank' if slot is None else 'another rank'}, nothing "
+                    f"moved for {round_s:g} s ({self.concurrency} saves in flight); this async_save was refused "
+                    "on every rank. Is an earlier async_save stuck, or its staged state still referenced?")
 
     def _taken(self, slot: Slot, seq: int) -> bool:
         """The future's result() is taken. On a save thread (not the one that staged): remember
@@ -373,15 +386,25 @@ class FastStager(AsyncStager):
         self._wait_until("the writer's copy of a snapshot",
                          lambda: not any(s.waits_for_writer for s in self._slots.every()))
 
+    def _waited(self, what: str, attempt: Callable[[float], bool], timeout: Optional[float] = None) -> bool:
+        """attempt(seconds) in short slices (a slot or a snapshot freed notifies nobody) until it
+        returns True, under the write path's deadline: False once `timeout` passed, or once nothing
+        moved for stall_timeout_s + commit_timeout_s."""
+        try:
+            return self._deadline.wait(what, lambda s: attempt(min(s, 0.05)), timeout=timeout, slack=self._slack)
+        except WriteStalled:
+            return False
+
     def _wait_until(self, what: str, done: Callable[[], bool]) -> None:
-        """Until done() holds (read under the slots' condition), under the write path's deadline:
-        WriteStalled once nothing moved for stall_timeout_s + commit_timeout_s. A save thread's end
-        and a snapshot's last reference going notify nobody: each attempt is a short slice."""
+        """Until done() holds (read under the slots' condition); CheckpointWriteError once nothing
+        moved for stall_timeout_s + commit_timeout_s."""
         def attempt(seconds: float) -> bool:
             with self._cond:
-                return self._cond.wait_for(done, min(seconds, 0.05))
-        if not attempt(0.0):  # at once, most often (the gate, before every optimizer step)
-            self._deadline.wait(what, attempt, slack=self._slack)
+                return self._cond.wait_for(done, seconds)
+        if not attempt(0.0) and not self._waited(what, attempt):  # at once, most often (the gate)
+            raise CheckpointWriteError(
+                f"FastStager waited for {what}, and nothing moved for {self._deadline.stall_s + self._slack:g} s "
+                f"(stall_timeout_s={self._deadline.stall_s:g} + commit_timeout_s={self._slack:g})")
 
 
 def _progress_of(writer: Optional[FastStorageWriter]) -> Callable[[], int]:

@@ -34,4 +34,5 @@ def test_each_public_name_works_first_and_registers_the_engine_where_it_imports_
     out = warm.run([sys.executable, "-c", f"NAME = {name!r}\n" + FIRST_CONTACT], capture_output=True, text=True,
                    timeout=120, env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    assert out.stdout.split("\n")[-2] == ("no deepspeed" if name == "SETTINGS" else "registered True"), out.stdout
+    needs_deepspeed = name not in ("SETTINGS", "offload_activations")
+    assert out.stdout.split("\n")[-2] == ("registered True" if needs_deepspeed else "no deepspeed"), out.stdout

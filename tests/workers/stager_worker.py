@@ -9,6 +9,12 @@ Usage: stager_worker.py skip CKPT   (env: RANK, WORLD_SIZE, MASTER_*)
          as skip, with policy 'wait', stall_timeout_s 1 and commit_timeout_s 2: rank 1 waits for a
          slot in vain, nothing moving for 3 s;
          the save is refused on *both* ranks ("refused"), then the next one commits ("saved 3").
+       stager_worker.py rounds CKPT
+         policy 'wait', stall_timeout_s 1 and commit_timeout_s 1 (rounds of 2 s, the agreement's
+         gloo timeout 4 s): rank 1's only slot stays taken for 7 s while its writer's saves move
+         (its progress counter, read by the stager, grows); rank 0 has a slot at once. Both wait
+         on round after round, past the agreement's timeout, and save once rank 1 lets go
+         ("saved 2"), then the next save too ("saved 3").
        stager_worker.py fail CKPT
          rank 1's copy of the third save fails (an injected error: a stager not given the writer
          copies every snapshot whole at stage()); that save fails on both ranks, before DCP's
@@ -45,9 +51,9 @@ def main() -> None:
     writer = FastStorageWriter(ckpt, chunk_mb=1)
     # 'fail': a stager not given the writer, so that it copies the optimizer's tensors itself
     # (one given its writer hands them to the writer's save, which copies them)
+    waits = {"wait": dict(stall_timeout_s=1, commit_timeout_s=2), "rounds": dict(stall_timeout_s=1, commit_timeout_s=1)}
     stager = FastStager(concurrency=1, policy="skip" if mode == "skip" else "wait",
-                        writer=writer if mode != "fail" else None,
-                        **(dict(stall_timeout_s=1, commit_timeout_s=2) if mode == "wait" else {}))
+                        writer=writer if mode != "fail" else None, **waits.get(mode, {}))
 
     def step(n: int) -> None:
         model(torch.full((4, 32), float(n))).sum().backward()
@@ -73,6 +79,22 @@ def main() -> None:
         except CheckpointWriteError as e:
             print(f"refused: {e}", flush=True)
         del kept
+        step(3)
+        save(3).upload_completion.result()
+        print("saved 3", flush=True)
+    elif mode == "rounds":
+        import itertools
+        step(1)
+        held = stager.stage({"model": model.state_dict()})
+        kept = [held.result()] if rank == 1 else []  # rank 1's only slot stays taken for 7 s
+        del held
+        if rank == 1:
+            moved = itertools.count()
+            writer.progress = lambda: next(moved)  # an earlier save on a slow disk, still moving
+            threading.Timer(7.0, kept.clear).start()
+        step(2)
+        save(2).upload_completion.result()
+        print("saved 2", flush=True)
         step(3)
         save(3).upload_completion.result()
         print("saved 3", flush=True)

@@ -281,15 +281,15 @@ def test_a_snapshot_finished_while_the_next_is_staged_is_not_credited_with_its_c
         seq_a = run.stager._seq
         a = threading.Thread(target=take, args=("a", run.stager.stage(run.state()), True))
         a.start()
-        real = run.stager._agree.all_ok
+        real = run.stager._agree.all_min
 
-        def all_ok(ok: bool, background: bool = False) -> bool:
-            if a.is_alive():  # A's save ends now, in B's first agreement
+        def all_min(values: list) -> list:
+            if a.is_alive():  # A's save ends now, in B's first agreement (every rank's slot)
                 let_go.set()
                 a.join(30)
-            return real(ok, background)
+            return real(values)
 
-        monkeypatch.setattr(run.stager._agree, "all_ok", all_ok)
+        monkeypatch.setattr(run.stager._agree, "all_min", all_min)
         handed_on, seq_b = run.stager.stats["handed_on"], run.stager._seq
         b = threading.Thread(target=take, args=("b", run.stager.stage(run.state()), False))
         b.start()
@@ -399,6 +399,15 @@ def test_a_save_without_a_slot_on_one_rank_is_skipped_or_refused_on_every_rank(t
     assert sorted(os.listdir(tmp_path)) == ["step-3"]
 
 
+def test_ranks_wait_for_a_slot_in_agreed_rounds_past_the_agreements_timeout_while_the_saves_move(tmp_path):
+    """One rank waits 7 s for its slot behind a save that still moves; the other, which had one at
+    once, waits with it round after round (2 s each) instead of timing out in the agreement (4 s)."""
+    outs = two_ranks("rounds", tmp_path)
+    for out in outs:
+        assert "saved 2" in out and "saved 3" in out, out
+    assert sorted(os.listdir(tmp_path)) == ["step-2", "step-3"]
+
+
 def test_a_rank_that_writes_none_of_its_live_tensors_lets_its_step_go_once_its_own_save_copied(tmp_path):
     """DCP plans a replicated tensor on one rank only: the other rank's writer copies nothing of
     its snapshot, and credits it all the same, so that rank's step does not wait for the whole save."""
@@ -457,15 +466,16 @@ def test_a_snapshot_without_tensors_frees_its_slot_when_taken_where_it_was_stage
         run.close()
 
 
-def test_an_agreement_that_fails_fails_that_save_and_hangs_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("agreement", ["all_min", "all_ok"], ids=["every-rank-has-a-slot", "every-copy-succeeded"])
+def test_an_agreement_that_fails_fails_that_save_and_hangs_nothing(tmp_path, monkeypatch, agreement):
     run = Run(tmp_path, concurrency=1)
     try:
         run.step()
 
-        def gone(ok, background=False):
+        def gone(*args, **kwargs):
             raise RuntimeError("the peer is gone (gloo timeout)")
 
-        monkeypatch.setattr(run.stager._agree, "all_ok", gone)
+        monkeypatch.setattr(run.stager._agree, agreement, gone)
         with pytest.raises(RuntimeError, match="peer is gone"):
             run.save("lost").upload_completion.result()
         monkeypatch.undo()
