@@ -9,7 +9,6 @@ after DeepSpeed: it registers as DeepSpeed is imported; importing it does not im
     # a checkpoint on SIGTERM: "fastckpt": {"preempt_signal": "SIGTERM"}, and after every engine.step():
     deepspeed_fastckpt.at_step_end(engine, save_dir)
 """
-import importlib
 import sys
 from types import ModuleType
 from typing import Any
@@ -21,24 +20,34 @@ from .on_import import after_import
 __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offload_activations", "register"]
 
 
-# each public name: the module it is defined in, and its name there
-_WHERE = {"FastckptEngine": ("engine", "FastckptEngine"), "checkpoint_due": ("interval", "checkpoint_due"),
-          "offload_activations": ("offload", "offload_activations"), "at_step_end": ("preempt", "at_step_end"),
-          "register": ("register", "register"), "SETTINGS": ("settings", "VALID")}
-_IMPORT_DEEPSPEED = {"engine", "interval", "preempt", "register"}  # the modules that import DeepSpeed
-
-
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use (this package's folder kind, which `fastckpt ls`
     loads, must not import DeepSpeed). A name whose module imports DeepSpeed has it imported
     first, so that this plugin registers then, not halfway through that module's own import."""
-    if name not in _WHERE:
+    value: Any
+    if name in ("FastckptEngine", "checkpoint_due", "at_step_end", "register"):
+        import deepspeed  # noqa: F401  then: this plugin registers as its import ends
+    if name == "FastckptEngine":
+        from .engine import FastckptEngine
+        value = FastckptEngine
+    elif name == "checkpoint_due":
+        from .interval import checkpoint_due
+        value = checkpoint_due
+    elif name == "offload_activations":
+        from .offload import offload_activations
+        value = offload_activations
+    elif name == "at_step_end":
+        from .preempt import at_step_end
+        value = at_step_end
+    elif name == "register":
+        from .register import register
+        value = register
+    elif name == "SETTINGS":
+        from .settings import VALID
+        value = VALID
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _WHERE[name]
-    if module in _IMPORT_DEEPSPEED:  # DeepSpeed imported first, so that this plugin registers
-        importlib.import_module("deepspeed")  # then, and not halfway through that module's own import
-    value = getattr(importlib.import_module(f".{module}", __name__), attr)
-    globals()[name] = value  # "register": the function, not the submodule its import bound here
+    globals()[name] = value
     return value
 
 

@@ -19,7 +19,6 @@ exists or after the DeepSpeed plugin was imported, and to no other.
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,15 +28,28 @@ __all__ = ["FastCheckpointIO", "FastModelParallelStrategy", "LayerwiseCheckpoint
            "TensorOffload", "TunedModelCheckpoint"]
 
 
-_WHERE = {"FastCheckpointIO": "checkpoint_io", "FastModelParallelStrategy": "model_parallel",
-          "LayerwiseCheckpointing": "layerwise", "PreemptCheckpoint": "preempt", "TensorOffload": "offload",
-          "TunedModelCheckpoint": "tuned_checkpoint"}  # each public name: the module it is defined in
-
-
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
+    value: Any
+    if name == "FastCheckpointIO":
+        from .checkpoint_io import FastCheckpointIO
+        value = FastCheckpointIO
+    elif name == "FastModelParallelStrategy":
+        from .model_parallel import FastModelParallelStrategy
+        value = FastModelParallelStrategy
+    elif name == "LayerwiseCheckpointing":
+        from .layerwise import LayerwiseCheckpointing
+        value = LayerwiseCheckpointing
+    elif name == "PreemptCheckpoint":
+        from .preempt import PreemptCheckpoint
+        value = PreemptCheckpoint
+    elif name == "TensorOffload":
+        from .offload import TensorOffload
+        value = TensorOffload
+    elif name == "TunedModelCheckpoint":
+        from .tuned_checkpoint import TunedModelCheckpoint
+        value = TunedModelCheckpoint
+    else:
         raise AttributeError(f"module 'lightning_fastckpt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     globals()[name] = value
     return value
 
