@@ -22,11 +22,8 @@ __all__ = ["FastckptEngine", "SETTINGS", "at_step_end", "checkpoint_due", "offlo
 
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use (this package's folder kind, which `fastckpt ls`
-    loads, must not import DeepSpeed). A name whose module imports DeepSpeed has it imported
-    first, so that this plugin registers then, not halfway through that module's own import."""
+    loads, must not import DeepSpeed)."""
     value: Any
-    if name in ("FastckptEngine", "checkpoint_due", "at_step_end", "register"):
-        import deepspeed  # noqa: F401  then: this plugin registers as its import ends
     if name == "FastckptEngine":
         from .engine import FastckptEngine
         value = FastckptEngine

@@ -34,8 +34,7 @@ import warnings
 
 from fastckpt.errors import CorruptCheckpointError
 
-from . import interval, offline_readers, offload
-from .engine import FastckptEngine
+from . import offline_readers, offload
 from .settings import entry_of, offload_node
 
 log = logging.getLogger(__name__)
@@ -53,12 +52,18 @@ def register() -> None:
     offline_readers.register()
 
 
+# The wrappers import the plugin's engine (and interval.py, which imports it) when they run, not
+# this module: DeepSpeed's import may register the plugin halfway through the engine module's own
+# import of DeepSpeed, and registering does not need it.
+
 def _wrap_configure(original):
     @functools.wraps(original)
     def _configure_checkpointing(self, *args, **kwargs):
         entry = entry_of(self._config)
         if entry is None or entry is False:
             return original(self, *args, **kwargs)
+        from . import interval
+        from .engine import FastckptEngine
         engine = FastckptEngine(self._config, settings=entry)  # validates before anything is built
         original(self, *args, **kwargs)  # DeepSpeed's bookkeeping (which ranks write what)
         old, self.checkpoint_engine = self.checkpoint_engine, engine
@@ -81,6 +86,7 @@ def _wrap_configure(original):
 def _wrap_destroy(original):
     @functools.wraps(original)
     def destroy(self, *args, **kwargs):
+        from .engine import FastckptEngine
         engine = getattr(self, "checkpoint_engine", None)
         try:
             offload.close(self)
@@ -95,6 +101,7 @@ def _wrap_destroy(original):
 def _wrap_load(original):
     @functools.wraps(original)
     def load_checkpoint(self, load_dir, tag=None, *args, **kwargs):
+        from .engine import FastckptEngine
         engine = self.checkpoint_engine
         if not isinstance(engine, FastckptEngine):
             return original(self, load_dir, tag, *args, **kwargs)

@@ -623,9 +623,10 @@ BUGS = (
         ("tests/fastckpt/dcp/test_stager.py", "-k", "slot_wait_lasts")),
     Bug("deepspeed-name-first-in-an-import-cycle",
         "a DeepSpeed plugin name used before `import deepspeed` (`from deepspeed_fastckpt import at_step_end`) "
-        "fails: the plugin registers halfway through its own engine module's import of DeepSpeed",
-        (("deepspeed_fastckpt/__init__.py", "        import deepspeed  # noqa: F401  then:",
-          "        pass  # planted then:"),),
+        "fails: the plugin registers halfway through its own engine module's import of DeepSpeed, and "
+        "registering imports that module",
+        (("deepspeed_fastckpt/register.py", "from .settings import entry_of, offload_node\n",
+          "from .settings import entry_of, offload_node\nfrom .engine import FastckptEngine  # noqa: F401  planted\n"),),
         ("tests/deepspeed_fastckpt/test_package.py",)),
     Bug("retention-removes-a-newer-partial",
         "retention removes every folder without a record, also one newer than the newest commit that another "
