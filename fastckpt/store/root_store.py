@@ -92,6 +92,14 @@ class StepFolders(Store):
         except (OSError, ValueError, RecursionError):
             return None
 
+    def _remove_dead(self) -> None:
+        """Every checkpoint folder without a record removed (a dead writer's: at the start of a
+        writing session, before any rank of it writes)."""
+        seen = self._seen()
+        for _, _, path in self._dirs(seen):
+            if not self._has_record(path, seen):
+                self.remove(path)
+
     def retain(self, keep: int, in_flight: set[str]) -> None:
         """Deletes committed checkpoints beyond the newest `keep`, and dead partial ones older than
         the newest (never one in flight)."""
@@ -239,9 +247,7 @@ class RootStore(StepFolders):
         """At the start of a writing session: drop directories a dead writer left, and the
         files made ahead before it (it may have been cut short making one)."""
         ahead.clear(self.root)
-        for _, _, path in self._dirs():
-            if not self._has_record(path):
-                self.remove(path)
+        self._remove_dead()
 
     # -- reading ---------------------------------------------------------
     def _dirs(self, seen=None) -> list[tuple[int, int, str]]:

@@ -97,10 +97,7 @@ class S3Store(StepFolders):
     def remove_uncommitted(self) -> None:
         """Rank 0, before any rank of this writer saves: checkpoints a dead writer never committed,
         and its unfinished uploads, removed."""
-        dirs = self._dirs()
-        for _, _, url in dirs:
-            if not self._has_record(url):
-                self.remove(url)
+        self._remove_dead()  # from one listing
         base = self.where.key("")
         for upload in self.bucket.uploads(base):  # a checkpoint's part only: another tool's uploads are theirs
             if DIR_RE.match(upload.key[len(base):].split("/", 1)[0]):
