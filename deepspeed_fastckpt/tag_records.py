@@ -14,8 +14,8 @@ never completed; `newest_committed_tag` ignores it.
 Before any file of a tag is written, `mark_open` leaves `save_dir/tag/fastckpt-tag.open`: a
 tag with that mark and no record is one fastckpt began and never committed. Files fastckpt
 wrote can also arrive in a tag it never saved (ds_to_universal copies the model-state files
-into its universal tag); without the mark they are another writer's checkpoint. The mark's
-directory entry is made durable by the directory sync that follows the first file's rename.
+into its universal tag); without the mark they are another writer's checkpoint. The mark is
+durable before the tag's first file is written.
 
 A tag is (tag_status)
   committed  the record is there and every file it names has its size;
@@ -33,8 +33,8 @@ import os
 from typing import Callable, Optional
 
 from fastckpt.errors import CorruptCheckpointError
-from fastckpt.session import (CommitInfo, CommittedUnder, FileEntry, file_size, is_pool_pointer, makedirs_durable,
-                              read_regular, write_atomic)
+from fastckpt.session import (CommitInfo, CommittedUnder, FileEntry, file_size, fsync_dir, is_pool_pointer,
+                              makedirs_durable, read_regular, write_atomic)
 from fastckpt.session import record as commit
 
 SizeOf = Callable[[str], Optional[int]]
@@ -103,10 +103,16 @@ def name_in_deepspeeds_latest(save_dir: str, tag: str, counter: int) -> None:
 
 
 def mark_open(save_dir: str, tag: str) -> None:
-    """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the commit)."""
+    """Marks `save_dir/tag` as a tag fastckpt is saving (every rank may; it stays after the
+    commit), durably before it returns: POSIX orders no two names, so a power loss before the
+    directory sync that follows a file's rename could keep that file and lose a mark not yet
+    synced, leaving a torn tag that reads as another writer's (foreign) and loads."""
     tag_dir = os.path.join(save_dir, str(tag))
-    makedirs_durable(tag_dir)
+    makedirs_durable(save_dir)
+    os.makedirs(tag_dir, exist_ok=True)
     os.close(os.open(os.path.join(tag_dir, TAG_OPEN), os.O_WRONLY | os.O_CREAT, 0o644))
+    fsync_dir(tag_dir)  # the mark (one journal commit with the folder's own name, where there is a journal)
+    fsync_dir(save_dir)  # the tag folder's name
 
 
 def tags_under(save_dir: str, size_of: Optional[SizeOf] = file_size) -> CommittedUnder:

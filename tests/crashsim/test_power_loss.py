@@ -82,6 +82,38 @@ def test_the_simulator_catches_each_write_order_bug_in_a_program_of_a_few_lines(
         assert verdict.problems, f"{order}: no state showed it"
 
 
+MARKED_TAG = r'''
+import os, sys
+from deepspeed_fastckpt.tag_records import mark_open
+from fastckpt.session import write_atomic
+root = sys.argv[1]
+mark_open(root, "global_step1")
+write_atomic(os.path.join(root, "global_step1", "mp_rank_00_model_states.pt"), b"x" * 10000)
+'''
+
+
+def test_a_deepspeed_tag_begun_is_never_read_as_another_writers_after_a_power_loss(tmp_path, shim, work):
+    """A tag fastckpt began (its open mark) whose first file is then written durably (tmp,
+    fsync, rename, directory sync — as every writer does): no disk a power loss can leave shows
+    that file without the mark, which would make the torn tag another engine's (foreign), loaded
+    as DeepSpeed would. Deterministic (one thread); the DeepSpeed save above meets it only when
+    its threads happen to order their renames so."""
+    from deepspeed_fastckpt.tag_records import tag_status
+    from fastckpt.session import file_size
+    root = tmp_path / "root"
+    rec = record(shim, str(root), [sys.executable, "-c", MARKED_TAG, str(root)])
+    seen = []
+
+    def check(folder: str, marks: list[str]) -> list[str]:
+        status, why = tag_status(folder, "global_step1", file_size)
+        seen.append(status)
+        return [why] if status == "foreign" else []
+
+    verdict = judge(rec, check, work)
+    assert verdict.problems == [], "\n".join(verdict.problems)
+    assert "torn" in seen and verdict.states >= 5, seen
+
+
 # the Checkpointer's root store and DCP's saves are two implementations of the commit seam: the
 # seam's conformance suite (tests/fastckpt/commit/test_commit_protocol.py) judges them, with a set
 # of files, the same way

@@ -77,7 +77,7 @@ def test_a_tag_in_flight_when_a_process_leaves_through_os_exit_is_never_committe
     """global_step2's writes are held (the fault shim, never let go) so that it is surely in flight
     when both ranks leave through os._exit."""
     save_dir = tmp_path / "ck"
-    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(save_dir / "global_step2" / ""),
+    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": os.path.join(save_dir / "global_step2", ""),
             "FASTCKPT_FAULT_HOLD": str(tmp_path / "never")}
     launched = launch("exit-in-flight", save_dir, tmp_path / "out", ranks=2, script="ds_export_worker.py", **held)
     for p in launched:

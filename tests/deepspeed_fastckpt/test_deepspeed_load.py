@@ -36,7 +36,7 @@ def test_a_second_engine_loads_the_first_engines_checkpoint_still_in_flight(tmp_
     (the LD_PRELOAD shim) until rank 0's load waits for them, so its save is surely still in flight
     then; had the load not waited, it would hang (the run's deadline) or load something else."""
     released = tmp_path / "released"
-    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "global_step3" / ""),
+    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": os.path.join(tmp_path / "ck" / "global_step3", ""),
             "FASTCKPT_FAULT_HOLD": str(released)}  # the tag's files (not the folders the training thread makes)
     got = run("two-engines", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=180, **held)
     assert released.exists()  # the writes were let go by the waiting load
@@ -65,7 +65,7 @@ def test_a_universal_checkpoint_made_from_a_fastckpt_save_loads(tmp_path, stage,
     copies the model-state files fastckpt wrote into a tag fastckpt never saved, which was refused
     as a save cut short."""
     released = tmp_path / "released"
-    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": str(tmp_path / "ck" / "t" / ""),
+    held = {"LD_PRELOAD": fault_shim, "FASTCKPT_FAULT_PATH": os.path.join(tmp_path / "ck" / "t", ""),
             "FASTCKPT_FAULT_HOLD": str(released)}
     got = run("universal", tmp_path / "ck", tmp_path / "a.pt", "--stage", str(stage), ranks=2, timeout=180, **held)
     assert released.exists()

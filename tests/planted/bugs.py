@@ -303,6 +303,13 @@ BUGS = (
           "        self._tag_dir, self._marked = tag_folder(info), True  # planted\n"
           "        mark_open(info.save_dir, info.tag)\n"),),
         ("tests/deepspeed_fastckpt/test_deepspeed_export.py", "-k", "16bit")),
+    Bug("tag-mark-not-durable",
+        "a DeepSpeed tag's open mark is left without a directory sync: a power loss can keep the tag's first file "
+        "and lose the mark, and the torn tag then loads as another writer's (foreign)",
+        (("deepspeed_fastckpt/tag_records.py",
+          "    fsync_dir(tag_dir)  # the mark (one journal commit with the folder's own name, where there is a journal)\n",
+          ""),),
+        ("tests/crashsim/test_power_loss.py", "-k", "begun")),
     Bug("named-tier-leftovers-kept",
         "a save through a memory tier in front of named paths never sweeps what a copy to a path cut short by a kill "
         "left there: hidden .NAME.fastckpt-PID-N.tmp folders pile up beside the checkpoints",
