@@ -123,8 +123,8 @@ class FastckptEngine(CheckpointEngine):
         files, self._files = self._files, []
         tag_dir = tag_folder(info)
         in_tag = [(path, pending) for path, pending in files if os.path.dirname(path) == tag_dir]
-        self.committer.submit(info.save_dir, info.tag, in_tag, step=self._global_steps,
-                              save_latest=bool(getattr(info, "save_latest", True)))
+        self.committer.submit_tag(info.save_dir, info.tag, in_tag, step=self._global_steps,
+                                  save_latest=bool(getattr(info, "save_latest", True)))
         self._global_steps = -1
         self._tag_dir = None
         self._plain_files_durable([(path, pending) for path, pending in files if os.path.dirname(path) != tag_dir])

@@ -20,8 +20,9 @@ from fastckpt.session import Deadline, FileSets, NamedCheckpoints, make_agreemen
 from .tag_records import name_in_deepspeeds_latest, newest_counter, write_latest
 
 
-class TagCommitter:
-    """Commits the tags one engine saves through `named`, in the order they were saved, on every rank.
+class TagCommitter(FileSets):
+    """The tags one engine saves through `named`, committed as sets of files in the order they
+    were saved, on every rank (FileSets: wait, wait_for, is_withdrawn, raise_agreed, close).
 
     report(error): what a failed tag does to the training thread (default: raise it).
     committed(info, folder): each tag once landed, on every rank, info None when it was not committed
@@ -33,48 +34,23 @@ class TagCommitter:
                  committed: Optional[Callable] = None, newest_in_bucket: Optional[Callable[[], int]] = None):
         config = named.config  # the engine's one settings object: its deadline, its format
         slack_s = config.commit_timeout_s
-        deadline = Deadline(config.stall_timeout_s, named.progress)
         self.format = "safetensors" if named.pool else config.format
         counted = newest_counter if newest_in_bucket is None else \
             (lambda save_dir: max(newest_counter(save_dir), newest_in_bucket()))
-        self.sets = FileSets(make_agreement(slack_s), deadline, slack_s, newest_counter=counted,
-                             after_record=self._name_latest, on_durable=named.leave_pointer if named.pool else None,
-                             report=report, name="fastckpt-tag", committed=committed)
-        self.agreement = self.sets.agreement
+        super().__init__(make_agreement(slack_s), Deadline(config.stall_timeout_s, named.progress), slack_s,
+                         newest_counter=counted, after_record=self._name_latest,
+                         on_durable=named.leave_pointer if named.pool else None, report=report, name="fastckpt-tag",
+                         committed=committed)
         self._save_latest: dict[str, bool] = {}  # tag folder -> whether its save asked for `latest`
 
-    def submit(self, save_dir: str, tag: str, files: list, step: int, save_latest: bool = True) -> None:
+    def submit_tag(self, save_dir: str, tag: str, files: list, step: int, save_latest: bool = True) -> None:
         """files: [(path, Pending)] this rank wrote for the tag; step: DeepSpeed's global_steps as its
         model-states file records them (-1 when this rank saved none); save_latest: the save's own
         (DeepSpeed writes `latest` only when it is set)."""
         folder = os.path.join(save_dir, str(tag))
         if self.agreement.rank == 0:  # the rank that writes the record, and `latest` after it
             self._save_latest[os.path.abspath(folder)] = save_latest
-        self.sets.submit(folder, files, step, self.format, meta={"tag": str(tag)}, label=f"tag {tag!r} in {save_dir}")
-
-    def wait_for(self, save_dir: str) -> None:
-        """Until no tag of save_dir is in flight here (committed or failed)."""
-        self.sets.wait_for(save_dir)
-
-    def is_withdrawn(self, save_dir: str) -> bool:
-        """save_dir was withdrawn by its owner (fastckpt.commit.file_sets.withdraw_anywhere)
-        and a tag of it is still in flight."""
-        return self.sets.is_withdrawn(save_dir)
-
-    def wait(self) -> None:
-        """Until every submitted tag is committed (or failed); raises the first failure."""
-        self.sets.wait()
-
-    def raise_errors(self) -> None:
-        self.sets.raise_errors()
-
-    def raise_agreed(self) -> None:
-        """Every rank, at one call (the next save): a tag that failed on any rank, raised on each."""
-        self.sets.raise_agreed()
-
-    def close(self) -> None:
-        self.sets.close()
-
+        self.submit(folder, files, step, self.format, meta={"tag": str(tag)}, label=f"tag {tag!r} in {save_dir}")
 
     def _name_latest(self, info) -> None:
         """Rank 0, once the tag's record is durable: fastckpt-latest names it, then DeepSpeed's `latest`."""

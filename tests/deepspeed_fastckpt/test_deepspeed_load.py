@@ -133,17 +133,17 @@ def test_fastckpt_latest_names_a_tag_only_once_its_record_exists(tmp_path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return [(path, named.save({"w": torch.ones(100)}, path, 1))]
 
-    tags.submit(str(tmp_path), "global_step1", save("global_step1"), step=1)
+    tags.submit_tag(str(tmp_path), "global_step1", save("global_step1"), step=1)
     tags.wait()
     assert latest.read_text() == "global_step1"
     held = Pending(2, 2)  # the tag's file, still being written
-    tags.submit(str(tmp_path), "global_step2", [(str(tmp_path / "global_step2" / "x.pt"), held)], step=2)
+    tags.submit_tag(str(tmp_path), "global_step2", [(str(tmp_path / "global_step2" / "x.pt"), held)], step=2)
     assert latest.read_text() == "global_step1"
     held.settle(None, OSError("no space left on device"))
     with pytest.raises(fastckpt.CheckpointWriteError):
         tags.wait()
     assert latest.read_text() == "global_step1"
-    tags.submit(str(tmp_path), "global_step3", save("global_step3"), step=3)
+    tags.submit_tag(str(tmp_path), "global_step3", save("global_step3"), step=3)
     tags.wait()
     assert latest.read_text() == "global_step3"
     tags.close()

@@ -71,7 +71,7 @@ def tags_into(save_dir, mirror, steps) -> None:
         files = [(os.path.join(folder, name), named.save({"w": torch.full((50_000,), float(step)), "name": name},
                                                          os.path.join(folder, name), step))
                  for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt")]
-        tags.submit(str(save_dir), f"global_step{step}", files, step=step)
+        tags.submit_tag(str(save_dir), f"global_step{step}", files, step=step)
         tags.wait()
         mirror.wait()  # each uploaded before the next is saved (else the newer goes instead)
     tags.close()
